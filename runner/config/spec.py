@@ -1,0 +1,154 @@
+"""The resolved job spec: frozen dataclasses, built only by `runner.config.loader`.
+
+Every field has the default that schemas/job.schema.json documents; durations are seconds (float).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Scope = Literal["group", "worker"]
+LogFormat = Literal["auto", "console", "json"]
+
+
+@dataclass(frozen=True)
+class Entrypoint:
+    """What each worker runs: exactly one of script, module, command."""
+
+    script: str | None = None  # python script, relative to cwd
+    module: str | None = None  # python -m module
+    command: tuple[str, ...] | None = None  # argv run as is (no interpreter added)
+    args: tuple[str, ...] = ()
+    python: str | None = None  # interpreter for script/module; None = the runner's own
+
+    @property
+    def kind(self) -> str:
+        """'script', 'module' or 'command'."""
+        if self.script is not None:
+            return "script"
+        if self.module is not None:
+            return "module"
+        return "command"
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """How many nodes (machines) the job spans; min == max for a fixed-size job."""
+
+    min: int = 1
+    max: int = 1
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS to etcd: CA bundle, optional client certificate and key (paths)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True)
+class Auth:
+    """etcd user/password auth; the password comes from an env var or a file, never the spec itself."""
+
+    user: str | None = None
+    password_env: str | None = None
+    password_file: str | None = None
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """How nodes find each other: `local` (embedded, one node) or `etcd` (v3 API)."""
+
+    backend: Literal["local", "etcd"] = "local"
+    endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    prefix: str = "/runner"
+    join_timeout: float = 600.0
+    last_call: float = 30.0  # after min nodes joined, wait this long for more (up to max)
+    lease_ttl: float = 10.0
+    connect_timeout: float = 30.0
+    master_addr: str | None = None  # address other nodes use to reach this one; None = detected
+    tls: TLS = field(default_factory=TLS)
+    auth: Auth = field(default_factory=Auth)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delay before restart k (k = 1, 2, ...): min(max, initial * multiplier**(k-1)) * (1 ± jitter)."""
+
+    initial: float = 1.0
+    max: float = 30.0
+    multiplier: float = 2.0
+    jitter: float = 0.1
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Restart policy after a worker failure."""
+
+    max_restarts: int = 3
+    backoff: Backoff = field(default_factory=Backoff)
+    non_retryable_exit_codes: tuple[int, ...] = ()
+    scope: Scope = "group"
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """How workers are stopped: this signal, then SIGKILL after grace_period seconds."""
+
+    signal: str = "SIGTERM"
+    grace_period: float = 30.0
+
+
+@dataclass(frozen=True)
+class Logs:
+    """Where per-rank logs go and how the console looks."""
+
+    dir: str = "runner-logs"  # base; each run writes <dir>/<job>/<run id>/
+    tee: bool = True
+    prefix: str = "[{node}:{rank}] "  # fields: node, rank, local_rank, attempt
+    format: LogFormat = "auto"
+
+
+@dataclass(frozen=True)
+class Watchdog:
+    """File-timer watchdog (torch FileTimerClient compatible) and hang detection."""
+
+    enabled: bool = False
+    check_interval: float = 0.1
+    capture_stacks: bool = True
+    heartbeat_timeout: float | None = None
+    max_run_time: float | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated, fully defaulted job spec."""
+
+    name: str
+    entrypoint: Entrypoint
+    version: int = 1
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str = "."  # absolute after loading (relative paths resolve against the spec file's folder)
+    nodes: Nodes = field(default_factory=Nodes)
+    nproc_per_node: int = 1
+    rendezvous: Rendezvous = field(default_factory=Rendezvous)
+    restart: Restart = field(default_factory=Restart)
+    shutdown: Shutdown = field(default_factory=Shutdown)
+    logs: Logs = field(default_factory=Logs)
+    watchdog: Watchdog = field(default_factory=Watchdog)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict (tuples become lists, env becomes a mapping)."""
+        data = asdict(self)
+        data["env"] = dict(self.env)
+        return json.loads(json.dumps(data))
+
+    def digest(self) -> str:
+        """Stable hash of the resolved spec: nodes of one job must agree on it."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]

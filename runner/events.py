@@ -1,0 +1,60 @@
+"""Things that happen while workers run. Sources put them on the agent's one event queue;
+the RUNNING state awaits the queue and turns the first decisive event into a trigger."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerExited:
+    """A worker process ended (exit_code < 0 means killed by signal -exit_code)."""
+
+    local_rank: int
+    rank: int
+    pid: int
+    exit_code: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class TimerExpired:
+    """A file-timer scope (or the heartbeat) of a worker expired; the worker has been signalled."""
+
+    local_rank: int
+    rank: int
+    pid: int
+    scope: str
+    overdue_s: float  # how long past its deadline the scope was when the worker was signalled
+    stacks: str = ""  # Python stacks captured before the kill, when available
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """The runner was asked to stop: by a signal (signum) or by `runner stop` (signum 0)."""
+
+    signum: int
+    graceful: bool
+
+
+@dataclass(frozen=True)
+class PeerLost:
+    """Another node of the job left (its lease expired or it reported FAILED)."""
+
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class MembershipChanged:
+    """A node is waiting to join a running job (elastic scale-up)."""
+
+    waiting: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeadlineReached:
+    """The job's watchdog.max_run_time passed."""
+
+    max_run_time: float

@@ -1,0 +1,54 @@
+"""The rendezvous protocol every backend implements, and the result of one round."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class RendezvousResult:
+    """What one completed round tells this node."""
+
+    round: int
+    node: str  # this node's id
+    group_rank: int  # this node's rank among nodes (0 = master node)
+    group_world_size: int  # number of nodes in the round
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    nodes: tuple[str, ...] = ()  # node ids in group-rank order
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        """Total number of workers in the job."""
+        return self.group_world_size * self.nproc_per_node
+
+    def global_rank(self, local_rank: int) -> int:
+        """Global rank of this node's worker `local_rank`."""
+        return self.group_rank * self.nproc_per_node + local_rank
+
+
+class Rendezvous(Protocol):
+    """A rendezvous backend. Methods are called only from the agent's event loop.
+
+    Events the backend observes while the job runs (a peer lost, a node waiting to join, a stop request)
+    are put on the `events` queue given to `open`, as instances of runner.events classes.
+    """
+
+    async def open(self, events: asyncio.Queue[Any]) -> None:
+        """Connect (retrying up to the connect timeout) and start background watches."""
+
+    async def next_round(self, attempt: int) -> RendezvousResult:
+        """Join the next round and wait until it closes. Raises RendezvousTimeout or JobClosed."""
+
+    async def charge_restart(self, max_restarts: int) -> int | None:
+        """Charge one restart to the job-wide budget; the new count, or None if the budget is spent."""
+
+    async def publish(self, state: dict[str, Any]) -> None:
+        """Publish this node's live state (machine state, attempt, worker pids/exit codes) for `runner status`."""
+
+    async def close(self, outcome: str) -> None:
+        """Leave the rendezvous; `outcome` is the job's final outcome as this node saw it."""
