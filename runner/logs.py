@@ -1,0 +1,53 @@
+"""structlog configuration and the transition log (`<run dir>/transitions.jsonl`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+import structlog
+
+
+def configure(fmt: str = "auto", stream: IO[str] | None = None) -> None:
+    """Configure structlog once: pretty console on a TTY (or fmt='console'), JSON lines otherwise."""
+    out = stream or sys.stderr
+    pretty = fmt == "console" or (fmt == "auto" and out.isatty())
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer(colors=out.isatty(), pad_event_to=20)
+        if pretty
+        else structlog.processors.JSONRenderer(sort_keys=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=True,
+    )
+
+
+class TransitionLog:
+    """Appends one JSON object per transition to a file, flushed at once (survives a SIGKILL of the agent)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[str] | None = None
+
+    def write(self, event: dict[str, Any]) -> None:
+        """Append `event` as one line."""
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("a", encoding="utf-8")
+        self._file.write(json.dumps(event, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None

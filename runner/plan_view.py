@@ -1,0 +1,49 @@
+"""What `runner plan` shows: the resolved spec and every rank's argv/env, secrets redacted. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runner.config import redact
+from runner.config.spec import JobSpec
+from runner.launch_plan import build_plan
+from runner.rendezvous.base import RendezvousResult
+
+PORT_PLACEHOLDER = 0  # the real MASTER_PORT is picked fresh at every rendezvous round
+
+
+def plan_view(spec: JobSpec, node: str = "node0") -> dict[str, Any]:
+    """The resolved spec plus, for each node of a job of nodes.min nodes, each rank's argv, cwd and env."""
+    resolved = spec.to_dict()
+    resolved["env"] = {k: redact(k, v) for k, v in resolved["env"].items()}
+    nodes = []
+    for group_rank in range(spec.nodes.min):
+        result = RendezvousResult(
+            round=0,
+            node=f"node{group_rank}" if spec.nodes.min > 1 else node,
+            group_rank=group_rank,
+            group_world_size=spec.nodes.min,
+            nproc_per_node=spec.nproc_per_node,
+            master_addr=spec.rendezvous.master_addr or "<group rank 0's address>",
+            master_port=PORT_PLACEHOLDER,
+        )
+        plan = build_plan(
+            spec, result, attempt=0, restart_count=0, run_id=spec.name, run_dir="<run dir>", base_env={}
+        )
+        ranks = [
+            {
+                "rank": w.rank,
+                "local_rank": w.local_rank,
+                "argv": list(w.argv),
+                "cwd": w.cwd,
+                "env": {k: redact(k, v) for k, v in w.env},
+                "logs": w.log_dir,
+            }
+            for w in plan.workers
+        ]
+        nodes.append({"node": result.node, "group_rank": group_rank, "ranks": ranks})
+    return {
+        "spec": resolved,
+        "note": "MASTER_PORT 0 stands for the free port picked at each rendezvous round",
+        "nodes": nodes,
+    }

@@ -1,0 +1,62 @@
+"""The embedded `local` backend: one node, no external service, a fresh free MASTER_PORT every round."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+from runner.rendezvous.base import RendezvousResult
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class LocalRendezvous:
+    """Every round completes at once with this node alone; restarts are counted in memory."""
+
+    def __init__(self, node: str, nproc_per_node: int, master_addr: str = "127.0.0.1") -> None:
+        self.node = node
+        self.nproc_per_node = nproc_per_node
+        self.master_addr = master_addr
+        self.restarts = 0
+        self.state: dict[str, Any] = {}
+        self._last_port: int | None = None
+
+    async def open(self, events: asyncio.Queue[Any]) -> None:
+        """Nothing to connect to."""
+
+    async def next_round(self, attempt: int) -> RendezvousResult:
+        """Round `attempt`: this node is group rank 0 on a port not used by the previous round."""
+        port = free_port(self.master_addr)
+        while port == self._last_port:
+            port = free_port(self.master_addr)
+        self._last_port = port
+        return RendezvousResult(
+            round=attempt,
+            node=self.node,
+            group_rank=0,
+            group_world_size=1,
+            nproc_per_node=self.nproc_per_node,
+            master_addr=self.master_addr,
+            master_port=port,
+            nodes=(self.node,),
+        )
+
+    async def charge_restart(self, max_restarts: int) -> int | None:
+        """One more restart, or None when max_restarts are used up."""
+        if self.restarts >= max_restarts:
+            return None
+        self.restarts += 1
+        return self.restarts
+
+    async def publish(self, state: dict[str, Any]) -> None:
+        """Keep the latest state (the agent also writes it to <run dir>/status.json)."""
+        self.state = state
+
+    async def close(self, outcome: str) -> None:
+        """Nothing to leave."""

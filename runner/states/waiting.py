@@ -1,0 +1,40 @@
+"""Wait for something while staying responsive to a stop request (the only event that matters then)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from runner.events import StopRequested
+
+T = TypeVar("T")
+
+
+class Stopped(Exception):  # noqa: N818 - control flow, not an error
+    """A stop request arrived while waiting (graceful or not: no workers run now, so there is nothing to finish)."""
+
+
+async def unless_stopped(ctx: Any, work: Awaitable[T]) -> T:
+    """Await `work`; raise Stopped if a StopRequested arrives first. Other events are stale here."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            getter = asyncio.ensure_future(ctx.events.get())
+            done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                event = getter.result()
+                if isinstance(event, StopRequested):
+                    ctx.stop = event
+                    raise Stopped
+            else:
+                getter.cancel()
+            if task in done:
+                return task.result()
+    finally:
+        for pending in (task,):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await pending
