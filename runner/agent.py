@@ -85,6 +85,6 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     finally:
         ctx.transitions.close()
         if ctx.group is not None:
-            ctx.group.reap()
+            ctx.group.kill_all()  # normally a no-op: SHUTDOWN stopped them; not so if the agent itself failed
         ctx.shepherd.close()
     return ctx

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runner import __version__
-from runner.errors import EXIT_SPEC, RunnerError
+from runner.errors import EXIT_INFRA, EXIT_SPEC, RunnerError
 
 COMMANDS = ("run", "validate", "plan", "graph", "status", "stop", "template", "convert")
 
@@ -33,6 +33,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # noqa: BLE001 - a bug of ours: keep the details, show one line
+        return internal_error(e)
+
+
+def internal_error(e: Exception) -> int:
+    """Save the traceback to a file and print one line pointing at it (workers were already stopped)."""
+    import tempfile  # noqa: PLC0415
+    import traceback  # noqa: PLC0415
+
+    with tempfile.NamedTemporaryFile("w", prefix="runner-crash-", suffix=".txt", delete=False) as f:
+        traceback.print_exc(file=f)
+    print(f"runner: internal error: {type(e).__name__}: {e} (details in {f.name}; please report it)", file=sys.stderr)
+    return EXIT_INFRA
 
 
 def build_parser() -> argparse.ArgumentParser:

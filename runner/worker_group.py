@@ -229,20 +229,30 @@ class WorkerGroup:
         self.shepherd.forget(w.pid)
 
     async def _wait(self, workers: list[Worker], timeout: float | None, hurry: asyncio.Event | None) -> None:
-        if not workers:
-            return
-        waits: list[asyncio.Future[Any]] = [w.exited for w in workers]
-        all_exited = asyncio.ensure_future(asyncio.gather(*waits))
-        pending: set[asyncio.Future[Any]] = {all_exited}
+        """Until every worker in `workers` exited, `timeout` passed, or `hurry` was set. Never cancels `exited`."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         hurry_task = asyncio.ensure_future(hurry.wait()) if hurry is not None else None
-        if hurry_task is not None:
-            pending.add(hurry_task)
-        await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for task in (all_exited, hurry_task):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        try:
+            while True:
+                pending: set[asyncio.Future[Any]] = {w.exited for w in workers if not w.exited.done()}
+                if not pending or (hurry_task is not None and hurry_task.done()):
+                    return
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    return
+                if hurry_task is not None:
+                    pending.add(hurry_task)
+                await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if hurry_task is not None and not hurry_task.done():
+                hurry_task.cancel()
+
+    def kill_all(self) -> None:
+        """Last resort (the agent itself is failing): SIGKILL every group at once, then forget them."""
+        for w in self.workers.values():
+            _killpg(w.pid, signal.SIGKILL)
+            self.shepherd.forget(w.pid)
 
     def reap(self) -> None:
         """Kill anything left in the workers' process groups (e.g. leaked grandchildren) and forget the groups."""

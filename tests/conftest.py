@@ -1,0 +1,116 @@
+"""Shared test helpers: run the real `runner` CLI as a subprocess, always reaped; check processes are gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = ROOT / "tests" / "workers" / "worker_probe.py"
+EXAMPLES = ROOT / "examples" / "jobs"
+
+
+def alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") -> None:
+    """Wait until cond() is true (generous timeout: the machines are shared and slow)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+class Job:
+    """A job spec written to tmp_path, run with `python -m runner` as a real process."""
+
+    def __init__(self, tmp_path: Path, text: str) -> None:
+        self.tmp = tmp_path
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        self.spec = tmp_path / "job.yaml"
+        self.spec.write_text(textwrap.dedent(text))
+        self.out = tmp_path / "out"
+        self.out.mkdir(exist_ok=True)
+        self.logs = tmp_path / "logs"
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        """Start the runner on this spec (its cwd is tmp_path; logs under tmp_path/logs)."""
+        env = dict(os.environ, PROBE=str(PROBE), OUT=str(self.out), LOGS=str(self.logs), PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(  # noqa: S603
+            [sys.executable, "-m", "runner", str(self.spec), *args],
+            cwd=self.tmp,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        return self.proc
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run to completion."""
+        proc = self.start(*args)
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def run_dir(self) -> Path:
+        """The (only) run dir this job wrote."""
+        dirs = [d for d in (self.logs).glob("*/*") if d.is_dir() and not d.is_symlink()]
+        assert len(dirs) == 1, dirs
+        return dirs[0]
+
+    def transitions(self) -> list[dict[str, Any]]:
+        """Every transition event of the run."""
+        lines = (self.run_dir() / "transitions.jsonl").read_text().splitlines()
+        return [json.loads(line) for line in lines]
+
+    def edges(self) -> list[tuple[str, str, str]]:
+        """(src, trigger, dst) of every transition, in order."""
+        return [(t["src"], t["trigger"], t["dst"]) for t in self.transitions()]
+
+    def worker_info(self, rank: int, attempt: int = 0) -> dict[str, Any]:
+        """What worker_probe recorded for (rank, attempt)."""
+        return json.loads((self.out / f"rank{rank}.attempt{attempt}.json").read_text())
+
+    def stop(self) -> None:
+        """Kill the runner if it still runs, and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[Any]:
+    """Factory: job(spec_text) -> Job; every runner started is reaped, every recorded worker pid killed."""
+    jobs: list[Job] = []
+
+    def make(text: str) -> Job:
+        j = Job(tmp_path / f"job{len(jobs)}", text)
+        jobs.append(j)
+        return j
+
+    yield make
+    for j in jobs:
+        j.stop()
+        for info in j.out.glob("*.json"):  # never leave a worker behind, even when a test failed
+            data = json.loads(info.read_text())
+            for pid in (data.get("pid"), data.get("child_pid")):
+                if pid and alive(pid):
+                    os.kill(pid, signal.SIGKILL)
