@@ -1,0 +1,59 @@
+"""The CLI surface: validate, plan, graph, exit codes, no tracebacks on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import EXAMPLES
+
+
+def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m runner ARGS`."""
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, cwd=cwd,  # noqa: S603
+                          timeout=60, check=False)
+
+
+def test_validate_ok():
+    """A good spec validates with exit 0 and a one-line summary."""
+    res = cli("validate", str(EXAMPLES / "hello.yaml"))
+    assert res.returncode == 0 and "ok (job 'hello'" in res.stdout
+
+
+def test_bad_spec_exit_2_with_line_and_fix_and_no_traceback(tmp_path):
+    """A typo is reported with file:line:col, the field, a suggestion, exit 2, and no traceback."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: x\nentrypoint: {script: t.py}\nnproc_per_nod: 2\n")
+    for args in (("validate", str(spec)), (str(spec),)):
+        res = cli(*args)
+        assert res.returncode == 2
+        assert f"{spec}:3:1" in res.stderr and "did you mean 'nproc_per_node'" in res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    """A spec path that does not exist: exit 2, says so, no traceback."""
+    res = cli("validate", str(tmp_path / "nope.yaml"))
+    assert res.returncode == 2 and "nope.yaml" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_plan_shows_each_rank_and_redacts_secrets(tmp_path):
+    """`runner plan --json` lists every rank's argv/env; secret-looking values are redacted."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: x\nentrypoint: {script: t.py}\nnproc_per_node: 2\nenv: {WANDB_API_KEY: s3cr3t, A: b}\n")
+    res = cli("plan", "--json", str(spec))
+    assert res.returncode == 0, res.stderr
+    view = json.loads(res.stdout)
+    ranks = view["nodes"][0]["ranks"]
+    assert [r["env"]["RANK"] for r in ranks] == ["0", "1"]
+    assert ranks[0]["argv"][-1] == "t.py"
+    assert "s3cr3t" not in res.stdout and ranks[0]["env"]["A"] == "b"
+    assert view["spec"]["env"]["WANDB_API_KEY"] == "***"
+
+
+def test_graph_is_mermaid():
+    """`runner graph` prints a Mermaid state diagram."""
+    res = cli("graph")
+    assert res.returncode == 0 and res.stdout.startswith("stateDiagram-v2") and "RUNNING --> FAILED" in res.stdout

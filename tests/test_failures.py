@@ -1,0 +1,51 @@
+"""Root-cause extraction: signals and hints, torch's error file, stderr tails, the report text."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from runner.config.spec import Backoff
+from runner.failures import read_error_file, signal_name, tail, worker_failure
+from runner.states.restarting import backoff_delay
+
+
+def test_signal_name_and_oom_hint(tmp_path):
+    """-9 is SIGKILL with an OOM-killer hint; a plain exit code has no signal."""
+    f = worker_failure(0, 3, 1, -9, str(tmp_path))
+    assert f.signal == "SIGKILL" and "OOM" in f.hint and f.reason == "rank 3 killed by SIGKILL"
+    assert signal_name(1) is None and signal_name(-15) == "SIGTERM"
+
+
+def test_torch_error_file_is_preferred_to_stderr(tmp_path):
+    """When @record wrote the error file, the report shows its message and traceback, not the stderr tail."""
+    (tmp_path / "stderr.log").write_text("noise\n")
+    (tmp_path / "error.json").write_text(json.dumps({"message": {
+        "message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback...\nRuntimeError: boom", "timestamp": "1"}}}))
+    f = worker_failure(1, 0, 0, 1, str(tmp_path))
+    assert f.error == "RuntimeError: boom" and "Traceback" in f.traceback and f.stderr_tail == ""
+    assert "traceback:" in f.report() and "noise" not in f.report()
+
+
+def test_stderr_tail_when_no_error_file(tmp_path):
+    """Without an error file the last lines of stderr are the evidence."""
+    (tmp_path / "stderr.log").write_text("".join(f"line {i}\n" for i in range(100)))
+    f = worker_failure(0, 0, 0, 2, str(tmp_path))
+    assert f.stderr_tail.splitlines()[-1] == "line 99" and len(f.stderr_tail.splitlines()) == 20
+    assert "last lines of stderr" in f.report()
+
+
+def test_unreadable_error_file_and_missing_logs(tmp_path):
+    """Garbage in the error file or no log at all never raises."""
+    (tmp_path / "error.json").write_text("{not json")
+    assert read_error_file(tmp_path / "error.json") == ("", "")
+    assert tail(tmp_path / "absent.log") == ""
+
+
+def test_backoff_first_restart_is_immediate_then_grows_to_max():
+    """Restart 1 waits 0; later ones grow by the multiplier from initial, capped at max, jitter within bounds."""
+    b = Backoff(initial=1.0, max=5.0, multiplier=2.0, jitter=0.0)
+    assert [backoff_delay(b, k) for k in (1, 2, 3, 4, 5)] == [0.0, 1.0, 2.0, 4.0, 5.0]
+    jb = Backoff(initial=1.0, max=5.0, multiplier=2.0, jitter=0.5)
+    rnd = random.Random(1)
+    assert all(0.5 <= backoff_delay(jb, 2, rnd) <= 1.5 for _ in range(100))
