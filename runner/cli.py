@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("spec")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     cmd("graph", cmd_graph, "print the agent's state machine as a Mermaid diagram")
+    status = cmd("status", cmd_status, "show the job's state, nodes and workers (while it runs and after)")
+    status.add_argument("spec")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    stop = cmd("stop", cmd_stop, "stop every agent of the job")
+    stop.add_argument("spec")
+    stop.add_argument("--graceful", action="store_true", help="let the workers finish; no restart")
     return p
 
 
@@ -104,6 +110,33 @@ def cmd_graph(ns: argparse.Namespace) -> int:  # noqa: ARG001 - uniform signatur
     from runner.machine import mermaid  # noqa: PLC0415
 
     print(mermaid())
+    return 0
+
+
+def cmd_status(ns: argparse.Namespace) -> int:
+    """`runner status job.yaml [--json]`."""
+    from runner.control import read_status  # noqa: PLC0415
+
+    status = read_status(load(ns.spec))
+    if ns.json:
+        print(json.dumps(status, indent=2, default=str))
+        return 0
+    head = {k: v for k, v in status.items() if k != "nodes"}
+    print("  ".join(f"{k}={v}" for k, v in head.items()))
+    for node in status.get("nodes", []):
+        workers = ", ".join(
+            f"rank {w.get('rank')} pid {w.get('pid')}" + (f" exit {w['exit_code']}" if w.get("exit_code") is not None else "")
+            for w in node.get("workers", [])
+        )
+        print(f"  node {node.get('node')}: {node.get('state')} attempt {node.get('attempt')}  [{workers}]")
+    return 0
+
+
+def cmd_stop(ns: argparse.Namespace) -> int:
+    """`runner stop job.yaml [--graceful]`."""
+    from runner.control import request_stop  # noqa: PLC0415
+
+    print(request_stop(load(ns.spec), ns.graceful))
     return 0
 
 

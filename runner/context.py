@@ -58,6 +58,7 @@ class Context:
                 workers.append({"rank": w.plan.rank, "local_rank": w.plan.local_rank, "pid": w.pid, "exit_code": code})
         return {
             "node": self.node,
+            "agent_pid": os.getpid(),
             "state": self.state_name,
             "attempt": self.attempt,
             "restarts": self.restarts,

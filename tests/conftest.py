@@ -51,13 +51,23 @@ class Job:
         self.logs = tmp_path / "logs"
         self.proc: subprocess.Popen[str] | None = None
 
+    def env(self) -> dict[str, str]:
+        """The environment the spec's ${VARS} come from."""
+        return dict(os.environ, PROBE=str(PROBE), OUT=str(self.out), LOGS=str(self.logs), PYTHONUNBUFFERED="1")
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run `runner ARGS job.yaml` (status, stop, validate...) to completion."""
+        return subprocess.run(  # noqa: S603
+            [sys.executable, "-m", "runner", *args, str(self.spec)],
+            cwd=self.tmp, env=self.env(), capture_output=True, text=True, timeout=60, check=False,
+        )
+
     def start(self, *args: str) -> subprocess.Popen[str]:
         """Start the runner on this spec (its cwd is tmp_path; logs under tmp_path/logs)."""
-        env = dict(os.environ, PROBE=str(PROBE), OUT=str(self.out), LOGS=str(self.logs), PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(  # noqa: S603
             [sys.executable, "-m", "runner", str(self.spec), *args],
             cwd=self.tmp,
-            env=env,
+            env=self.env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -166,3 +166,19 @@ def test_sigkill_of_the_runner_leaves_no_worker_or_grandchild(job):
     proc.communicate(timeout=30)
     pids = [p for i in infos for p in (i["pid"], i["child_pid"])]
     wait_for(lambda: not any(alive(p) for p in pids), timeout=10, what="workers and grandchildren to die")
+
+
+def test_status_and_stop_of_a_local_job(job):
+    """`runner status` shows the running job's workers; `runner stop` stops it; status after the end says so."""
+    j = probe_job(job, '"--sleep", "60"')
+    proc = j.start()
+    wait_for(lambda: (j.out / "rank1.attempt0.json").exists(), what="workers to start")
+    during = json.loads(j.cli("status", "--json").stdout)
+    assert during["status"] == "running"
+    assert {w["pid"] for w in during["nodes"][0]["workers"]} == {j.worker_info(r)["pid"] for r in (0, 1)}
+    assert "stop sent" in j.cli("stop").stdout
+    proc.communicate(timeout=60)
+    assert proc.returncode == 143
+    after = json.loads(j.cli("status", "--json").stdout)
+    assert after["status"] == "stopped" and after["nodes"][0]["state"] == "SHUTDOWN"
+    assert "nothing to stop" in j.cli("stop").stdout  # stopping twice is harmless

@@ -1,0 +1,63 @@
+"""`runner status` and `runner stop`: read a job's live state and ask its agents to stop, for either backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from runner.config.spec import JobSpec
+from runner.errors import RunnerError
+
+
+def local_status_path(spec: JobSpec) -> Path:
+    """status.json of the job's latest run on this machine."""
+    return Path(spec.logs.dir).expanduser().absolute() / spec.name / "latest" / "status.json"
+
+
+def read_status(spec: JobSpec) -> dict[str, Any]:
+    """The job's state as a dict: job, status, and each node with its state, attempt, heartbeat and workers."""
+    if spec.rendezvous.backend == "etcd":
+        from runner.rendezvous.etcd import read_status as etcd_status  # noqa: PLC0415
+
+        return asyncio.run(etcd_status(spec))
+    path = local_status_path(spec)
+    try:
+        node = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise RunnerError(
+            f"no status for job '{spec.name}' at {path}", fix="run the job first (or check logs.dir)"
+        ) from e
+    running = node.get("state") != "SHUTDOWN" and _alive(node.get("agent_pid"))
+    status = "running" if running else (node.get("outcome") or "unknown (agent gone)")
+    return {"job": spec.name, "status": status, "backend": "local", "nodes": [node]}
+
+
+def request_stop(spec: JobSpec, graceful: bool) -> str:
+    """Ask every agent of the job to stop (graceful: let workers finish). Harmless when already stopped."""
+    if spec.rendezvous.backend == "etcd":
+        from runner.rendezvous.etcd import request_stop as etcd_stop  # noqa: PLC0415
+
+        asyncio.run(etcd_stop(spec, graceful))
+        return "stop requested for every node (etcd)"
+    status = read_status(spec)
+    node = status["nodes"][0]
+    if status["status"] != "running":
+        return f"job '{spec.name}' is not running ({status['status']}): nothing to stop"
+    os.kill(int(node["agent_pid"]), signal.SIGUSR2 if graceful else signal.SIGTERM)
+    return f"{'graceful ' if graceful else ''}stop sent to the agent (pid {node['agent_pid']})"
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
