@@ -1,0 +1,249 @@
+"""Schema-valid spec data -> frozen JobSpec: shorthands expanded, durations in seconds, paths absolute.
+
+Conversions that can still fail (a signal name, a shell string, a log-prefix field) add problems;
+cross-field rules live in `checks.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import string
+from typing import Any
+
+from runner.config.durations import parse_duration
+from runner.config.problems import did_you_mean
+from runner.config.spec import (
+    TLS,
+    Auth,
+    Backoff,
+    Entrypoint,
+    JobSpec,
+    Logs,
+    Nodes,
+    Rendezvous,
+    Restart,
+    Shutdown,
+    Watchdog,
+)
+from runner.config.yaml_source import Document, Path
+from runner.errors import SpecProblem
+
+PREFIX_FIELDS = ("node", "rank", "local_rank", "attempt")
+_SAMPLE = {"node": 0, "rank": 0, "local_rank": 0, "attempt": 0}
+
+
+class Builder:
+    """Builds one JobSpec from `doc.data`, collecting problems instead of raising."""
+
+    def __init__(self, doc: Document, base_dir: str) -> None:
+        """`doc` is schema-valid; relative paths resolve against `base_dir` (absolute)."""
+        self.doc = doc
+        self.base_dir = base_dir
+        self.problems: list[SpecProblem] = []
+
+    def fail(self, path: Path, message: str, fix: str = "") -> None:
+        """Record a problem at `path`."""
+        self.problems.append(self.doc.problem(path, message, fix))
+
+    def build(self) -> JobSpec:
+        """The JobSpec (check `problems` before trusting it)."""
+        data: dict[str, Any] = self.doc.data
+        return JobSpec(
+            name=data["name"],
+            entrypoint=self.entrypoint(data["entrypoint"]),
+            version=int(data.get("version", 1)),
+            env=self.env(data.get("env", {})),
+            cwd=self.path(data.get("cwd", ".")) or self.base_dir,
+            nodes=self.nodes(data.get("nodes", 1)),
+            nproc_per_node=int(data.get("nproc_per_node", 1)),  # JSON Schema counts 2.0 as an integer
+            rendezvous=self.rendezvous(data.get("rendezvous", {})),
+            restart=self.restart(data.get("restart", {})),
+            shutdown=self.shutdown(data.get("shutdown", {})),
+            logs=self.logs(data.get("logs", {})),
+            watchdog=self.watchdog(data.get("watchdog", {})),
+        )
+
+    def path(self, value: str | None) -> str | None:
+        """A user path made absolute against the spec file's folder (`~` expanded)."""
+        if value is None:
+            return None
+        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(value)))
+
+    def duration(self, value: Any, path: Path) -> float:
+        """Seconds; a problem (and 0.0) for what the schema could not rule out (inf, nan)."""
+        try:
+            return parse_duration(value)
+        except ValueError as err:
+            self.fail(path, str(err), "write a finite number of seconds or a string such as 30s")
+            return 0.0
+
+    def opt_duration(self, value: Any, path: Path) -> float | None:
+        """A duration or None."""
+        return None if value is None else self.duration(value, path)
+
+    def entrypoint(self, raw: str | dict[str, Any]) -> Entrypoint:
+        """String shorthand = script; a command string is split like a shell would."""
+        if isinstance(raw, str):
+            return Entrypoint(script=raw)
+        kinds = [kind for kind in ("script", "module", "command") if raw.get(kind) is not None]
+        if len(kinds) != 1:
+            found = f"found {' and '.join(kinds)}" if kinds else "found none"
+            self.fail(("entrypoint",), f"needs exactly one of script, module, command ({found})",
+                      "keep one: script: train.py, module: pkg.train or command: [prog, arg]")
+        return Entrypoint(
+            script=raw.get("script"),
+            module=raw.get("module"),
+            command=self.command(raw.get("command")),
+            args=tuple(raw.get("args", ())),
+            python=raw.get("python"),
+        )
+
+    def command(self, raw: str | list[str] | None) -> tuple[str, ...] | None:
+        """List as is; a string split with shlex."""
+        if raw is None or isinstance(raw, list):
+            return None if raw is None else tuple(raw)
+        try:
+            argv = shlex.split(raw)
+        except ValueError as err:
+            self.fail(("entrypoint", "command"), f"cannot split the command line: {err}",
+                      "balance the quotes, or write the command as a list of strings")
+            return (raw,)
+        if not argv:
+            self.fail(("entrypoint", "command"), "the command is empty", "write the program to run")
+        return tuple(argv)
+
+    def env(self, raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+        """Values as strings; unquoted numbers/booleans keep the text written (`yes`, `0x10`, `1.0`)."""
+        out = []
+        for key, value in raw.items():
+            text = value if isinstance(value, str) else self.doc.plain.get(("env", key))
+            if text is None:
+                text = str(value).lower() if isinstance(value, bool) else str(value)
+            out.append((key, text))
+        return tuple(out)
+
+    def nodes(self, raw: int | str | dict[str, int]) -> Nodes:
+        """4 -> 4..4; '1:4' -> 1..4; {min, max} as given."""
+        if isinstance(raw, (int, float)):
+            return Nodes(int(raw), int(raw))
+        if isinstance(raw, str):
+            low, _, high = raw.partition(":")
+            return Nodes(int(low), int(high or low))
+        return Nodes(int(raw["min"]), int(raw["max"]))
+
+    def rendezvous(self, raw: dict[str, Any]) -> Rendezvous:
+        """Endpoints split and checked; durations in seconds; TLS and password-file paths absolute."""
+        default = Rendezvous()
+        tls, auth = raw.get("tls", {}), raw.get("auth", {})
+        here: Path = ("rendezvous",)
+        return Rendezvous(
+            backend=raw.get("backend", default.backend),
+            endpoints=self.endpoints(raw.get("endpoints", list(default.endpoints))),
+            prefix=raw.get("prefix", default.prefix).rstrip("/") or "/",
+            join_timeout=self.duration(raw.get("join_timeout", default.join_timeout), (*here, "join_timeout")),
+            last_call=self.duration(raw.get("last_call", default.last_call), (*here, "last_call")),
+            lease_ttl=self.duration(raw.get("lease_ttl", default.lease_ttl), (*here, "lease_ttl")),
+            connect_timeout=self.duration(raw.get("connect_timeout", default.connect_timeout),
+                                          (*here, "connect_timeout")),
+            master_addr=raw.get("master_addr"),
+            tls=TLS(ca=self.path(tls.get("ca")), cert=self.path(tls.get("cert")), key=self.path(tls.get("key"))),
+            auth=Auth(user=auth.get("user"), password_env=auth.get("password_env"),
+                      password_file=self.path(auth.get("password_file"))),
+        )
+
+    def endpoints(self, raw: str | list[str]) -> tuple[str, ...]:
+        """'a:1, b:2' or [a:1, b:2] -> ('a:1', 'b:2'); ports must be 1..65535."""
+        items = raw.split(",") if isinstance(raw, str) else raw
+        out = tuple(item.strip() for item in items)
+        for i, endpoint in enumerate(out):
+            port = int(endpoint.rpartition(":")[2])
+            if not 1 <= port <= 65535:
+                where: Path = ("rendezvous", "endpoints") if isinstance(raw, str) else ("rendezvous", "endpoints", i)
+                self.fail(where, f"port {port} of '{endpoint}' is out of range", "use a port from 1 to 65535")
+        return out
+
+    def restart(self, raw: dict[str, Any]) -> Restart:
+        """Backoff durations in seconds; exit codes de-duplicated, order kept."""
+        default, backoff = Restart(), raw.get("backoff", {})
+        here: Path = ("restart", "backoff")
+        return Restart(
+            max_restarts=int(raw.get("max_restarts", default.max_restarts)),
+            backoff=Backoff(
+                initial=self.duration(backoff.get("initial", default.backoff.initial), (*here, "initial")),
+                max=self.duration(backoff.get("max", default.backoff.max), (*here, "max")),
+                multiplier=float(backoff.get("multiplier", default.backoff.multiplier)),
+                jitter=float(backoff.get("jitter", default.backoff.jitter)),
+            ),
+            non_retryable_exit_codes=tuple(dict.fromkeys(int(c) for c in raw.get("non_retryable_exit_codes", ()))),
+            scope=raw.get("scope", default.scope),
+        )
+
+    def shutdown(self, raw: dict[str, Any]) -> Shutdown:
+        """Signal normalised to its SIGxxx name."""
+        default = Shutdown()
+        return Shutdown(
+            signal=self.signal_name(raw.get("signal", default.signal)),
+            grace_period=self.duration(raw.get("grace_period", default.grace_period), ("shutdown", "grace_period")),
+        )
+
+    def signal_name(self, raw: str | int) -> str:
+        """'TERM', 'sigterm', 15 -> 'SIGTERM'; unknown -> problem."""
+        names = sorted(s.name for s in signal.Signals)
+        try:
+            if isinstance(raw, (int, float)):
+                return signal.Signals(int(raw)).name
+            text = raw.strip().upper()
+            return signal.Signals[text if text.startswith("SIG") else "SIG" + text].name
+        except (KeyError, ValueError):
+            if not isinstance(raw, str):
+                hint = "use a signal name such as SIGTERM or SIGINT"
+            else:
+                word = raw.strip().upper()
+                hint = did_you_mean(word if word.startswith("SIG") else "SIG" + word, names, "signals")
+            self.fail(("shutdown", "signal"), f"unknown signal {raw!r}", hint)
+            return "SIGTERM"
+
+    def logs(self, raw: dict[str, Any]) -> Logs:
+        """Prefix checked against the fields it may use."""
+        default = Logs()
+        prefix = raw.get("prefix", default.prefix)
+        self.check_prefix(prefix)
+        return Logs(
+            dir=raw.get("dir", default.dir),
+            tee=raw.get("tee", default.tee),
+            prefix=prefix,
+            format=raw.get("format", default.format),
+        )
+
+    def check_prefix(self, prefix: str) -> None:
+        """Every {field} must be one of PREFIX_FIELDS and the whole must format."""
+        where: Path = ("logs", "prefix")
+        allowed = ", ".join("{" + f + "}" for f in PREFIX_FIELDS)
+        try:
+            fields = [name for _, name, _, _ in string.Formatter().parse(prefix) if name is not None]
+        except ValueError as err:
+            self.fail(where, f"invalid prefix {prefix!r}: {err}", f"use fields {allowed}; write {{{{ for a literal {{")
+            return
+        unknown = [name for name in fields if name not in PREFIX_FIELDS]
+        for name in unknown:
+            hint = did_you_mean(name, PREFIX_FIELDS, "fields")
+            self.fail(where, f"unknown field {{{name}}} in prefix {prefix!r}", f"{hint} (fields: {allowed})")
+        if not unknown:
+            try:
+                prefix.format(**_SAMPLE)
+            except (ValueError, IndexError, KeyError) as err:
+                self.fail(where, f"invalid prefix {prefix!r}: {err}", f"use plain fields such as {allowed}")
+
+    def watchdog(self, raw: dict[str, Any]) -> Watchdog:
+        """Durations in seconds; null stays None (off)."""
+        default, here = Watchdog(), ("watchdog",)
+        return Watchdog(
+            enabled=raw.get("enabled", default.enabled),
+            check_interval=self.duration(raw.get("check_interval", default.check_interval),
+                                         (*here, "check_interval")),
+            capture_stacks=raw.get("capture_stacks", default.capture_stacks),
+            heartbeat_timeout=self.opt_duration(raw.get("heartbeat_timeout"), (*here, "heartbeat_timeout")),
+            max_run_time=self.opt_duration(raw.get("max_run_time"), (*here, "max_run_time")),
+        )

@@ -1,0 +1,86 @@
+"""Cross-field rules the schema cannot say clearly, run on the built JobSpec."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import cast
+
+from runner.config.spec import JobSpec
+from runner.config.yaml_source import Document, Path
+from runner.errors import SpecProblem
+
+Found = tuple[Path | tuple[Path, ...], str, str]  # where (or candidates, first written wins), message, fix
+Check = Callable[[JobSpec], Iterator[Found]]
+
+
+def _nodes(spec: JobSpec) -> Iterator[Found]:
+    nodes = spec.nodes
+    if nodes.min < 1:
+        yield ("nodes",), f"nodes.min must be >= 1, found {nodes.min}", "a job needs at least one node"
+    if nodes.min > nodes.max:
+        yield ("nodes",), f"nodes.min ({nodes.min}) is greater than nodes.max ({nodes.max})", "swap them: MIN:MAX"
+    if spec.rendezvous.backend == "local" and nodes.max > 1:
+        yield ((("rendezvous", "backend"), ("nodes",)), f"backend 'local' runs one node only, but nodes.max is {nodes.max}",
+               "set rendezvous.backend: etcd (and rendezvous.endpoints), or nodes: 1")
+
+
+def _entrypoint(spec: JobSpec) -> Iterator[Found]:
+    entry = spec.entrypoint
+    if entry.command is not None and entry.python is not None:
+        yield (("entrypoint", "python"), "python applies to script and module only",
+               "put the interpreter in command itself, or remove python")
+
+
+def _backoff(spec: JobSpec) -> Iterator[Found]:
+    backoff = spec.restart.backoff
+    if backoff.initial > backoff.max:
+        yield (("restart", "backoff", "initial"),
+               f"backoff.initial ({backoff.initial:g} s) is greater than backoff.max ({backoff.max:g} s)",
+               "lower initial or raise max")
+    if 0 in spec.restart.non_retryable_exit_codes:
+        yield (("restart", "non_retryable_exit_codes"), "exit code 0 means success, it cannot be a failure",
+               "remove 0")
+
+
+def _security(spec: JobSpec) -> Iterator[Found]:
+    tls, auth = spec.rendezvous.tls, spec.rendezvous.auth
+    if (tls.cert is None) != (tls.key is None):
+        yield (("rendezvous", "tls"), "tls.cert and tls.key go together (a client certificate needs its key)",
+               "set both, or neither")
+    if auth.password_env is not None and auth.password_file is not None:
+        yield (("rendezvous", "auth"), "password_env and password_file are both set", "keep one of them")
+    if auth.user is None and (auth.password_env is not None or auth.password_file is not None):
+        yield ("rendezvous", "auth"), "a password is given but no user", "add auth.user"
+
+
+def _positive(spec: JobSpec) -> Iterator[Found]:
+    rdzv, watchdog = spec.rendezvous, spec.watchdog
+    for path, value in (
+        (("rendezvous", "join_timeout"), rdzv.join_timeout),
+        (("rendezvous", "connect_timeout"), rdzv.connect_timeout),
+        (("shutdown", "grace_period"), spec.shutdown.grace_period),
+        (("watchdog", "check_interval"), watchdog.check_interval),
+        (("watchdog", "heartbeat_timeout"), watchdog.heartbeat_timeout),
+        (("watchdog", "max_run_time"), watchdog.max_run_time),
+    ):
+        if value is not None and value <= 0:
+            yield path, f"must be greater than 0, found {value:g}", "use a positive duration such as 30s"
+    if rdzv.lease_ttl < 1:
+        yield (("rendezvous", "lease_ttl"), f"must be at least 1 s, found {rdzv.lease_ttl:g}",
+               "etcd leases count whole seconds; use 1s or more")
+
+
+CHECKS: tuple[Check, ...] = (_nodes, _entrypoint, _backoff, _security, _positive)
+
+
+def semantic_problems(spec: JobSpec, doc: Document) -> list[SpecProblem]:
+    """Every cross-field problem, located in `doc`."""
+    return [doc.problem(_pick(where, doc), message, fix) for check in CHECKS for where, message, fix in check(spec)]
+
+
+def _pick(where: Path | tuple[Path, ...], doc: Document) -> Path:
+    """A path, or the first of several candidates that the user wrote (else the first)."""
+    if not where or not isinstance(where[0], tuple):
+        return cast("Path", where)
+    candidates: tuple[Path, ...] = where
+    return next((path for path in candidates if path in doc.values), candidates[0])

@@ -1,0 +1,240 @@
+"""JSON-Schema validation of a parsed spec, every error turned into a located, worded SpecProblem.
+
+jsonschema is imported lazily (it costs ~100 ms) so `import runner.config` stays cheap.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path as FilePath
+from dataclasses import dataclass
+from typing import Any
+
+from runner.config.problems import describe, did_you_mean, join_or, type_fix, type_noun
+from runner.config.yaml_source import Document, Path, dotted
+from runner.errors import SpecProblem
+
+_HERE = FilePath(__file__).resolve().parent
+# The repository's schemas/ folder first (source of truth), then a copy shipped as package data.
+SCHEMA_LOCATIONS = (_HERE.parents[1] / "schemas" / "job.schema.json", _HERE.parent / "job.schema.json")
+
+_FORBIDDEN = {
+    ("rendezvous.auth", "password"): (
+        "an inline password is not allowed (the spec is logged, hashed and shared between nodes)",
+        "remove it and set password_env: VAR (a variable holding the password) or password_file: PATH",
+    ),
+}
+_REQUIRED_FIXES = {
+    "name": "add `name: my-job` (letters, digits, '_', '.', '-')",
+    "entrypoint": "add `entrypoint: train.py` (or entrypoint: {module: pkg.train} / {command: [...]})",
+}
+
+
+@functools.cache
+def load_schema() -> dict[str, Any]:
+    """The job schema (schemas/job.schema.json), parsed once."""
+    for location in SCHEMA_LOCATIONS:
+        if location.is_file():
+            schema: dict[str, Any] = json.loads(location.read_text(encoding="utf-8"))
+            return schema
+    msg = f"job.schema.json not found (looked in {', '.join(map(str, SCHEMA_LOCATIONS))})"
+    raise FileNotFoundError(msg)
+
+
+@functools.cache
+def _validator() -> Any:
+    from jsonschema import Draft202012Validator  # noqa: PLC0415 (lazy: heavy import)
+
+    return Draft202012Validator(load_schema())
+
+
+def schema_problems(doc: Document, skip: frozenset[str] = frozenset()) -> list[SpecProblem]:
+    """Every schema violation in `doc.data`, except at the dotted paths in `skip` (already reported)."""
+    problems: list[SpecProblem] = []
+    for error in _validator().iter_errors(doc.data):
+        for problem in _explain(_Error.of(error), doc):
+            if problem.path not in skip and problem not in problems:
+                problems.append(problem)
+    return problems
+
+
+@dataclass(frozen=True)
+class _Error:
+    """The parts of a jsonschema ValidationError that problems are worded from, plainly typed."""
+
+    kind: str  # the failing keyword: "type", "enum", "anyOf", ...
+    path: Path  # into the instance
+    instance: Any
+    value: Any  # the keyword's value in the schema
+    schema: dict[str, Any]  # the subschema holding the keyword
+    context: tuple[_Error, ...]  # for anyOf/oneOf: the branches' errors
+    branch: int  # inside anyOf/oneOf: the branch index (else -1)
+    message: str
+    on_key: bool  # raised by propertyNames: `instance` is a key of the mapping at `path`
+
+    @classmethod
+    def of(cls, error: Any) -> _Error:
+        """Copy what we need out of a jsonschema.ValidationError."""
+        schema_path = list(error.relative_schema_path)
+        return cls(
+            kind=str(error.validator),
+            path=tuple(error.absolute_path),
+            instance=error.instance,
+            value=error.validator_value,
+            schema=error.schema if isinstance(error.schema, dict) else {},
+            context=tuple(cls.of(sub) for sub in error.context or ()),
+            branch=schema_path[0] if schema_path and isinstance(schema_path[0], int) else -1,
+            message=str(error.message),
+            on_key="propertyNames" in schema_path,
+        )
+
+
+def _explain(error: _Error, doc: Document) -> list[SpecProblem]:
+    if error.on_key:
+        return [_pattern_key(error, doc, error.path)]
+    handler = _HANDLERS.get(error.kind, _generic)
+    return handler(error, doc, error.path)
+
+
+def _alternatives(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
+    """anyOf/oneOf: explain the branches whose type fits the value; else list what would have fitted."""
+    branches: list[dict[str, Any]] = error.value
+    fitting = {i for i, branch in enumerate(branches) if _accepts_type(branch, error.instance)}
+    inner = [sub for sub in error.context if sub.branch in fitting]
+    if inner:
+        return [problem for sub in inner for problem in _explain(sub, doc)]
+    titles = [_title(branch) for branch in branches]
+    fix = error.schema.get("x-fix") or _fix_of_refs(branches) or error.schema.get("description", "")
+    return [doc.problem(path, f"expected {join_or(titles)}, found {describe(error.instance)}", fix)]
+
+
+def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
+    ref = schema.get("$ref", "")
+    if ref.startswith("#/$defs/"):
+        target: dict[str, Any] = load_schema()["$defs"][ref.removeprefix("#/$defs/")]
+        return target
+    return schema
+
+
+def _accepts_type(schema: dict[str, Any], instance: Any) -> bool:
+    schema = _resolve(schema)
+    if "anyOf" in schema or "oneOf" in schema:
+        branches = schema.get("anyOf") or schema.get("oneOf") or []
+        return any(_accepts_type(branch, instance) for branch in branches)
+    types = schema.get("type")
+    if types is None:
+        return True
+    return any(_is_type(instance, t) for t in ([types] if isinstance(types, str) else types))
+
+
+def _is_type(instance: Any, name: str) -> bool:
+    if isinstance(instance, bool):
+        return name == "boolean"
+    checks: dict[str, type | tuple[type, ...]] = {
+        "string": str, "integer": int, "number": (int, float), "boolean": bool,
+        "array": list, "object": dict, "null": type(None),
+    }
+    return isinstance(instance, checks[name])
+
+
+def _title(schema: dict[str, Any]) -> str:
+    resolved = _resolve(schema)
+    if "title" in resolved:
+        return str(resolved["title"])
+    types = resolved.get("type", "value")
+    return join_or(type_noun(t) for t in ([types] if isinstance(types, str) else types))
+
+
+def _fix_of_refs(branches: list[dict[str, Any]]) -> str:
+    for branch in branches:
+        resolved = _resolve(branch)
+        for sub in resolved.get("anyOf", []):
+            if "x-fix" in sub:
+                return str(sub["x-fix"])
+    return ""
+
+
+def _unknown_keys(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
+    allowed = list(error.schema.get("properties", {}))
+    problems = []
+    for key in error.instance:
+        if key in allowed:
+            continue
+        message, fix = _FORBIDDEN.get((dotted(path), key), (f"unknown key '{key}'", did_you_mean(key, allowed)))
+        line, column = doc.where((*path, key), key=True)
+        problems.append(SpecProblem(dotted(path), message, fix, line, column))
+    return problems
+
+
+def _required(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
+    problems = []
+    for key in error.value:
+        if key not in error.instance:
+            where = dotted((*path, key))
+            fix = _REQUIRED_FIXES.get(where, f"add '{key}:' ({error.schema['properties'][key]['description']})")
+            problems.append(doc.problem(path, f"missing required key '{key}'", fix))
+    return problems
+
+
+def _type(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
+    expected = [error.value] if isinstance(error.value, str) else list(error.value)
+    message = f"expected {join_or(type_noun(t) for t in expected)}, found {describe(error.instance)}"
+    return [doc.problem(path, message, type_fix(expected))]
+
+
+def _enum(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
+    allowed = [str(v) for v in error.value]
+    message = f"{describe(error.instance)} is not one of: {', '.join(allowed)}"
+    return [doc.problem(path, message, did_you_mean(str(error.instance), allowed, "values"))]
+
+
+def _const(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
+    value = json.dumps(error.value)
+    return [doc.problem(path, f"must be {value}, found {describe(error.instance)}", f"write {value}")]
+
+
+def _bound(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
+    op = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}[error.kind]
+    limit = error.value
+    message = f"must be {op} {limit}, found {describe(error.instance)}"
+    return [doc.problem(path, message, f"use a value {op} {limit}")]
+
+
+def _not_empty(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
+    return [doc.problem(path, "must not be empty", "give at least one item" if error.kind == "minItems" else "")]
+
+
+def _pattern(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
+    hint = error.schema.get("x-hint", f"text matching {error.value}")
+    message = f"expected {hint}, found {describe(error.instance)}"
+    return [doc.problem(path, message, error.schema.get("x-fix", ""))]
+
+
+def _pattern_key(error: _Error, doc: Document, path: Path) -> SpecProblem:
+    hint = error.schema.get("x-hint", f"a key matching {error.schema.get('pattern')}")
+    line, column = doc.where((*path, error.instance), key=True)
+    message = f"key '{error.instance}' is not {hint}"
+    return SpecProblem(dotted(path), message, error.schema.get("x-fix", ""), line, column)
+
+
+def _generic(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
+    return [doc.problem(path, error.message, "")]
+
+
+_HANDLERS = {
+    "anyOf": _alternatives,
+    "oneOf": _alternatives,
+    "additionalProperties": _unknown_keys,
+    "required": _required,
+    "type": _type,
+    "enum": _enum,
+    "const": _const,
+    "minimum": _bound,
+    "maximum": _bound,
+    "exclusiveMinimum": _bound,
+    "exclusiveMaximum": _bound,
+    "minItems": _not_empty,
+    "minLength": _not_empty,
+    "pattern": _pattern,
+}
