@@ -48,7 +48,9 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     structlog.contextvars.bind_contextvars(job=spec.name, node=node)
     log = structlog.get_logger("runner")
     run_dir = new_run_dir(spec)
-    addr = advertise_addr or spec.rendezvous.master_addr or "127.0.0.1"
+    addr = advertise_addr or spec.rendezvous.master_addr
+    if addr is None:
+        addr = "127.0.0.1" if spec.rendezvous.backend == "local" else socket.getfqdn()
     ctx = Context(
         spec=spec,
         node=node,
@@ -79,9 +81,13 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
         log.info("transition", **fields)
         ctx.reason = ""
 
+    async def entered(state: JobState) -> None:
+        if state is not JobState.SHUTDOWN:  # SHUTDOWN publishes once its work is done
+            await ctx.publish()
+
     model, _ = build_machine(on_transition)
     try:
-        await drive(model, HANDLERS, ctx)
+        await drive(model, HANDLERS, ctx, entered)
     finally:
         ctx.transitions.close()
         if ctx.group is not None:

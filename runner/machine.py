@@ -96,13 +96,22 @@ def build_machine(on_transition: OnTransition) -> tuple[Model, AsyncMachine]:
     return model, machine
 
 
-async def drive(model: Model, handlers: Mapping[JobState, Handler], ctx: Any) -> JobState:
-    """Run each state's handler and fire the trigger it returns, until SHUTDOWN; then run SHUTDOWN's handler."""
+async def drive(
+    model: Model,
+    handlers: Mapping[JobState, Handler],
+    ctx: Any,
+    entered: Callable[[JobState], Awaitable[None]] | None = None,
+) -> JobState:
+    """Run each state's handler and fire the trigger it returns, until SHUTDOWN; then run SHUTDOWN's handler.
+
+    `entered(state)` runs after every transition (the agent publishes its new state there)."""
     while model.state is not S.SHUTDOWN:
         trigger = await handlers[model.state](ctx)
         if trigger is None:
             continue  # the handler wants to run again (e.g. it only recorded an event)
         await model.trigger(trigger.value)
+        if entered is not None:
+            await entered(model.state)
     await handlers[S.SHUTDOWN](ctx)
     return model.state
 

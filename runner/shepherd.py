@@ -2,8 +2,7 @@
 
 Run as `python -S -I shepherd.py` with a pipe from the agent on stdin. The agent writes `+PGID` when it
 starts a worker and `-PGID` once that group is gone. When the pipe reaches EOF (the agent exited, however
-it exited) every group still listed is SIGKILLed. Each worker also gets PR_SET_PDEATHSIG (see
-runner.worker_group); this covers what that cannot: the workers' own children in their process groups.
+it exited) every group still listed is SIGKILLed: the workers and their own children alike.
 """
 
 import os

@@ -1,7 +1,8 @@
 """WorkerGroup: spawn a LaunchPlan's workers, notice exits at once (pidfd), tee their output, stop them.
 
-Every worker runs in its own session (so its own process group) and gets PR_SET_PDEATHSIG=SIGKILL; a
-shepherd process (runner.shepherd) SIGKILLs the groups if the agent dies, whatever kills it.
+Every worker runs in its own session (so its own process group); a shepherd process (runner.shepherd)
+SIGKILLs those groups if the agent dies, whatever kills it. No preexec_fn: running Python between fork and
+exec is unsafe once the agent has threads (grpc's, with the etcd backend) and forbids the fast vfork path.
 """
 
 from __future__ import annotations
@@ -22,22 +23,6 @@ import structlog
 from runner.events import WorkerExited
 from runner.launch_plan import LaunchPlan, WorkerPlan
 from runner.output import Tee
-
-_PR_SET_PDEATHSIG = 1
-_libc: Any = None
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _load_libc() -> None:
-    global _libc  # noqa: PLW0603 - loaded once, before the first fork
-    if _libc is None:
-        import ctypes  # noqa: PLC0415 - only needed once workers are spawned
-
-        _libc = ctypes.CDLL(None, use_errno=True)
-
 
 @dataclass
 class Worker:
@@ -61,8 +46,11 @@ class Shepherd:
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
+        self._closed = False
 
-    def _pipe(self) -> IO[bytes]:
+    def _pipe(self) -> IO[bytes] | None:
+        if self._closed:
+            return None
         if self._proc is None:
             script = Path(__file__).with_name("shepherd.py")
             self._proc = subprocess.Popen(  # noqa: S603 - our own interpreter and script
@@ -81,11 +69,13 @@ class Shepherd:
 
     def _send(self, line: str) -> None:
         pipe = self._pipe()
-        pipe.write(line.encode())
-        pipe.flush()
+        if pipe is not None:
+            pipe.write(line.encode())
+            pipe.flush()
 
     def close(self) -> None:
-        """Stop the shepherd (after every group was forgotten) and reap it."""
+        """Stop the shepherd (after every group was forgotten) and reap it; later calls do nothing."""
+        self._closed = True
         if self._proc is not None:
             assert self._proc.stdin is not None  # noqa: S101
             self._proc.stdin.close()
@@ -119,7 +109,6 @@ class WorkerGroup:
 
     def start_one(self, wp: WorkerPlan, plan: LaunchPlan) -> Worker:
         """Spawn (or replace) the worker of `wp.local_rank`."""
-        _load_libc()
         Path(wp.log_dir).mkdir(parents=True, exist_ok=True)
         stdout: Any
         stderr: Any
@@ -137,7 +126,6 @@ class WorkerGroup:
                 stdout=stdout,
                 stderr=stderr,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks
             )
         finally:
             if not self.tee:

@@ -1,0 +1,177 @@
+"""Waiting for one rendezvous round to close.
+
+The first node to join a round (smallest create revision of its join key) leads it: it watches every
+join record and the nodes' live states and writes `rounds/{r}/result` once (txn on create revision 0)
+when max nodes joined, or when min joined, every still-alive node of the previous round re-joined and
+last_call passed. Other nodes only watch the result key, the leader's join key (to take over when the
+leader leaves) and the control key, so a round costs O(N) watch events in all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from runner.errors import JobClosed
+from runner.rendezvous.etcd_client import (
+    EtcdSession,
+    Watch,
+    key_range,
+    prefix_end,
+    prefix_range,
+)
+from runner.rendezvous.etcd_keys import JobKeys, dump, load
+from runner.rendezvous.ranks import assign_ranks
+
+TERMINAL = "SHUTDOWN"
+
+
+@dataclass(frozen=True)
+class RoundRules:
+    """What closes a round."""
+
+    min_nodes: int
+    max_nodes: int
+    last_call: float
+
+
+def is_gone(state: dict[str, Any] | None) -> bool:
+    """True when a node's live state is absent or says it has ended."""
+    return state is None or state.get("state") == TERMINAL or bool(state.get("outcome"))
+
+
+def pending(previous: Sequence[str], joined: dict[str, Any], states: dict[str, Any]) -> list[str]:
+    """Nodes of the previous round that are still alive but have not joined yet."""
+    return [n for n in previous if n not in joined and not is_gone(states.get(n))]
+
+
+def build_result(joined: dict[str, dict[str, Any]], previous: Sequence[str], max_nodes: int) -> dict[str, Any]:
+    """The result record: nodes in group-rank order, master = group rank 0's address and port."""
+    nodes = assign_ranks(joined, previous)[:max_nodes]
+    master = joined[nodes[0]]
+    return {"nodes": list(nodes), "master_addr": master["addr"], "master_port": master["port"],
+            "nproc": master["nproc"], "closed_at": time.time()}
+
+
+class RoundWaiter:
+    """Waits for round `r` to close (leading it when this node joined first)."""
+
+    def __init__(self, session: EtcdSession, keys: JobKeys, node: str, round_: int, rules: RoundRules,
+                 previous: Sequence[str], log: Any = None) -> None:
+        self._s, self._k, self._node, self._r = session, keys, node, round_
+        self._rules, self._previous = rules, tuple(previous)
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd")
+        self.joined_seen = 1
+
+    async def wait(self) -> dict[str, Any]:
+        """The round's result record (which may not include this node)."""
+        while True:
+            rev, (first, result, control) = await self._s.call(lambda c: c.snapshot(
+                [prefix_range(self._k.round_nodes(self._r), first_created=True),
+                 key_range(self._k.result(self._r)), key_range(self._k.control)]))
+            if result:
+                return dict(load(result[0].value))
+            self._raise_if_closed(control[0].value if control else None)
+            leader = JobKeys.leaf(first[0].key) if first else self._node
+            if leader == self._node:
+                return await self._lead()
+            done = await self._follow(rev, leader)
+            if done is not None:
+                return done
+
+    def _raise_if_closed(self, raw: bytes | None) -> None:
+        control = load(raw)
+        if control:
+            raise JobClosed(self._k.job, str(control.get("state", "closed")))
+
+    async def _follow(self, rev: int, leader: str) -> dict[str, Any] | None:
+        """Result, or None when the leader left (then someone else leads)."""
+        self._log.debug("rendezvous_following", round=self._r, leader=leader)
+        ranges = [(self._k.result(self._r), None), (self._k.join(self._r, leader), None), (self._k.control, None)]
+        watch = await Watch(self._s, ranges, rev + 1, self._log).start()
+        try:
+            while True:
+                ev = await watch.next()
+                if ev.kv.key == self._k.control and ev.kind == "PUT":
+                    self._raise_if_closed(ev.kv.value)
+                elif ev.kv.key == self._k.result(self._r) and ev.kind == "PUT":
+                    return dict(load(ev.kv.value))
+                elif ev.kind == "DELETE":
+                    return None
+        finally:
+            await watch.cancel()
+
+    async def _lead(self) -> dict[str, Any]:
+        rev, (joins, states, result, control) = await self._s.call(lambda c: c.snapshot(
+            [prefix_range(self._k.round_nodes(self._r)), prefix_range(self._k.states),
+             key_range(self._k.result(self._r)), key_range(self._k.control)]))
+        if result:
+            return dict(load(result[0].value))
+        self._raise_if_closed(control[0].value if control else None)
+        joined = {JobKeys.leaf(kv.key): load(kv.value) for kv in joins}
+        live = {JobKeys.leaf(kv.key): load(kv.value) for kv in states}
+        self._log.info("rendezvous_leading", round=self._r, joined=len(joined))
+        ranges = [(self._k.round_nodes(self._r), prefix_end(self._k.round_nodes(self._r))),
+                  (self._k.states, prefix_end(self._k.states)),
+                  (self._k.result(self._r), None), (self._k.control, None)]
+        watch = await Watch(self._s, ranges, rev + 1, self._log).start()
+        try:
+            return await self._lead_loop(watch, joined, live)
+        finally:
+            await watch.cancel()
+
+    async def _lead_loop(self, watch: Watch, joined: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+        min_at: float | None = None
+        while True:
+            self.joined_seen = len(joined)
+            ready = len(joined) >= self._rules.min_nodes and not pending(self._previous, joined, live)
+            if not ready:
+                min_at = None
+            elif min_at is None:
+                min_at = time.monotonic()
+            if len(joined) >= self._rules.max_nodes or (
+                    min_at is not None and time.monotonic() - min_at >= self._rules.last_call):
+                return await self._write_result(joined)
+            wait = None if min_at is None else self._rules.last_call - (time.monotonic() - min_at)
+            try:
+                ev = await asyncio.wait_for(watch.next(), wait)
+            except TimeoutError:
+                continue
+            done = self._apply(ev, joined, live)
+            if done is not None:
+                return done
+
+    def _apply(self, ev: Any, joined: dict[str, Any], live: dict[str, Any]) -> dict[str, Any] | None:
+        key, put = ev.kv.key, ev.kind == "PUT"
+        if key == self._k.control and put:
+            self._raise_if_closed(ev.kv.value)
+        elif key == self._k.result(self._r) and put:
+            return dict(load(ev.kv.value))
+        elif key.startswith(self._k.round_nodes(self._r)):
+            _set(joined, JobKeys.leaf(key), load(ev.kv.value) if put else None)
+        elif key.startswith(self._k.states):
+            _set(live, JobKeys.leaf(key), load(ev.kv.value) if put else None)
+        return None
+
+    async def _write_result(self, joined: dict[str, Any]) -> dict[str, Any]:
+        record = build_result(joined, self._previous, self._rules.max_nodes)
+        key = self._k.result(self._r)
+        ok, replies = await self._s.call(lambda c: c.transaction(
+            compare=[c.transactions.create(key) == 0],
+            success=[c.transactions.put(key, dump(record))], failure=[c.transactions.get(key)]))
+        if not ok:
+            record = dict(load(replies[0][0][0]))
+        self._log.info("rendezvous_round_closed", round=self._r, nodes=len(record["nodes"]), written=ok)
+        return record
+
+
+def _set(table: dict[str, Any], name: str, value: Any) -> None:
+    if value is None:
+        table.pop(name, None)
+    else:
+        table[name] = value

@@ -1,0 +1,286 @@
+"""EtcdRendezvous against a real etcd server (N rendezvous objects in one event loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.config.spec import TLS, Auth, Entrypoint, JobSpec, Nodes, Rendezvous
+from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
+from runner.events import MembershipChanged, PeerLost, StopRequested
+from runner.rendezvous.etcd import EtcdRendezvous, read_status, request_stop
+from tests.etcd_server import EtcdServer, etcd_server, free_port
+
+pytestmark = pytest.mark.integration
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """A real etcd on free loopback ports, reaped after the test."""
+    with etcd_server(tmp_path) as server:
+        yield server
+
+
+def make_spec(endpoint: str, *, nmin: int = 2, nmax: int = 2, name: str = "job", **rdzv: Any) -> JobSpec:
+    """A job spec for the etcd backend with short test timings."""
+    opts: dict[str, Any] = {"last_call": 0.5, "lease_ttl": 2.0, "join_timeout": WAIT_S, "connect_timeout": 10.0}
+    opts.update(rdzv)
+    return JobSpec(name=name, entrypoint=Entrypoint(script="train.py"), nodes=Nodes(nmin, nmax),
+                   rendezvous=Rendezvous(backend="etcd", endpoints=(endpoint,), **opts))
+
+
+def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
+    """Run an async test body with an overall limit."""
+    async def bounded() -> Any:
+        return await asyncio.wait_for(coro_fn(), 120)
+    return asyncio.run(bounded())
+
+
+class Node:
+    """One rendezvous participant and its event queue."""
+
+    def __init__(self, spec: JobSpec, name: str) -> None:
+        self.events: asyncio.Queue[Any] = asyncio.Queue()
+        self.rdzv = EtcdRendezvous(spec, name, advertise_addr="127.0.0.1")
+
+    async def open(self) -> Node:
+        await self.rdzv.open(self.events)
+        return self
+
+    async def event(self, kind: type) -> Any:
+        """The next event of `kind` (others are skipped)."""
+        while True:
+            ev = await asyncio.wait_for(self.events.get(), WAIT_S)
+            if isinstance(ev, kind):
+                return ev
+
+
+async def open_nodes(spec: JobSpec, names: list[str]) -> list[Node]:
+    return list(await asyncio.gather(*(Node(spec, n).open() for n in names)))
+
+
+async def rounds(nodes: list[Node], attempt: int = 0) -> list[Any]:
+    return list(await asyncio.gather(*(n.rdzv.next_round(attempt) for n in nodes)))
+
+
+async def close_all(nodes: list[Node], outcome: str = "succeeded") -> None:
+    await asyncio.gather(*(n.rdzv.close(outcome) for n in nodes))
+
+
+def test_two_nodes_agree_on_ranks_and_master(etcd: EtcdServer) -> None:
+    """Two nodes get one result: ranks by node id, master = rank 0's address and port."""
+    async def body() -> None:
+        nodes = await open_nodes(make_spec(etcd.endpoint), ["b", "a"])
+        res = await rounds(nodes)
+        assert [r.group_rank for r in res] == [1, 0]
+        assert res[0].nodes == res[1].nodes == ("a", "b")
+        assert res[0].master_port == res[1].master_port > 0
+        assert {r.group_world_size for r in res} == {2}
+        await close_all(nodes)
+    run(body)
+
+
+def test_min_max_last_call_closes_with_min_nodes(etcd: EtcdServer) -> None:
+    """With min=2, max=4 and two nodes, the round closes after last_call with two nodes."""
+    async def body() -> None:
+        nodes = await open_nodes(make_spec(etcd.endpoint, nmin=2, nmax=4), ["n1", "n2"])
+        res = await rounds(nodes)
+        assert [r.group_world_size for r in res] == [2, 2]
+        await close_all(nodes)
+    run(body)
+
+
+def test_max_nodes_close_the_round_and_the_rest_wait(etcd: EtcdServer) -> None:
+    """Three nodes with max=2: two form the round, the third times out waiting for the next one."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint, nmin=1, nmax=2, join_timeout=3.0)
+        nodes = await open_nodes(spec, ["a", "b", "c"])
+        outcomes = await asyncio.gather(*(n.rdzv.next_round(0) for n in nodes), return_exceptions=True)
+        results = [o for o in outcomes if not isinstance(o, BaseException)]
+        errors = [o for o in outcomes if isinstance(o, BaseException)]
+        assert len(results) == 2 and {r.group_world_size for r in results} == {2}
+        assert len(errors) == 1 and isinstance(errors[0], RendezvousTimeout)
+        await close_all(nodes)
+    run(body)
+
+
+def test_join_timeout_raises_rendezvous_timeout(etcd: EtcdServer) -> None:
+    """A lone node of a 2-node job gets RendezvousTimeout naming the counts."""
+    async def body() -> None:
+        (node,) = await open_nodes(make_spec(etcd.endpoint, join_timeout=1.5), ["solo"])
+        with pytest.raises(RendezvousTimeout) as info:
+            await node.rdzv.next_round(0)
+        assert info.value.needed == 2 and info.value.joined == 1
+        await node.rdzv.close("failed")
+    run(body)
+
+
+def test_late_node_triggers_membership_change_and_joins_next_round(etcd: EtcdServer) -> None:
+    """A third node arriving while a 2-node round runs is announced and admitted in the next round."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint, nmin=2, nmax=3)
+        nodes = await open_nodes(spec, ["a", "b"])
+        first = await rounds(nodes)
+        late = await Node(spec, "c").open()
+        late_round = asyncio.ensure_future(late.rdzv.next_round(0))
+        changed = await nodes[0].event(MembershipChanged)
+        assert changed.waiting == ("c",)
+        assert (await nodes[1].event(MembershipChanged)).waiting == ("c",)
+        second = await rounds(nodes, attempt=1)
+        third = await late_round
+        assert second[0].round == third.round == first[0].round + 1
+        assert second[0].nodes == ("a", "b", "c") and third.group_rank == 2
+        await close_all([*nodes, late])
+    run(body)
+
+
+def test_lost_lease_reports_peer_lost(etcd: EtcdServer) -> None:
+    """When a node's lease is revoked without a clean close, the others get PeerLost for it."""
+    async def body() -> None:
+        nodes = await open_nodes(make_spec(etcd.endpoint), ["a", "b"])
+        await rounds(nodes)
+        await nodes[1].rdzv.lease.stop(revoke=True)
+        lost = await nodes[0].event(PeerLost)
+        assert lost.node == "b"
+        await close_all(nodes, "failed")
+    run(body)
+
+
+def test_failed_state_reports_peer_lost(etcd: EtcdServer) -> None:
+    """A node publishing FAILED for the running round is reported as lost to the others."""
+    async def body() -> None:
+        nodes = await open_nodes(make_spec(etcd.endpoint), ["a", "b"])
+        await rounds(nodes)
+        await nodes[0].rdzv.publish({"state": "FAILED", "attempt": 0})
+        lost = await nodes[1].event(PeerLost)
+        assert (lost.node, lost.why) == ("a", "reported FAILED")
+        await close_all(nodes, "failed")
+    run(body)
+
+
+def test_spec_mismatch_names_the_fields(etcd: EtcdServer) -> None:
+    """A node with another nproc_per_node is refused and told which field differs."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint)
+        (first,) = await open_nodes(spec, ["a"])
+        other = Node(dataclasses.replace(spec, nproc_per_node=8, cwd="/elsewhere"), "b")
+        with pytest.raises(RendezvousError, match="nproc_per_node") as info:
+            await other.open()
+        assert "cwd" not in info.value.message
+        await other.rdzv.close("failed")
+        await first.rdzv.close("failed")
+    run(body)
+
+
+def test_unreachable_etcd_fails_after_connect_timeout() -> None:
+    """No etcd at the endpoint: RendezvousError naming the endpoint, with a fix."""
+    async def body() -> None:
+        endpoint = f"127.0.0.1:{free_port()}"
+        node = Node(make_spec(endpoint, connect_timeout=1.0), "a")
+        with pytest.raises(RendezvousError) as info:
+            await node.open()
+        assert endpoint in info.value.message and "endpoints" in info.value.fix
+    run(body)
+
+
+def test_etcd_restart_keeps_lease_and_rendezvous(etcd: EtcdServer) -> None:
+    """After etcd stops and starts on the same data dir, nodes keep their lease and finish a new round."""
+    async def body() -> None:
+        nodes = await open_nodes(make_spec(etcd.endpoint, lease_ttl=5.0), ["a", "b"])
+        await rounds(nodes)
+        leases = [n.rdzv.lease.lease_id for n in nodes]
+        await asyncio.to_thread(etcd.restart)
+        await asyncio.sleep(2.5)  # a few keep-alive periods after the restart
+        await nodes[0].rdzv.publish({"state": "RUNNING"})
+        second = await rounds(nodes, attempt=1)
+        assert second[0].round == 1 and second[0].nodes == ("a", "b")
+        assert [n.rdzv.lease.lease_id for n in nodes] == leases
+        assert nodes[0].events.empty() or not isinstance(nodes[0].events.get_nowait(), PeerLost)
+        await close_all(nodes)
+    run(body)
+
+
+def test_stop_request_reaches_running_nodes_and_closes_the_job(etcd: EtcdServer) -> None:
+    """request_stop gives StopRequested to running nodes and JobClosed to a node arriving later."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint)
+        nodes = await open_nodes(spec, ["a", "b"])
+        await rounds(nodes)
+        await request_stop(spec, graceful=False)
+        await request_stop(spec, graceful=False)  # harmless twice
+        stop = await nodes[0].event(StopRequested)
+        assert stop == StopRequested(signum=0, graceful=False)
+        await close_all(nodes, "stopped")
+        with pytest.raises(JobClosed, match="stopped"):
+            await Node(spec, "late").open()
+    run(body)
+
+
+def test_restart_budget_charged_once_per_round(etcd: EtcdServer) -> None:
+    """Three nodes charging the same round's failure spend one restart; the budget runs out."""
+    async def body() -> None:
+        nodes = await open_nodes(make_spec(etcd.endpoint, nmin=3, nmax=3), ["a", "b", "c"])
+        await rounds(nodes)
+        counts = await asyncio.gather(*(n.rdzv.charge_restart(1) for n in nodes))
+        assert counts == [1, 1, 1]
+        await rounds(nodes, attempt=1)
+        assert await asyncio.gather(*(n.rdzv.charge_restart(1) for n in nodes)) == [None, None, None]
+        await close_all(nodes, "failed")
+    run(body)
+
+
+def test_read_status_reports_round_and_nodes(etcd: EtcdServer) -> None:
+    """read_status shows the round, master, world size and each node's published state."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint)
+        nodes = await open_nodes(spec, ["a", "b"])
+        res = await rounds(nodes)
+        await nodes[1].rdzv.publish({"state": "RUNNING", "attempt": 0, "workers": [{"pid": 42}]})
+        status = await read_status(spec)
+        assert status["status"] == "running" and status["world_size"] == 2
+        assert (status["master_addr"], status["master_port"]) == ("127.0.0.1", res[0].master_port)
+        assert status["nodes"]["b"]["workers"] == [{"pid": 42}] and status["nodes"]["b"]["live"]
+        await close_all(nodes)
+        after = await read_status(spec)
+        assert after["status"] == "succeeded"
+        assert after["nodes"]["a"]["outcome"] == "succeeded" and not after["nodes"]["a"]["live"]
+    run(body)
+
+
+def test_tls_connection(tmp_path: Path) -> None:
+    """Nodes reach an etcd that requires client certificates (TLS from the spec)."""
+    with etcd_server(tmp_path, tls=True) as server:
+        assert server.certs is not None
+        tls = TLS(ca=server.certs.ca, cert=server.certs.client_cert, key=server.certs.client_key)
+
+        async def body() -> None:
+            nodes = await open_nodes(make_spec(server.endpoint, tls=tls), ["a", "b"])
+            assert {r.group_world_size for r in await rounds(nodes)} == {2}
+            await close_all(nodes)
+        run(body)
+
+
+def test_auth_connection_and_wrong_password(etcd: EtcdServer, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """With auth on, the password from the env var works; a wrong one from a file is refused clearly."""
+    etcd.enable_auth("s3cret")
+    monkeypatch.setenv("RDZV_TEST_PW", "s3cret")
+    wrong = tmp_path / "pw"
+    wrong.write_text("nope\n")
+
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint, auth=Auth(user="root", password_env="RDZV_TEST_PW"))
+        nodes = await open_nodes(spec, ["a", "b"])
+        assert len(await rounds(nodes)) == 2
+        await close_all(nodes)
+        bad = Node(make_spec(etcd.endpoint, auth=Auth(user="root", password_file=str(wrong))), "c")
+        with pytest.raises(RendezvousError, match="refused") as info:
+            await bad.open()
+        assert "nope" not in info.value.message
+    run(body)
