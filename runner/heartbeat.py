@@ -43,6 +43,10 @@ class HeartbeatMonitor:
         self._last[local_rank] = asyncio.get_running_loop().time()
         self._arm()
 
+    def watching(self, local_rank: int, path: Path) -> bool:
+        """True if `local_rank` is watched through `path` already."""
+        return self._files.get(local_rank) == Path(path)
+
     def clear(self) -> None:
         """Stop watching every worker (they are being stopped or replaced)."""
         self._files.clear()

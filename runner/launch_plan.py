@@ -104,6 +104,8 @@ def build_plan(
         log_dir = f"{run_dir}/attempt_{attempt}/rank_{rank}"
         contract = contract_env(spec, rdzv, local_rank, run_id, restart_count)
         contract["TORCHELASTIC_ERROR_FILE"] = f"{log_dir}/error.json"
+        if spec.watchdog.enabled and spec.watchdog.heartbeat_timeout:
+            contract["RUNNER_HEARTBEAT_FILE"] = f"{log_dir}/heartbeat"
         contract.update(extra_env or {})
         env = dict(base_env)
         env.setdefault("OMP_NUM_THREADS", "1")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import IO, Any
@@ -11,7 +13,10 @@ import structlog
 
 
 def configure(fmt: str = "auto", stream: IO[str] | None = None) -> None:
-    """Configure structlog once: pretty console on a TTY (or fmt='console'), JSON lines otherwise."""
+    """Configure structlog once: pretty console on a TTY (or fmt='console'), JSON lines otherwise.
+
+    Level INFO; RUNNER_LOG_LEVEL=debug shows every timer request too."""
+    level = getattr(logging, os.environ.get("RUNNER_LOG_LEVEL", "info").upper(), logging.INFO)
     out = stream or sys.stderr
     pretty = fmt == "console" or (fmt == "auto" and out.isatty())
     renderer: Any = (
@@ -26,6 +31,7 @@ def configure(fmt: str = "auto", stream: IO[str] | None = None) -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=True,
     )

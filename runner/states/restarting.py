@@ -21,8 +21,8 @@ async def handle(ctx: Any) -> Trigger:
     elif ctx.group is not None:
         await ctx.group.stop(spec.shutdown.signal, spec.shutdown.grace_period, ctx.hurry)
         ctx.group = None
-    if ctx.timer is not None:
-        ctx.timer.clear()
+        if ctx.timer is not None:
+            ctx.timer.clear()
     delay = backoff_delay(spec.restart.backoff, ctx.restarts) if failure is not None else 0.0
     try:
         if delay > 0:
@@ -36,6 +36,8 @@ async def handle(ctx: Any) -> Trigger:
     if one:
         plan = ctx.make_plan()
         ctx.group.start_one(plan.workers[failure.local_rank], plan)
+        if ctx.timer is not None:
+            ctx.timer.watch(ctx.group)
         ctx.reason = f"rank {failure.rank} replaced (scope worker), attempt {ctx.attempt}"
         return Trigger.worker_replaced
     ctx.reason = f"attempt {ctx.attempt}"

@@ -26,6 +26,8 @@ async def handle(ctx: Any) -> Trigger:
             ctx.events, ctx.shepherd, tee=ctx.spec.logs.tee, prefix=ctx.spec.logs.prefix, log=ctx.log
         )
         ctx.group.start(ctx.plan)
+        if ctx.timer is not None:
+            ctx.timer.watch(ctx.group)
         arm_deadline(ctx)
         await ctx.publish()
     while True:

@@ -1,0 +1,88 @@
+"""The watchdog inside a real run: torch's FileTimerClient in real workers, heartbeats, max_run_time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def run(tmp_path: Path, spec: Path) -> subprocess.CompletedProcess[str]:
+    """Run a spec through the CLI with logs in tmp_path."""
+    return subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "runner", str(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+        check=False, env=dict(os.environ, ROOT=str(ROOT)),
+    )
+
+
+def transitions(tmp_path: Path, job: str) -> list[tuple[str, str, str]]:
+    """(src, trigger, dst) of the job's only run."""
+    (run_dir,) = [d for d in (tmp_path / "runner-logs" / job).iterdir() if not d.is_symlink()]
+    lines = (run_dir / "transitions.jsonl").read_text().splitlines()
+    return [(e["src"], e["trigger"], e["dst"]) for e in map(json.loads, lines)]
+
+
+def test_expiry_fails_the_attempt_and_the_job_recovers(tmp_path):
+    """A hung scope on rank 1: FAILED with the scope and rank named, stacks kept, then attempt 1 succeeds."""
+    res = run(tmp_path, EXAMPLES / "watchdog.yaml")
+    assert res.returncode == 0, res.stderr
+    edges = transitions(tmp_path, "watchdog")
+    assert ("RUNNING", "timer_expired", "FAILED") in edges
+    assert edges[-1] == ("RUNNING", "workers_succeeded", "SHUTDOWN")
+    assert "watchdog: scope 'train_step' on rank 1 expired after 2.0 s" in res.stderr
+    failure = json.loads(next(tmp_path.glob("runner-logs/watchdog/*/attempt_0/failure.json")).read_text())
+    assert failure["kind"] == "watchdog" and failure["rank"] == 1
+    assert "train_step" in failure["stacks"]  # py-spy saw where it hung
+    assert "train_step (hang.py" in next(tmp_path.glob("runner-logs/watchdog/*/attempt_0/rank_1/stacks.txt")).read_text()
+
+
+def test_scopes_released_in_time_are_not_failures(tmp_path):
+    """Every scope released before its deadline: one attempt, no failure."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text((EXAMPLES / "watchdog.yaml").read_text().replace('"--hang-attempts", "1"', '"--hang-attempts", "0"')
+                    .replace("script: hang.py", f"script: {EXAMPLES / 'hang.py'}"))
+    res = run(tmp_path, spec)
+    assert res.returncode == 0, res.stderr
+    assert transitions(tmp_path, "watchdog")[-1] == ("RUNNING", "workers_succeeded", "SHUTDOWN")
+    assert "after 1 attempt(s)" in res.stderr
+
+
+def test_silent_heartbeat_is_a_hang(tmp_path):
+    """A worker that stops touching RUNNER_HEARTBEAT_FILE is killed and reported; the budget then gives up."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"""
+name: hb
+entrypoint: {{script: {ROOT / 'tests/workers/heartbeat_worker.py'}, args: ["5"]}}
+nproc_per_node: 1
+watchdog: {{enabled: true, heartbeat_timeout: 1s}}
+restart: {{max_restarts: 0}}
+shutdown: {{grace_period: 2s}}
+""")
+    res = run(tmp_path, spec)
+    assert res.returncode == 1
+    assert ("RUNNING", "timer_expired", "FAILED") in transitions(tmp_path, "hb")
+    assert "watchdog: rank 0 sent no heartbeat for" in res.stderr
+
+
+def test_max_run_time_ends_the_job_with_its_own_reason(tmp_path):
+    """A job past watchdog.max_run_time is stopped: trigger deadline_reached, exit 1, reason names the limit."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"""
+name: slow
+entrypoint: {{command: [sleep, "60"]}}
+nproc_per_node: 2
+watchdog: {{max_run_time: 1s}}
+shutdown: {{grace_period: 2s}}
+""")
+    res = run(tmp_path, spec)
+    assert res.returncode == 1
+    assert transitions(tmp_path, "slow")[-1] == ("RUNNING", "deadline_reached", "SHUTDOWN")
+    assert "max_run_time (1 s) reached" in res.stderr
