@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    precompile,
     RUNNER,
     TORCHRUN,
     Measured,
@@ -85,6 +86,7 @@ def main() -> None:
         help="runs of each launcher (after one warm-up each)",
     )
     args = p.parse_args()
+    precompile()
     cmds = commands()
     res: dict[str, list[tuple[Measured, float]]] = {k: [] for k in cmds}
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:

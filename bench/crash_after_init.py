@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    precompile,
     RUNNER,
     TORCHRUN,
     Stat,
@@ -120,6 +121,7 @@ def main() -> None:
         help="copy each failed run's launcher output into this folder",
     )
     args = p.parse_args()
+    precompile()
     cmds = commands()
     left = {"runner": args.runner_runs, "torchrun": args.torchrun_runs}
     res: dict[str, list[tuple[str, float]]] = {k: [] for k in cmds}

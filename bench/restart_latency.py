@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    precompile,
     RUNNER,
     TORCHRUN,
     Stat,
@@ -99,6 +100,7 @@ def main() -> None:
         help="runs of each launcher (after one warm-up each)",
     )
     args = p.parse_args()
+    precompile()
     cmds = commands()
     first: dict[str, list[float]] = {k: [] for k in cmds}
     same: dict[str, list[float]] = {k: [] for k in cmds}

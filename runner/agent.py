@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import time
 from pathlib import Path
@@ -30,11 +29,11 @@ def new_run_dir(spec: JobSpec) -> Path:
     """<logs.dir>/<job>/<UTC time>-<random>: a new folder every run, so no earlier run's logs are overwritten."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = Path(spec.logs.dir).expanduser().absolute() / spec.name
-    run_dir = base / f"{stamp}-{secrets.token_hex(3)}"
+    run_dir = base / f"{stamp}-{os.urandom(3).hex()}"
     run_dir.mkdir(parents=True)
     latest = base / "latest"
     try:
-        tmp = base / f".latest-{secrets.token_hex(3)}"
+        tmp = base / f".latest-{os.urandom(3).hex()}"
         tmp.symlink_to(run_dir.name)
         tmp.replace(latest)
     except OSError:
