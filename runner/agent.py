@@ -60,8 +60,16 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
         transitions=TransitionLog(run_dir / "transitions.jsonl"),
     )
 
+    metrics = None
+    if spec.metrics.enabled:
+        from runner.metrics import AgentMetrics  # noqa: PLC0415 - prometheus_client only when asked for
+
+        metrics = AgentMetrics(spec, node)
+
     def on_transition(src: JobState, dst: JobState, trigger: Trigger) -> None:
         ctx.state_name = dst.value
+        if metrics is not None:
+            metrics.on_transition(src.value, dst.value, trigger.value, ctx.attempt, ctx.restarts)
         event = {
             "event": "transition",
             "src": src.value,
@@ -86,8 +94,12 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
 
     model, _ = build_machine(on_transition)
     try:
+        if metrics is not None:
+            metrics.start()
         await drive(model, HANDLERS, ctx, entered)
     finally:
+        if metrics is not None:
+            metrics.stop()
         ctx.transitions.close()
         if ctx.group is not None:
             ctx.group.kill_all()  # normally a no-op: SHUTDOWN stopped them; not so if the agent itself failed

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from runner import __version__
+from runner.cli_cluster import register as register_cluster
 from runner.errors import EXIT_INFRA, EXIT_SPEC, RunnerError
 
 COMMANDS = ("run", "validate", "plan", "graph", "status", "stop", "template", "convert")
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     stop = cmd("stop", cmd_stop, "stop every agent of the job")
     stop.add_argument("spec")
     stop.add_argument("--graceful", action="store_true", help="let the workers finish; no restart")
+    register_cluster(sub, cmd)
     return p
 
 

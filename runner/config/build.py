@@ -18,13 +18,17 @@ from runner.config.spec import (
     TLS,
     Auth,
     Backoff,
+    Cluster,
     Entrypoint,
     JobSpec,
+    Kubernetes,
     Logs,
+    Metrics,
     Nodes,
     Rendezvous,
     Restart,
     Shutdown,
+    Slurm,
     Watchdog,
 )
 from runner.config.yaml_source import Document, Path
@@ -63,6 +67,8 @@ class Builder:
             shutdown=self.shutdown(data.get("shutdown", {})),
             logs=self.logs(data.get("logs", {})),
             watchdog=self.watchdog(data.get("watchdog", {})),
+            metrics=self.metrics(data.get("metrics", {})),
+            cluster=self.cluster(data.get("cluster", {})),
         )
 
     def path(self, value: str | None) -> str | None:
@@ -247,3 +253,21 @@ class Builder:
             heartbeat_timeout=self.opt_duration(raw.get("heartbeat_timeout"), (*here, "heartbeat_timeout")),
             max_run_time=self.opt_duration(raw.get("max_run_time"), (*here, "max_run_time")),
         )
+
+    def metrics(self, raw: dict[str, Any]) -> Metrics:
+        """Prometheus endpoint settings."""
+        return Metrics(**{**raw, "port": int(raw.get("port", 0))})
+
+    def cluster(self, raw: dict[str, Any]) -> Cluster:
+        """Scheduler settings; the Slurm durations in seconds."""
+        slurm, here = dict(raw.get("slurm", {})), ("cluster", "slurm")
+        if slurm.get("time_limit") is not None:
+            slurm["time_limit"] = self.duration(slurm["time_limit"], (*here, "time_limit"))
+        if "signal_lead" in slurm:
+            slurm["signal_lead"] = self.duration(slurm["signal_lead"], (*here, "signal_lead"))
+        slurm["sbatch_args"] = tuple(slurm.get("sbatch_args", ()))
+        if slurm.get("cpus_per_node") is not None:
+            slurm["cpus_per_node"] = int(slurm["cpus_per_node"])
+        rest = {k: v for k, v in raw.items() if k not in ("slurm", "kubernetes")}
+        rest |= {k: int(rest[k]) for k in ("etcd_port", "gpus_per_node") if k in rest}  # 2.0 is an integer too
+        return Cluster(**rest, slurm=Slurm(**slurm), kubernetes=Kubernetes(**raw.get("kubernetes", {})))

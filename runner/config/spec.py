@@ -127,6 +127,53 @@ class Watchdog:
 
 
 @dataclass(frozen=True)
+class Metrics:
+    """Optional Prometheus endpoint on the agent (needs the prometheus-client package)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = any free port (logged as metrics_listening)
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """Settings for `runner template slurm`."""
+
+    partition: str | None = None
+    account: str | None = None
+    time_limit: float | None = None  # seconds; None = the partition's default
+    signal_lead: float = 120.0  # SIGTERM to the agents this long before the time limit
+    requeue: bool = True
+    cpus_per_node: int | None = None
+    sbatch_args: tuple[str, ...] = ()
+    etcd_command: str = "etcd"
+
+
+@dataclass(frozen=True)
+class Kubernetes:
+    """Settings for `runner template kubernetes`."""
+
+    image: str | None = None
+    namespace: str = "default"
+    workdir: str = "/workspace"
+    cpu: str | None = None
+    memory: str | None = None
+    etcd_image: str = "quay.io/coreos/etcd:v3.5.17"
+    service_account: str | None = None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """How `runner template` places the job on a scheduler."""
+
+    etcd: Literal["external", "start"] = "external"
+    etcd_port: int = 2379
+    gpus_per_node: int = 0
+    slurm: Slurm = field(default_factory=Slurm)
+    kubernetes: Kubernetes = field(default_factory=Kubernetes)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A validated, fully defaulted job spec."""
 
@@ -142,6 +189,8 @@ class JobSpec:
     shutdown: Shutdown = field(default_factory=Shutdown)
     logs: Logs = field(default_factory=Logs)
     watchdog: Watchdog = field(default_factory=Watchdog)
+    metrics: Metrics = field(default_factory=Metrics)
+    cluster: Cluster = field(default_factory=Cluster)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists, env becomes a mapping)."""

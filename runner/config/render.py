@@ -1,0 +1,74 @@
+"""Cluster templates rendered from the same job spec: `runner template slurm|kubernetes job.yaml`.
+
+The sbatch script comes from a Jinja2 template (runner/config/templates/); Kubernetes manifests are built as
+dicts and dumped with yaml.safe_dump. Both are pure functions of the spec and the spec's path as given.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from runner.config.spec import JobSpec
+from runner.errors import SpecError, SpecProblem
+
+TEMPLATES = Path(__file__).with_name("templates")
+KINDS = ("slurm", "kubernetes")
+ETCD_ENV = "RUNNER_ETCD_ENDPOINTS"  # set by a template that starts etcd (cluster.etcd: start)
+ETCD_PLACEHOLDER = "runner-etcd.invalid:2379"  # its value while the spec is loaded to render a template
+
+
+def environment() -> Any:
+    """A Jinja2 environment for shell templates: strict undefined, `q` = shell quoting."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["q"] = shlex.quote
+    return env
+
+
+def problem(source: str, path: str, message: str, fix: str) -> SpecError:
+    """A SpecError naming one field (the CLI prints it with the fix and exits 2)."""
+    return SpecError(source, [SpecProblem(path, message, fix)])
+
+
+def check_etcd(spec: JobSpec, source: str) -> None:
+    """Multi-node needs etcd; cluster.etcd: start needs the spec to read the address the template exports."""
+    if spec.nodes.max > 1 and spec.rendezvous.backend != "etcd":
+        raise problem(source, "rendezvous.backend", "a multi-node job needs the etcd backend",
+                      "set rendezvous.backend: etcd")
+    if spec.cluster.etcd != "start":
+        return
+    if spec.rendezvous.backend != "etcd" or ETCD_PLACEHOLDER not in spec.rendezvous.endpoints:
+        raise problem(source, "rendezvous.endpoints",
+                      f"cluster.etcd is start, but the spec does not read the etcd address from ${{{ETCD_ENV}}}",
+                      f"set rendezvous.backend: etcd and rendezvous.endpoints: ${{{ETCD_ENV}}}")
+
+
+def render(kind: str, spec: JobSpec, spec_path: str, spec_text: str) -> str:
+    """The template of `kind` for `spec`, loaded from `spec_path` (kept as given: the script refers to it)."""
+    if kind == "slurm":
+        from runner.config.render_slurm import sbatch_script
+
+        return sbatch_script(spec, spec_path)
+    from runner.config.render_k8s import manifests
+
+    return manifests(spec, spec_path, spec_text)
+
+
+def load_for_template(path: str) -> tuple[JobSpec, str]:
+    """Load the spec at `path` as the nodes will, with ${RUNNER_ETCD_ENDPOINTS} standing for the template's etcd."""
+    import os
+
+    from runner.config.loader import load_spec
+
+    spec = load_spec(path, environ={ETCD_ENV: ETCD_PLACEHOLDER, **os.environ})
+    return spec, Path(path).read_text(encoding="utf-8")

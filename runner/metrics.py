@@ -1,0 +1,106 @@
+"""Optional Prometheus endpoint on the agent (metrics.enabled): state, attempt, restarts, rendezvous, exits.
+
+prometheus_client is imported only by `start()`, so an agent without metrics never loads it. Each AgentMetrics
+has its own registry (no process-global state), served by prometheus_client's threaded HTTP server.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+
+from runner.config.spec import JobSpec
+from runner.errors import RunnerError
+
+STATES = ("INIT", "RENDEZVOUS", "RUNNING", "FAILED", "RESTARTING", "SHUTDOWN")
+# trigger of a transition -> cause counted in runner_worker_exits_total (one per attempt's deciding exit)
+EXIT_CAUSES = {"workers_succeeded": "succeeded", "worker_failed": "failed", "timer_expired": "watchdog",
+               "deadline_reached": "deadline"}
+
+
+class AgentMetrics:
+    """The agent's metrics; call start() once, the on_* hooks from the agent, stop() at the end."""
+
+    def __init__(self, spec: JobSpec, node: str = "") -> None:
+        """No side effects: nothing is imported, bound or served until start()."""
+        self.spec = spec
+        self.node = node
+        self.port: int | None = None  # the bound port, after start()
+        self._server: Any = None
+        self._thread: Any = None
+        self._m: dict[str, Any] = {}
+        self._last = time.monotonic()
+        self._rdzv_since: float | None = None
+
+    def start(self) -> int:
+        """Create the metrics and serve them on metrics.host:metrics.port; returns the bound port."""
+        try:
+            import prometheus_client as prom
+        except ImportError:
+            raise RunnerError("metrics.enabled needs the prometheus-client package",
+                              "pip install prometheus-client, or set metrics.enabled: false") from None
+        reg = prom.CollectorRegistry()
+        self._m = {
+            "info": prom.Info("runner_job", "Job and node of this agent", registry=reg),
+            "state": prom.Enum("runner_state", "Current state of the agent", states=list(STATES), registry=reg),
+            "attempt": prom.Gauge("runner_attempt", "Current attempt (0 = first)", registry=reg),
+            "restarts": prom.Gauge("runner_restarts_used", "Restarts charged to the budget", registry=reg),
+            "budget": prom.Gauge("runner_max_restarts", "restart.max_restarts", registry=reg),
+            "rdzv": prom.Histogram("runner_rendezvous_duration_seconds", "Time to complete a rendezvous round",
+                                   buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 600), registry=reg),
+            "exits": prom.Counter("runner_worker_exits", "Attempts ended by worker exits, by cause", ["cause"],
+                                  registry=reg),
+            "transitions": prom.Counter("runner_transitions", "State transitions", ["src", "dst", "trigger"],
+                                        registry=reg),
+            "since": prom.Gauge("runner_seconds_since_last_transition", "Seconds since the last transition",
+                                registry=reg),
+        }
+        self._m["info"].info({"job": self.spec.name, "node": self.node})
+        self._m["state"].state("INIT")
+        self._m["budget"].set(self.spec.restart.max_restarts)
+        self._m["since"].set_function(lambda: time.monotonic() - self._last)
+        try:
+            self._server, self._thread = prom.start_http_server(self.spec.metrics.port, self.spec.metrics.host,
+                                                                registry=reg)
+        except OSError as err:
+            raise RunnerError(f"cannot serve metrics on {self.spec.metrics.host}:{self.spec.metrics.port}: "
+                              f"{err.strerror}", "choose another metrics.port (0 = any free port)") from None
+        self.port = int(self._server.server_address[1])
+        structlog.get_logger("runner").info("metrics_listening", host=self.spec.metrics.host, port=self.port)
+        return self.port
+
+    def on_transition(self, src: str, dst: str, trigger: str, attempt: int, restarts: int) -> None:
+        """Record one state change; leaving RENDEZVOUS by rendezvous_complete observes the round's duration."""
+        if not self._m:
+            return
+        now = time.monotonic()
+        if src == "RENDEZVOUS" and trigger == "rendezvous_complete" and self._rdzv_since is not None:
+            self.on_rendezvous(now - self._rdzv_since)
+        self._rdzv_since = now if dst == "RENDEZVOUS" else None
+        self._last = now
+        self._m["state"].state(dst)
+        self._m["attempt"].set(attempt)
+        self._m["restarts"].set(restarts)
+        self._m["transitions"].labels(src, dst, trigger).inc()
+        if trigger in EXIT_CAUSES:
+            self.on_worker_exit(EXIT_CAUSES[trigger])
+
+    def on_worker_exit(self, cause: str) -> None:
+        """Count a worker exit that decided an attempt: succeeded, failed, watchdog, deadline, ..."""
+        if self._m:
+            self._m["exits"].labels(cause).inc()
+
+    def on_rendezvous(self, duration_s: float) -> None:
+        """Observe how long a rendezvous round took."""
+        if self._m:
+            self._m["rdzv"].observe(duration_s)
+
+    def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=5)
+            self._server = None

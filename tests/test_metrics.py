@@ -1,0 +1,105 @@
+"""Prometheus metrics on the agent: scraped over HTTP during a real run with a restart, they show the state
+changes; without metrics.enabled the agent never imports prometheus_client."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+WORKER = """
+import os, sys, time
+out = sys.argv[1]
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+    sys.exit(7)
+open(os.path.join(out, "running-" + os.environ["RANK"]), "w").close()
+while not os.path.exists(os.path.join(out, "release")):
+    time.sleep(0.1)
+"""
+
+
+def free_port() -> int:
+    """A loopback port free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> str:
+    """GET /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        return resp.read().decode()
+
+
+def value(text: str, series: str) -> float | None:
+    """The sample value of one exact series line, e.g. 'runner_attempt' or 'runner_state{runner_state="RUNNING"}'."""
+    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Path) -> None:
+    """Attempt 0 fails (rank 1 exits 7), attempt 1 runs: the endpoint shows RUNNING, attempt 1, one restart used,
+    one failed exit, two rendezvous rounds and the FAILED -> RESTARTING transition."""
+    out, port = tmp_path / "out", free_port()
+    out.mkdir()
+    (tmp_path / "worker.py").write_text(WORKER)
+    (tmp_path / "job.yaml").write_text(textwrap.dedent(f"""\
+        name: metrics
+        entrypoint: {{script: worker.py, args: ["{out}"]}}
+        nproc_per_node: 2
+        restart: {{max_restarts: 2}}
+        shutdown: {{grace_period: 5s}}
+        logs: {{dir: "{tmp_path / 'logs'}", tee: false}}
+        metrics: {{enabled: true, host: 127.0.0.1, port: {port}}}
+        """))
+    proc = subprocess.Popen([sys.executable, "-m", "runner", str(tmp_path / "job.yaml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (out / "running-0").exists() and (out / "running-1").exists(), 120, "attempt 1")
+        wait_for(lambda: value(scrape(port), 'runner_state{runner_state="RUNNING"}') == 1.0, 60, "RUNNING")
+        text = scrape(port)
+        assert value(text, 'runner_state{runner_state="FAILED"}') == 0.0
+        assert value(text, "runner_attempt") == 1.0
+        assert value(text, "runner_restarts_used") == 1.0
+        assert value(text, "runner_max_restarts") == 2.0
+        assert value(text, 'runner_worker_exits_total{cause="failed"}') == 1.0
+        assert value(text, "runner_rendezvous_duration_seconds_count") == 2.0
+        assert value(text, 'runner_transitions_total{dst="RESTARTING",src="FAILED",trigger="retry"}') == 1.0
+        assert (value(text, "runner_seconds_since_last_transition") or -1) >= 0
+        assert 'runner_job_info{job="metrics"' in text
+        (out / "release").touch()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with pytest.raises(OSError):
+        scrape(port)  # the endpoint is gone with the agent
+
+
+def test_agent_does_not_import_prometheus_client_unless_enabled() -> None:
+    """Importing the agent (and the CLI) loads no prometheus_client: start-up stays fast."""
+    code = "import sys, runner.agent, runner.cli; print('prometheus_client' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_hooks_before_start_are_no_ops() -> None:
+    """AgentMetrics has no side effects until start(): hooks before it record nothing and raise nothing."""
+    from runner.config import load_spec_text
+    from runner.metrics import AgentMetrics
+
+    metrics = AgentMetrics(load_spec_text("name: j\nentrypoint: t.py\n", environ={}), "node0")
+    metrics.on_transition("INIT", "RENDEZVOUS", "initialized", 0, 0)
+    metrics.on_worker_exit("failed")
+    metrics.stop()
+    assert metrics.port is None
