@@ -22,7 +22,7 @@ TAIL_LINES = 20
 class Failure:
     """Why an attempt failed; rendered as the short report at the end of the run."""
 
-    kind: str  # "worker" | "watchdog" | "peer" | "rendezvous" | "deadline"
+    kind: str  # "worker" | "watchdog" | "peer" | "rendezvous" | "deadline" | "setup"
     reason: str
     attempt: int
     rank: int | None = None

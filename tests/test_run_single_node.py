@@ -182,3 +182,19 @@ def test_status_and_stop_of_a_local_job(job):
     after = json.loads(j.cli("status", "--json").stdout)
     assert after["status"] == "stopped" and after["nodes"][0]["state"] == "SHUTDOWN"
     assert "nothing to stop" in j.cli("stop").stdout  # stopping twice is harmless
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ("{script: no_such_script.py}", "entrypoint.script no_such_script.py not found"),
+        ("{command: [no-such-program-xyz]}", "program 'no-such-program-xyz' not found"),
+    ],
+)
+def test_missing_entrypoint_is_a_clear_spec_error(job, entry, message):
+    """A script or program that does not exist: exit 2 before any worker starts, the reason and a fix, no traceback."""
+    j = job(f"name: missing\nentrypoint: {entry}\nlogs: {{dir: \"${{LOGS}}\"}}\n")
+    res = j.run()
+    assert res.returncode == 2
+    assert message in res.stderr and "hint:" in res.stderr and "Traceback" not in res.stderr
+    assert j.edges() == [("INIT", "fatal", "SHUTDOWN")]

@@ -12,6 +12,8 @@ from runner.errors import EXIT_OK, EXIT_STOPPED_BASE
 async def handle(ctx: Any) -> None:
     """Stop workers (signal, grace, SIGKILL), stop the watchdog, leave the rendezvous, keep the report."""
     spec = ctx.spec
+    if ctx.failure is not None and ctx.failure not in ctx.failures:  # a fatal error that skipped FAILED
+        ctx.failures.append(ctx.failure)
     if ctx.group is not None:
         await ctx.group.stop(spec.shutdown.signal, spec.shutdown.grace_period, ctx.hurry)
     if ctx.timer is not None:
