@@ -176,6 +176,7 @@ class EtcdServer:
 @contextmanager
 def etcd_server(tmp: Path, *, tls: bool = False) -> Iterator[EtcdServer]:
     """A running etcd under `tmp`; killed and reaped on exit, whatever happens."""
+    tmp.mkdir(parents=True, exist_ok=True)
     certs = make_certs(tmp / "certs") if tls else None
     server = EtcdServer(tmp / "etcd-data", certs=certs)
     try:

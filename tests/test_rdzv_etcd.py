@@ -245,11 +245,13 @@ def test_read_status_reports_round_and_nodes(etcd: EtcdServer) -> None:
         status = await read_status(spec)
         assert status["status"] == "running" and status["world_size"] == 2
         assert (status["master_addr"], status["master_port"]) == ("127.0.0.1", res[0].master_port)
-        assert status["nodes"]["b"]["workers"] == [{"pid": 42}] and status["nodes"]["b"]["live"]
+        by_name = {n["node"]: n for n in status["nodes"]}
+        assert by_name["b"]["workers"] == [{"pid": 42}] and by_name["b"]["live"]
         await close_all(nodes)
         after = await read_status(spec)
         assert after["status"] == "succeeded"
-        assert after["nodes"]["a"]["outcome"] == "succeeded" and not after["nodes"]["a"]["live"]
+        final = {n["node"]: n for n in after["nodes"]}
+        assert final["a"]["outcome"] == "succeeded" and not final["a"]["live"]
     run(body)
 
 

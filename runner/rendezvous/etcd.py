@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,7 @@ class EtcdRendezvous:
         self._monitor: RoundMonitor | None = None
         self._result: RendezvousResult | None = None
         self._state: dict[str, Any] = {}
+        self._admitted = False  # open() passed the spec and closed-job checks: this node belongs to the job
 
     @property
     def session(self) -> EtcdSession:
@@ -106,6 +109,7 @@ class EtcdRendezvous:
         await self._lease.grant()
         await self._check_spec()
         await self._check_open()
+        self._admitted = True
 
     async def _check_spec(self) -> None:
         tree = shared_tree(self._spec)
@@ -218,6 +222,8 @@ class EtcdRendezvous:
 
     async def publish(self, state: dict[str, Any]) -> None:
         """Put this node's live state (plus node, round, time) on the lease."""
+        if not self._admitted:
+            return  # refused (other spec, closed job) or never connected: not a node of this job
         r = self._result.round if self._result else None
         self._state = {**state, "node": self._node, "round": r, "time": time.time()}
         await self.lease.put(self._keys.state(self._node), dump(self._state))
@@ -230,6 +236,8 @@ class EtcdRendezvous:
         try:
             final = {**self._state, "state": "SHUTDOWN", "outcome": outcome}
             with contextlib.suppress(RendezvousError):
+                if not self._admitted:
+                    return
                 await self.publish(final)
                 if outcome == "stopped" or (self._result and self._result.group_rank == 0):
                     await _write_control(self.session, self._keys, {"state": outcome, "by": self._node})
@@ -259,9 +267,15 @@ async def _write_control(session: EtcdSession, keys: JobKeys, value: dict[str, A
                                                failure=[]))
 
 
+def quiet_log() -> Any:
+    """A logger for `runner status` / `runner stop`: warnings to stderr, nothing on stdout (--json stays clean)."""
+    return structlog.wrap_logger(structlog.PrintLogger(sys.stderr),
+                                 wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
 async def read_status(spec: JobSpec) -> dict[str, Any]:
     """Job status for `runner status`: control, round, master, restarts, each node's last state."""
-    session, keys = new_session(spec), JobKeys(spec.rendezvous.prefix, spec.name)
+    session, keys = new_session(spec, quiet_log()), JobKeys(spec.rendezvous.prefix, spec.name)
     await session.connect()
     try:
         _, (rnd, control, restarts, live, finals) = await session.call(lambda c: c.snapshot(
@@ -285,7 +299,7 @@ def _status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[s
     for kv, is_live in [*((kv, False) for kv in finals), *((kv, True) for kv in live)]:
         state = load(kv.value) or {}
         nodes[JobKeys.leaf(kv.key)] = {
-            "state": state.get("state"), "outcome": state.get("outcome"), "attempt": state.get("attempt"),
+            "node": JobKeys.leaf(kv.key), "state": state.get("state"), "outcome": state.get("outcome"), "attempt": state.get("attempt"),
             "round": state.get("round"), "heartbeat": state.get("time"), "workers": state.get("workers"),
             "live": is_live}
     ctl = load(control[0].value) if control else None
@@ -296,12 +310,13 @@ def _status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[s
             "world_size": group * int(result["nproc"]) if result else 0,
             "master_addr": result["master_addr"] if result else None,
             "master_port": result["master_port"] if result else None,
-            "restarts": int(restarts[0].value) if restarts else 0, "nodes": nodes}
+            "restarts": int(restarts[0].value) if restarts else 0, "backend": "etcd",
+            "nodes": [nodes[name] for name in sorted(nodes)]}
 
 
 async def request_stop(spec: JobSpec, graceful: bool) -> None:
     """Ask every node of the job to stop and close the rendezvous (harmless when repeated)."""
-    session, keys = new_session(spec), JobKeys(spec.rendezvous.prefix, spec.name)
+    session, keys = new_session(spec, quiet_log()), JobKeys(spec.rendezvous.prefix, spec.name)
     await session.connect()
     try:
         t = session.client.transactions

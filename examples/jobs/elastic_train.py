@@ -1,0 +1,69 @@
+"""Elastic DDP: fit y = 3x + 1, checkpointing every --every steps; resumes from the checkpoint on every start.
+
+The world size may differ between attempts (nodes come and go); the global batch is split across ranks,
+so the training is the same whatever the world size. Rank 0 writes the checkpoint (a path every node sees).
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+GLOBAL_BATCH = 240
+
+
+def load(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    """Restore model and optimizer; the step to resume at (0 without a checkpoint)."""
+    if not path.exists():
+        return 0
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    return int(state["step"])
+
+
+def save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    """Write atomically: a crash mid-write never leaves a torn checkpoint."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+    os.replace(tmp, path)
+
+
+@record
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--every", type=int, default=10)
+    p.add_argument("--checkpoint", default="elastic-checkpoint.pt")
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    path = Path(args.checkpoint)
+    net = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    start = load(path, net, opt)
+    model = DDP(net)
+    print(f"rank {rank}/{world}: resuming at step {start} "
+          f"(restart {os.environ['TORCHELASTIC_RESTART_COUNT']})", flush=True)
+    per_rank = GLOBAL_BATCH // world
+    for step in range(start, args.steps):
+        gen = torch.Generator().manual_seed(step * 1000 + rank)
+        x = torch.rand(per_rank, 1, generator=gen) * 2 - 1
+        loss = torch.nn.functional.mse_loss(model(x), 3 * x + 1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if rank == 0 and (step + 1) % args.every == 0:
+            save(path, net, opt, step + 1)
+    if rank == 0:
+        w, b = net.weight.item(), net.bias.item()
+        print(f"done: {args.steps} steps, last world size {world}, w={w:.2f} b={b:.2f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""etcd faults and security with real runner processes: etcd down at start, etcd restarted mid-run, TLS + auth."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.etcd_server import EtcdServer, etcd_server, free_port
+from tests.test_multinode import Cluster, cluster, etcd, probe_args, spec_text, wait_for
+
+__all__ = ["cluster", "etcd"]  # fixtures used by the tests below
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+EXIT_INFRA = 3
+SECRET = "s3cret-Pa55-do-not-log"
+
+
+def test_etcd_down_at_start_names_the_endpoints(tmp_path: Path) -> None:
+    """Nothing listens on the endpoint: after connect_timeout the node exits 3 naming the endpoint."""
+    c = Cluster(tmp_path / "cluster", f"127.0.0.1:{free_port()}")
+    try:
+        c.write(spec_text(c.endpoint, args=probe_args(c.out), extra="") .replace("connect_timeout: 20s",
+                                                                                   "connect_timeout: 2s"))
+        node = c.start("a")
+        assert node.wait(60) == EXIT_INFRA
+        err = node.stderr.read_text()
+        assert f"cannot reach etcd at {c.endpoint}" in err, err
+        assert "Traceback" not in node.output()
+        assert not c.worker_files()
+    finally:
+        c.close()
+
+
+def test_etcd_restart_mid_run_keeps_workers(cluster: Cluster, etcd: EtcdServer) -> None:
+    """etcd stopped and started again (same data dir) while workers run: no restart, the job completes."""
+    cluster.write(spec_text(cluster.endpoint, args=probe_args(cluster.out, "--sleep", "8")))
+    a, b = cluster.start("a"), cluster.start("b")
+    wait_for(lambda: len(cluster.worker_files()) == 2, what="both workers started")
+    wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
+    etcd.restart()
+    assert cluster.wait_all() == {"a": 0, "b": 0}, a.output() + b.output()
+    for node in (a, b):
+        assert node.report()["attempts"] == 1, node.edges()
+        assert node.report()["outcome"] == "succeeded"
+    assert len(cluster.worker_files()) == 2  # nobody was restarted
+
+
+@pytest.fixture
+def secure_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """etcd with TLS, client certificates required, and user/password auth (user root)."""
+    with etcd_server(tmp_path / "etcd", tls=True) as server:
+        server.enable_auth(SECRET)
+        yield server
+
+
+def secure_extra(server: EtcdServer, password_env: str = "ETCD_PASSWORD") -> str:
+    """The rendezvous.tls / rendezvous.auth part of the spec (appended under rendezvous)."""
+    assert server.certs is not None
+    return (f"  tls: {{ca: {server.certs.ca}, cert: {server.certs.client_cert}, key: {server.certs.client_key}}}\n"
+            f"  auth: {{user: root, password_env: {password_env}}}\n")
+
+
+def secure_spec(server: EtcdServer, out: Path) -> str:
+    """A 2-node spec on the TLS + auth etcd (TLS is on because rendezvous.tls is set)."""
+    text = spec_text(server.endpoint, args=probe_args(out, "--sleep", "1"))
+    return text.replace("  connect_timeout: 20s\n", "  connect_timeout: 20s\n" + secure_extra(server))
+
+
+def test_tls_and_auth_job_completes_without_leaking_the_password(tmp_path: Path, secure_etcd: EtcdServer) -> None:
+    """Two nodes over TLS with client certs and a password from password_env: success; password in no file."""
+    c = Cluster(tmp_path / "cluster", secure_etcd.endpoint)
+    c.env["ETCD_PASSWORD"] = SECRET
+    try:
+        c.write(secure_spec(secure_etcd, c.out))
+        c.start("a"), c.start("b")
+        assert c.wait_all() == {"a": 0, "b": 0}, c.nodes["a"].output()
+        status = c.cli("status", "--json")
+        assert status.returncode == 0 and '"succeeded"' in status.stdout, status.stderr
+        for path in c.tmp.rglob("*"):
+            if path.is_file():
+                assert SECRET.encode() not in path.read_bytes(), f"password leaked into {path}"
+        assert SECRET not in status.stdout + status.stderr
+    finally:
+        c.close()
+
+
+def test_wrong_password_is_a_clear_error(tmp_path: Path, secure_etcd: EtcdServer) -> None:
+    """A wrong password: exit 3, a message about auth, no traceback, and the wrong password is not echoed."""
+    c = Cluster(tmp_path / "cluster", secure_etcd.endpoint)
+    c.env["ETCD_PASSWORD"] = "wrong-" + SECRET
+    try:
+        c.write(secure_spec(secure_etcd, c.out))
+        node = c.start("a")
+        assert node.wait(60) == EXIT_INFRA
+        out = node.output()
+        assert "rendezvous.auth" in out and "Traceback" not in out, out
+        assert SECRET not in out
+    finally:
+        c.close()
