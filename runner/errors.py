@@ -78,5 +78,6 @@ class JobClosed(RendezvousError):
     """The job was stopped or has finished; a node arriving now must not start workers."""
 
     def __init__(self, job: str, why: str) -> None:
+        why = "stopped by runner stop" if why == "stopping" else why
         self.job, self.why = job, why
         super().__init__(f"job '{job}' is closed ({why}); not joining", fix="start a new job (or change its name)")

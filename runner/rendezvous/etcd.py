@@ -239,7 +239,9 @@ class EtcdRendezvous:
                 if not self._admitted:
                     return
                 await self.publish(final)
-                if outcome == "stopped" or (self._result and self._result.group_rank == 0):
+                # Only the job's end closes it. A node stopped by a signal just leaves: the others go on with
+                # the nodes left (elastic), and a scheduler's requeue can rejoin. `runner stop` closes it.
+                if outcome != "stopped" and self._result is not None and self._result.group_rank == 0:
                     await _write_control(self.session, self._keys, {"state": outcome, "by": self._node})
                 long = await self.session.call(lambda c: c.lease(FINAL_STATE_TTL_S))
                 await self.session.call(lambda c: c.put(self._keys.final(self._node), dump(self._state), lease=long))
@@ -303,7 +305,14 @@ def _status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[s
             "round": state.get("round"), "heartbeat": state.get("time"), "workers": state.get("workers"),
             "live": is_live}
     ctl = load(control[0].value) if control else None
-    status = ctl["state"] if ctl else ("running" if result_round == r else "rendezvous")
+    live_nodes = any(n["live"] for n in nodes.values())
+    if ctl:
+        status = "stopped" if ctl["state"] == "stopping" and not live_nodes else ctl["state"]
+    elif nodes and not live_nodes:  # every node left without closing the job (each stopped by a signal)
+        outcomes = {n["outcome"] for n in nodes.values()}
+        status = outcomes.pop() if len(outcomes) == 1 and None not in outcomes else "stopped"
+    else:
+        status = "running" if result_round == r else "rendezvous"
     group = len(result["nodes"]) if result else 0
     return {"job": spec.name, "status": status, "round": r, "result_round": result_round,
             "nodes_in_round": list(result["nodes"]) if result else [],
