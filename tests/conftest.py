@@ -29,7 +29,7 @@ def alive(pid: int) -> bool:
         return False
 
 
-def wait_for(cond: Any, timeout: float = 30.0, what: str = "condition") -> None:
+def wait_for(cond: Any, timeout: float = 60.0, what: str = "condition") -> None:
     """Wait until cond() is true (generous timeout: the machines are shared and slow)."""
     deadline = time.monotonic() + timeout
     while not cond():

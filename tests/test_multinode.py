@@ -19,13 +19,11 @@ from typing import Any
 
 import pytest
 
+from conftest import EXAMPLES, PROBE, alive, wait_for
 from tests.etcd_server import EtcdServer, etcd_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-ROOT = Path(__file__).resolve().parent.parent
-PROBE = ROOT / "tests" / "workers" / "worker_probe.py"
-EXAMPLES = ROOT / "examples" / "jobs"
 HELLO = EXAMPLES / "hello.py"
 RUN_TIMEOUT_S = 120.0
 
@@ -179,24 +177,6 @@ class Cluster:
             for pid in (info.get("pid"), info.get("child_pid")):
                 if pid and alive(pid):
                     os.kill(pid, signal.SIGKILL)
-
-
-def alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_for(cond: Any, timeout: float = 60.0, what: str = "condition") -> None:
-    """Wait until cond() is true (generous timeout: the machine is shared and slow)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture
