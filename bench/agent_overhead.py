@@ -25,15 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    launcher_commands,
+    print_commands,
     precompile,
-    RUNNER,
-    TORCHRUN,
     Measured,
     Stat,
     machine_line,
     measure,
     ratios,
-    reproduce_line,
     table,
 )
 
@@ -43,10 +42,7 @@ WORKER = "bench/workers/sleep_worker.py"
 
 def commands() -> dict[str, list[str]]:
     """The two launchers' commands (run from the repository root)."""
-    return {
-        "runner": [*RUNNER, "bench/jobs/sleep.yaml"],
-        "torchrun": [*TORCHRUN, "--standalone", "--nproc-per-node", "2", WORKER],
-    }
+    return launcher_commands("bench/jobs/sleep.yaml", WORKER)
 
 
 def one_run(argv: list[str], work: Path) -> tuple[Measured, float]:
@@ -154,12 +150,7 @@ def report(
     print(
         f"runner helper processes (shepherd), peak RSS: {Stat.of(helpers).fmt(digits=1)} MiB (not in the table)"
     )
-    print("\nCommands:")
-    for name, argv in cmds.items():
-        print(
-            f"- {name}: `{' '.join(os.path.relpath(a) if a.startswith('/') else a for a in argv)}`"
-        )
-    print(f"\nReproduce: `{reproduce_line()}`")
+    print_commands(cmds)
 
 
 if __name__ == "__main__":

@@ -278,3 +278,20 @@ def machine_line() -> str:
         f"{time.strftime('%Y-%m-%d %H:%M %Z')}; {os.cpu_count()} CPUs; load avg {load}; "
         f"Python {sys.version.split()[0]}; torch {torch_v}"
     )
+
+
+def launcher_commands(spec: str, worker: str, max_restarts: int | None = None) -> dict[str, list[str]]:
+    """runner on `spec` and the equivalent torchrun (standalone, 2 workers of `worker`), from the repo root."""
+    restarts = ["--max-restarts", str(max_restarts)] if max_restarts is not None else []
+    return {
+        "runner": [*RUNNER, spec],
+        "torchrun": [*TORCHRUN, "--standalone", "--nproc-per-node", "2", *restarts, worker],
+    }
+
+
+def print_commands(cmds: Mapping[str, Sequence[str]]) -> None:
+    """The footer every benchmark prints: the exact commands and the line that reproduces the run."""
+    print("\nCommands:")
+    for name, argv in cmds.items():
+        print(f"- {name}: `{' '.join(os.path.relpath(a) if a.startswith('/') else a for a in argv)}`")
+    print(f"\nReproduce: `{reproduce_line()}`")

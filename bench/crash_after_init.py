@@ -23,13 +23,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    launcher_commands,
+    print_commands,
     precompile,
-    RUNNER,
-    TORCHRUN,
     Stat,
     machine_line,
     measure,
-    reproduce_line,
     table,
 )
 
@@ -38,18 +37,7 @@ WORKER = "bench/workers/init_crash.py"
 
 def commands() -> dict[str, list[str]]:
     """The two launchers' commands (run from the repository root)."""
-    return {
-        "runner": [*RUNNER, "bench/jobs/init_crash.yaml"],
-        "torchrun": [
-            *TORCHRUN,
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "1",
-            WORKER,
-        ],
-    }
+    return launcher_commands("bench/jobs/init_crash.yaml", WORKER, max_restarts=1)
 
 
 def one_run(
@@ -177,12 +165,7 @@ def report(
             rows,
         )
     )
-    print("\nCommands:")
-    for name, argv in cmds.items():
-        print(
-            f"- {name}: `{' '.join(os.path.relpath(a) if a.startswith('/') else a for a in argv)}`"
-        )
-    print(f"\nReproduce: `{reproduce_line()}`")
+    print_commands(cmds)
 
 
 if __name__ == "__main__":

@@ -27,15 +27,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    launcher_commands,
+    print_commands,
     precompile,
-    RUNNER,
-    TORCHRUN,
     Stat,
     interpreter_startup,
     machine_line,
     measure,
     ratios,
-    reproduce_line,
     table,
 )
 
@@ -44,18 +43,7 @@ WORKER = "bench/workers/crash_worker.py"
 
 def commands() -> dict[str, list[str]]:
     """The two launchers' commands (run from the repository root)."""
-    return {
-        "runner": [*RUNNER, "bench/jobs/crash.yaml"],
-        "torchrun": [
-            *TORCHRUN,
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "1",
-            WORKER,
-        ],
-    }
+    return launcher_commands("bench/jobs/crash.yaml", WORKER, max_restarts=1)
 
 
 def bench_env(work: Path) -> dict[str, str]:
@@ -166,12 +154,7 @@ def report(
         f"\nmedian (min-max). Bare interpreter start-up (Popen -> first statement of the worker), "
         f"calibrated in the same run: {Stat.of(startup).fmt(1000, 1)} ms."
     )
-    print("\nCommands:")
-    for name, argv in cmds.items():
-        print(
-            f"- {name}: `{' '.join(os.path.relpath(a) if a.startswith('/') else a for a in argv)}`"
-        )
-    print(f"\nReproduce: `{reproduce_line()}`")
+    print_commands(cmds)
 
 
 if __name__ == "__main__":
