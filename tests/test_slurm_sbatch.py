@@ -186,6 +186,7 @@ def test_time_limit_signal_reaches_workers_and_requeues(slurm: dict[str, str], t
     assert "time limit near" in text
     assert "runner: agents exited with status 143" in text  # 128 + SIGTERM: stopped, not failed
     assert "requeueing job" in text
-    assert job_field(slurm, job, "JobState") in ("PENDING", "REQUEUED", "RUNNING")
+    # Right after the requeue the old incarnation may still be COMPLETING; it must then be queued again.
+    wait_for(lambda: job_field(slurm, job, "JobState") in ("PENDING", "REQUEUED", "RUNNING"), 120, "the job queued again")
     subprocess.run([binary("scancel"), job], env=slurm, check=True)
     wait_for(lambda: job_field(slurm, job, "JobState") in ("CANCELLED", "COMPLETED", "FAILED"), 120, "the cancel")
