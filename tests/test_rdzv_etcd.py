@@ -14,6 +14,8 @@ from runner.config.spec import TLS, Auth, Entrypoint, JobSpec, Nodes, Rendezvous
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
 from runner.events import MembershipChanged, PeerLost, StopRequested
 from runner.rendezvous.etcd import EtcdRendezvous, read_status, request_stop
+from runner.rendezvous.etcd_keys import JobKeys, load
+from runner.rendezvous.etcd_monitor import RoundMonitor
 from tests.etcd_server import EtcdServer, etcd_server, free_port
 
 pytestmark = pytest.mark.integration
@@ -148,6 +150,29 @@ def test_lost_lease_reports_peer_lost(etcd: EtcdServer) -> None:
         await nodes[1].rdzv.lease.stop(revoke=True)
         lost = await nodes[0].event(PeerLost)
         assert lost.node == "b"
+        await close_all(nodes, "failed")
+    run(body)
+
+
+def test_monitor_replays_changes_since_the_leaders_view(etcd: EtcdServer) -> None:
+    """A monitor started after a member already left still reports it: it watches from the result's "rev"."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint)
+        nodes = await open_nodes(spec, ["a", "b"])
+        res = await rounds(nodes)
+        keys = JobKeys(spec.rendezvous.prefix, spec.name)
+        raw = await nodes[0].rdzv.session.call(lambda c: c.get(keys.result(res[0].round)))
+        since = load(raw.value)["rev"]
+        assert 0 < since <= raw.mod_revision
+        await nodes[1].rdzv.lease.stop(revoke=True)  # b leaves before the late monitor starts
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        late = RoundMonitor(nodes[0].rdzv.session, keys, res[0], 2, queue, since=since)
+        await late.start()
+        try:
+            lost = await asyncio.wait_for(queue.get(), WAIT_S)
+        finally:
+            await late.stop()
+        assert isinstance(lost, PeerLost) and lost.node == "b"
         await close_all(nodes, "failed")
     run(body)
 

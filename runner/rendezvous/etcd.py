@@ -27,6 +27,8 @@ from runner.rendezvous.etcd_client import (
     EtcdSession,
     key_range,
     prefix_range,
+    put_op,
+    range_op,
 )
 from runner.rendezvous.etcd_keys import JobKeys, dump, load
 from runner.rendezvous.etcd_lease import LeaseKeeper
@@ -83,6 +85,7 @@ class EtcdRendezvous:
         self._result: RendezvousResult | None = None
         self._state: dict[str, Any] = {}
         self._admitted = False  # open() passed the spec and closed-job checks: this node belongs to the job
+        self._round_hint = 0  # the round this node expects to be open (checked, not trusted)
 
     @property
     def session(self) -> EtcdSession:
@@ -107,27 +110,26 @@ class EtcdRendezvous:
         await self._session.connect()
         self._lease = LeaseKeeper(self._session, self._spec.rendezvous.lease_ttl, self._log)
         await self._lease.grant()
-        await self._check_spec()
-        await self._check_open()
+        await self._check_spec_and_open()
         self._admitted = True
 
-    async def _check_spec(self) -> None:
+    async def _check_spec_and_open(self) -> None:
+        """One transaction: store the spec digest (first node) or compare with it, and read the control key."""
         tree = shared_tree(self._spec)
         digest, k = tree_digest(tree), self._keys
-        ok, replies = await self.session.call(lambda c: c.transaction(
-            compare=[c.transactions.create(k.spec) == 0],
-            success=[c.transactions.put(k.spec, digest.encode()), c.transactions.put(k.spec_json, dump(tree))],
-            failure=[c.transactions.get(k.spec), c.transactions.get(k.spec_json)]))
-        if ok or (replies[0] and replies[0][0][0].decode() == digest):
-            return
-        theirs = load(replies[1][0][0]) if replies[1] else None
-        fields = diff_paths(tree, theirs) if isinstance(theirs, dict) else ["(unknown: no spec_json stored)"]
-        msg = f"job '{self._spec.name}' already runs with a different spec; differing fields: {', '.join(fields)}"
-        raise RendezvousError(msg, fix="start every node with the same job spec (or give this job another name)")
+        ok, _, (*spec, control) = await self.session.call(lambda c: c.txn(
+            [c.transactions.create(k.spec) == 0],
+            [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), range_op(key_range(k.control))],
+            [range_op(key_range(k.spec)), range_op(key_range(k.spec_json)), range_op(key_range(k.control))]))
+        if not ok and not (spec[0] and spec[0][0].value.decode() == digest):
+            theirs = load(spec[1][0].value) if spec[1] else None
+            fields = diff_paths(tree, theirs) if isinstance(theirs, dict) else ["(unknown: no spec_json stored)"]
+            msg = f"job '{self._spec.name}' already runs with a different spec; differing fields: {', '.join(fields)}"
+            raise RendezvousError(msg, fix="start every node with the same job spec (or give this job another name)")
+        self._raise_if_closed(control)
 
-    async def _check_open(self) -> None:
-        raw = await self.session.call(lambda c: c.get(self._keys.control))
-        control = load(raw.value) if raw else None
+    def _raise_if_closed(self, control_kvs: list[Any]) -> None:
+        control = load(control_kvs[0].value) if control_kvs else None
         if control:
             raise JobClosed(self._spec.name, str(control.get("state", "closed")))
 
@@ -138,58 +140,66 @@ class EtcdRendezvous:
         waiter: list[RoundWaiter] = []
         try:
             async with asyncio.timeout(self._spec.rendezvous.join_timeout):
-                result = await self._join(attempt, waiter)
+                result, since = await self._join(attempt, waiter)
         except TimeoutError:
             joined = waiter[-1].joined_seen if waiter else 0
             raise RendezvousTimeout(self._spec.name, time.monotonic() - started, joined,
                                     self._spec.nodes.min) from None
         self._result = result
-        self._monitor = RoundMonitor(self.session, self._keys, result, self._spec.nodes.max, self._events, self._log)
+        self._monitor = RoundMonitor(self.session, self._keys, result, self._spec.nodes.max, self._events, self._log,
+                                     since=since)
         await self._monitor.start()
         self._log.info("rendezvous_complete", round=result.round, group_rank=result.group_rank,
                        nodes=result.group_world_size, master_addr=result.master_addr, master_port=result.master_port)
         return result
 
-    async def _join(self, attempt: int, waiter: list[RoundWaiter]) -> RendezvousResult:
+    async def _join(self, attempt: int, waiter: list[RoundWaiter]) -> tuple[RendezvousResult, int]:
+        """Join the open round; (result, revision from which the round's members are watched)."""
         rules = RoundRules(self._spec.nodes.min, self._spec.nodes.max, self._spec.rendezvous.last_call)
         while True:
-            await self._check_open()
-            r = await self._open_round()
-            previous = await self._previous_nodes(r)
+            r, previous = await self._open_round()
             join_key = self._keys.join(r, self._node)
             record: dict[str, Any] = {"addr": self._addr, "nproc": self._spec.nproc_per_node, "port": free_port(),
                       "joined": time.time(), "attempt": attempt}
-            await self.publish({**self._state, "state": "RENDEZVOUS", "attempt": attempt, "joining": r})
-            await self.lease.put(join_key, dump(record))
-            self._log.info("rendezvous_joined", round=r, attempt=attempt)
             waiter.append(RoundWaiter(self.session, self._keys, self._node, r, rules, previous, self._log))
-            closed = await waiter[-1].wait()
+            state = self._state_record({**self._state, "state": "RENDEZVOUS", "attempt": attempt, "joining": r})
+            # one transaction: live state + join record on the lease, and what the waiter reads first
+            first = await self.lease.put_and_read({self._keys.state(self._node): dump(state), join_key: dump(record)},
+                                                  waiter[-1].reads())
+            self._log.info("rendezvous_joined", round=r, attempt=attempt)
+            closed = await waiter[-1].wait(first)
+            self._round_hint = r + 1
             if self._node in closed["nodes"]:
-                return self._to_result(r, closed)
+                return self._to_result(r, closed), int(closed.get("rev", 0))
             self._log.info("rendezvous_round_missed", round=r)
             self.lease.forget(join_key)
             await self.session.call(lambda c, k=join_key: c.delete(k))
 
-    async def _open_round(self) -> int:
-        """The round open for joining: the current one, or the next (bumped) when it already closed."""
-        k = self._keys
+    async def _open_round(self) -> tuple[int, tuple[str, ...]]:
+        """The round open for joining (the current one, or the next, bumped, when it already closed) and the
+        nodes of the round before it. Raises JobClosed when the job is closed.
+
+        One transaction when the round hint (0, then the round after the last one joined) is right: it reads
+        the control key, the round's result and the previous round's result if the round key holds the hint.
+        """
+        k, r = self._keys, self._round_hint
         while True:
-            _, (cur,) = await self.session.call(lambda c: c.snapshot([key_range(k.round)]))
-            r = int(cur[0].value) if cur else 0
-            closed = await self.session.call(lambda c, r=r: c.get(k.result(r)))
-            if closed is None:
-                return r
             t = self.session.client.transactions
-            guard = t.value(k.round) == str(r) if cur else t.create(k.round) == 0
+            guard = _round_is(t, k, r)
+            reads = [range_op(key_range(k.control)), range_op(key_range(k.result(r))),
+                     range_op(key_range(k.result(r - 1))), range_op(key_range(k.round))]
+            ok, _, kvs = await self.session.call(lambda c, g=guard, q=reads: c.txn([g], q[:3], [q[0], q[3]]))
+            self._raise_if_closed(kvs[0])
+            if not ok:  # the hint was wrong: now we know the round
+                r = int(kvs[1][0].value) if kvs[1] else 0
+                continue
+            result, before = kvs[1], kvs[2]
+            if not result:
+                record = load(before[0].value) if before and r > 0 else None
+                return r, tuple(record["nodes"]) if record else ()
             await self.session.call(lambda c, g=guard, r=r: c.transaction(
                 compare=[g], success=[c.transactions.put(k.round, str(r + 1).encode())], failure=[]))
-
-    async def _previous_nodes(self, r: int) -> tuple[str, ...]:
-        if r == 0:
-            return ()
-        raw = await self.session.call(lambda c: c.get(self._keys.result(r - 1)))
-        record = load(raw.value) if raw else None
-        return tuple(record["nodes"]) if record else ()
+            r += 1
 
     def _to_result(self, r: int, record: dict[str, Any]) -> RendezvousResult:
         nodes = tuple(record["nodes"])
@@ -224,9 +234,13 @@ class EtcdRendezvous:
         """Put this node's live state (plus node, round, time) on the lease."""
         if not self._admitted:
             return  # refused (other spec, closed job) or never connected: not a node of this job
+        await self.lease.put(self._keys.state(self._node), dump(self._state_record(state)))
+
+    def _state_record(self, state: dict[str, Any]) -> dict[str, Any]:
+        """`state` plus node, round, time; remembered as this node's last state."""
         r = self._result.round if self._result else None
         self._state = {**state, "node": self._node, "round": r, "time": time.time()}
-        await self.lease.put(self._keys.state(self._node), dump(self._state))
+        return self._state
 
     async def close(self, outcome: str) -> None:
         """Publish the final state, close the job when this node decides it, revoke the lease."""
@@ -255,6 +269,11 @@ class EtcdRendezvous:
         if self._monitor is not None:
             await self._monitor.stop()
             self._monitor = None
+
+
+def _round_is(t: Any, keys: JobKeys, r: int) -> Any:
+    """Comparison: the round key says `r` (round 0: the key does not exist yet)."""
+    return t.value(keys.round) == str(r) if r > 0 else t.create(keys.round) == 0
 
 
 async def _write_control(session: EtcdSession, keys: JobKeys, value: dict[str, Any]) -> None:

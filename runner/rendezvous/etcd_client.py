@@ -120,12 +120,22 @@ class _Client(aetcd.Client):
 
     async def snapshot(self, ranges: Sequence[rpc.RangeRequest]) -> tuple[int, list[list[Any]]]:
         """Read several ranges at ONE revision (a compare-less transaction): (revision, kvs per range)."""
-        ops = [rpc.RequestOp(request_range=r) for r in ranges]
+        _, rev, kvs = await self.txn([], [range_op(r) for r in ranges])
+        return rev, kvs
+
+    async def txn(self, compare: Sequence[Any], success: Sequence[rpc.RequestOp],
+                  failure: Sequence[rpc.RequestOp] = ()) -> tuple[bool, int, list[list[Any]]]:
+        """One transaction of raw ops: (succeeded, revision, kvs per op: the range's kvs, [] for a put).
+
+        `compare` holds aetcd comparisons (`client.transactions.create(key) == 0`, ...).
+        """
+        request = rpc.TxnRequest(compare=[c.build_message() for c in compare], success=success, failure=failure)
         try:
-            reply = await self.kvstub.Txn(rpc.TxnRequest(success=ops), timeout=self._timeout, metadata=self.metadata)
+            reply = await self.kvstub.Txn(request, timeout=self._timeout, metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             aetcd.exceptions._handle_exception(exc)
-        return reply.header.revision, [list(r.response_range.kvs) for r in reply.responses]
+        kvs = [list(r.response_range.kvs) if r.HasField("response_range") else [] for r in reply.responses]
+        return reply.succeeded, reply.header.revision, kvs
 
 
 async def cancel_task(task: asyncio.Task[Any]) -> None:
@@ -142,6 +152,16 @@ async def cancel_task(task: asyncio.Task[Any]) -> None:
 def prefix_end(prefix: bytes) -> bytes:
     """range_end covering every key that starts with `prefix`."""
     return bytes(aetcd.utils.prefix_range_end(prefix))
+
+
+def range_op(request: rpc.RangeRequest) -> rpc.RequestOp:
+    """A read as a transaction op."""
+    return rpc.RequestOp(request_range=request)
+
+
+def put_op(key: bytes, value: bytes, lease: int = 0) -> rpc.RequestOp:
+    """A put (on `lease` when non-zero) as a transaction op."""
+    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
 
 
 def key_range(key: bytes) -> rpc.RangeRequest:

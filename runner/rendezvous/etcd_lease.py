@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
+from aetcd import rpc
 
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd_client import EtcdSession, cancel_task
+from runner.rendezvous.etcd_client import EtcdSession, cancel_task, put_op, range_op
 
 
 class LeaseKeeper:
@@ -42,6 +44,14 @@ class LeaseKeeper:
         self._keys[key] = value
         reply = await self._session.call(lambda c: c.put(key, value, lease=self.lease_id))
         return int(reply.header.revision)
+
+    async def put_and_read(self, items: dict[bytes, bytes],
+                           reads: Sequence[rpc.RangeRequest] = ()) -> tuple[int, list[list[Any]]]:
+        """Put `items` on the lease and read `reads` in ONE transaction: (revision, kvs per read)."""
+        self._keys.update(items)
+        _, rev, kvs = await self._session.call(lambda c: c.txn([], [
+            *(put_op(k, v, self.lease_id) for k, v in items.items()), *map(range_op, reads)]))
+        return rev, kvs[len(items):]
 
     def forget(self, key: bytes) -> None:
         """Stop re-putting `key` after a re-grant."""

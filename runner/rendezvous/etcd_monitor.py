@@ -22,7 +22,6 @@ from runner.rendezvous.etcd_client import (
     cancel_task,
     key_range,
     prefix_end,
-    prefix_range,
 )
 from runner.rendezvous.etcd_keys import JobKeys, load
 
@@ -33,8 +32,9 @@ class RoundMonitor:
     """Watches one running round; events go to the agent's queue, each at most once."""
 
     def __init__(self, session: EtcdSession, keys: JobKeys, result: RendezvousResult, max_nodes: int,
-                 events: asyncio.Queue[Any] | None, log: Any = None) -> None:
+                 events: asyncio.Queue[Any] | None, log: Any = None, *, since: int = 0) -> None:
         self._s, self._k, self._res, self._max = session, keys, result, max_nodes
+        self._since = since  # the leader's view revision (record "rev"): replay changes from there
         self._events = events
         self._log = log or structlog.get_logger("runner.rendezvous.etcd")
         self._members = set(result.nodes) - {result.node}
@@ -44,37 +44,36 @@ class RoundMonitor:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Take a snapshot, report what is already true, watch the rest in the background."""
-        r, k = self._res.round, self._k
-        rev, (states, joins, nxt, control) = await self._s.call(lambda c: c.snapshot(
-            [prefix_range(k.states), prefix_range(k.round_nodes(r)), prefix_range(k.round_nodes(r + 1)),
-             key_range(k.control)]))
-        for kv in states:
-            self._on_state(JobKeys.leaf(kv.key), load(kv.value))
-        present = {JobKeys.leaf(kv.key) for kv in joins}
-        for node in sorted(self._members - present):
-            self._lost(node, "left before the round started")
-        for kv in nxt:
-            self._on_waiting(JobKeys.leaf(kv.key))
-        if control:
-            self._on_control(load(control[0].value))
-        self._task = asyncio.get_running_loop().create_task(self._run(rev + 1), name="etcd-round-monitor")
-
-    async def _run(self, start: int) -> None:
+        """Watch from the revision at which the round's leader saw the joins, so what changed since
+        (a member gone, a FAILED state, a next-round join, a stop) is replayed first, then followed.
+        Every relevant change comes after that revision: a node gone before it is not a member, states
+        name this round and next-round joins exist only once the result was written. O(1) reads per node."""
         r, k = self._res.round, self._k
         ranges = [(k.states, prefix_end(k.states)), (k.round_nodes(r), prefix_end(k.round_nodes(r))),
                   (k.round_nodes(r + 1), prefix_end(k.round_nodes(r + 1))), (k.control, None)]
-        while True:
-            try:
-                watch = await Watch(self._s, ranges, start, self._log).start()
+        if not self._since:  # no leader revision (record from an older runner): from now, after a read
+            rev, (control,) = await self._s.call(lambda c: c.snapshot([key_range(k.control)]))
+            if control:
+                self._on_control(load(control[0].value))
+            self._since = rev + 1
+        watch = await Watch(self._s, ranges, self._since, self._log).start()
+        self._task = asyncio.get_running_loop().create_task(self._run(watch), name="etcd-round-monitor")
+
+    async def _run(self, watch: Watch) -> None:
+        register = False
+        try:
+            while True:
                 try:
-                    while True:
-                        self._dispatch(await watch.next())
-                finally:
-                    await watch.cancel()
-            except RendezvousError as exc:
-                self._log.warning("etcd_monitor_retry", error=exc.message)
-                await asyncio.sleep(RETRY_S)
+                    if register:
+                        await watch.start()  # resumes from the last revision seen
+                        register = False
+                    self._dispatch(await watch.next())
+                except RendezvousError as exc:  # etcd unreachable past connect_timeout: retry
+                    self._log.warning("etcd_monitor_retry", error=exc.message)
+                    await asyncio.sleep(RETRY_S)
+                    register = True
+        finally:
+            await watch.cancel()
 
     def _dispatch(self, ev: Any) -> None:
         key, put, r = ev.kv.key, ev.kind == "PUT", self._res.round

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from aetcd import rpc
 
 from runner.errors import JobClosed
 from runner.rendezvous.etcd_client import (
@@ -50,10 +51,15 @@ def pending(previous: Sequence[str], joined: dict[str, Any], states: dict[str, A
     return [n for n in previous if n not in joined and not is_gone(states.get(n))]
 
 
-def build_result(joined: dict[str, dict[str, Any]], previous: Sequence[str], max_nodes: int) -> dict[str, Any]:
-    """The result record: nodes in group-rank order, master = group rank 0's address and port."""
+def build_result(joined: dict[str, Any], previous: Sequence[str], max_nodes: int) -> dict[str, Any]:
+    """The result record: nodes in group-rank order, master = group rank 0's address and port.
+
+    `joined` maps node -> join record, decoded or raw JSON bytes (only group rank 0's is decoded).
+    """
     nodes = assign_ranks(joined, previous)[:max_nodes]
     master = joined[nodes[0]]
+    if isinstance(master, bytes):
+        master = load(master)
     return {"nodes": list(nodes), "master_addr": master["addr"], "master_port": master["port"],
             "nproc": master["nproc"], "closed_at": time.time()}
 
@@ -67,17 +73,28 @@ class RoundWaiter:
         self._rules, self._previous = rules, tuple(previous)
         self._log = log or structlog.get_logger("runner.rendezvous.etcd")
         self.joined_seen = 1
+        self._view = 0  # leader: revision up to which its table of joins is complete
 
-    async def wait(self) -> dict[str, Any]:
-        """The round's result record (which may not include this node)."""
+    def reads(self) -> list[rpc.RangeRequest]:
+        """What wait() needs to know first: the round's first joiner, its result, the control key."""
+        return [prefix_range(self._k.round_nodes(self._r), first_created=True),
+                key_range(self._k.result(self._r)), key_range(self._k.control)]
+
+    async def wait(self, first: tuple[int, list[list[Any]]] | None = None) -> dict[str, Any]:
+        """The round's result record (which may not include this node).
+
+        `first`: (revision, kvs per range of reads()) already read, e.g. in the join transaction.
+        The record's "rev" is the revision at which its leader saw the joins (watch members from there).
+        """
         while True:
-            rev, (first, result, control) = await self._s.call(lambda c: c.snapshot(
-                [prefix_range(self._k.round_nodes(self._r), first_created=True),
-                 key_range(self._k.result(self._r)), key_range(self._k.control)]))
+            if first is None:
+                first = await self._s.call(lambda c: c.snapshot(self.reads()))
+            rev, (first_kv, result, control) = first
+            first = None
             if result:
                 return dict(load(result[0].value))
             self._raise_if_closed(control[0].value if control else None)
-            leader = JobKeys.leaf(first[0].key) if first else self._node
+            leader = JobKeys.leaf(first_kv[0].key) if first_kv else self._node
             if leader == self._node:
                 return await self._lead()
             done = await self._follow(rev, leader)
@@ -113,7 +130,8 @@ class RoundWaiter:
         if result:
             return dict(load(result[0].value))
         self._raise_if_closed(control[0].value if control else None)
-        joined = {JobKeys.leaf(kv.key): load(kv.value) for kv in joins}
+        joined = {JobKeys.leaf(kv.key): kv.value for kv in joins}  # raw: only the master's is decoded
+        self._view = rev
         live = {JobKeys.leaf(kv.key): load(kv.value) for kv in states}
         self._log.info("rendezvous_leading", round=self._r, joined=len(joined))
         ranges = [(self._k.round_nodes(self._r), prefix_end(self._k.round_nodes(self._r))),
@@ -142,6 +160,7 @@ class RoundWaiter:
                 ev = await asyncio.wait_for(watch.next(), wait)
             except TimeoutError:
                 continue
+            self._view = max(self._view, ev.kv.mod_revision)
             done = self._apply(ev, joined, live)
             if done is not None:
                 return done
@@ -153,13 +172,13 @@ class RoundWaiter:
         elif key == self._k.result(self._r) and put:
             return dict(load(ev.kv.value))
         elif key.startswith(self._k.round_nodes(self._r)):
-            _set(joined, JobKeys.leaf(key), load(ev.kv.value) if put else None)
+            _set(joined, JobKeys.leaf(key), ev.kv.value if put else None)
         elif key.startswith(self._k.states):
             _set(live, JobKeys.leaf(key), load(ev.kv.value) if put else None)
         return None
 
     async def _write_result(self, joined: dict[str, Any]) -> dict[str, Any]:
-        record = build_result(joined, self._previous, self._rules.max_nodes)
+        record = {**build_result(joined, self._previous, self._rules.max_nodes), "rev": self._view}
         key = self._k.result(self._r)
         ok, replies = await self._s.call(lambda c: c.transaction(
             compare=[c.transactions.create(key) == 0],
