@@ -16,8 +16,6 @@ Per run:
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -25,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    bench_env,
     launcher_commands,
     print_commands,
     precompile,
@@ -47,15 +46,8 @@ def commands() -> dict[str, list[str]]:
 
 def one_run(argv: list[str], work: Path) -> tuple[Measured, float]:
     """Run once; return the measurement and the agent's own CPU seconds."""
+    env = bench_env(work, BENCH_SLEEP=str(SLEEP_S))
     out = work / "out"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
-    env = {
-        **os.environ,
-        "BENCH_OUT": str(out),
-        "BENCH_LOGS": str(work / "logs"),
-        "BENCH_SLEEP": str(SLEEP_S),
-    }
     m = measure(
         argv,
         env=env,

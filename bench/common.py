@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -295,3 +296,11 @@ def print_commands(cmds: Mapping[str, Sequence[str]]) -> None:
     for name, argv in cmds.items():
         print(f"- {name}: `{' '.join(os.path.relpath(a) if a.startswith('/') else a for a in argv)}`")
     print(f"\nReproduce: `{reproduce_line()}`")
+
+
+def bench_env(work: Path, **extra: str) -> dict[str, str]:
+    """Environment of one run: a fresh, empty $BENCH_OUT, $BENCH_LOGS under `work`, plus `extra`."""
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    return {**os.environ, "BENCH_OUT": str(out), "BENCH_LOGS": str(work / "logs"), **extra}

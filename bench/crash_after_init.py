@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    bench_env,
     launcher_commands,
     print_commands,
     precompile,
@@ -44,15 +45,8 @@ def one_run(
     argv: list[str], work: Path, timeout: float, how: str, keep: Path | None
 ) -> tuple[str, float]:
     """Run once; return (outcome, wall s): outcome 'ok', 'timeout', or 'rc=N, markers=K'."""
+    env = bench_env(work, BENCH_CRASH_HOW=how)
     out = work / "out"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
-    env = {
-        **os.environ,
-        "BENCH_OUT": str(out),
-        "BENCH_LOGS": str(work / "logs"),
-        "BENCH_CRASH_HOW": how,
-    }
     log = work / "launcher.log"
     log.unlink(missing_ok=True)
     m = measure(argv, env=env, timeout=timeout, log_path=log)

@@ -17,8 +17,6 @@ shows latency minus the median start-up.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -27,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    bench_env,
     launcher_commands,
     print_commands,
     precompile,
@@ -46,22 +45,9 @@ def commands() -> dict[str, list[str]]:
     return launcher_commands("bench/jobs/crash.yaml", WORKER, max_restarts=1)
 
 
-def bench_env(work: Path) -> dict[str, str]:
-    """Environment of one run, with a fresh, empty $BENCH_OUT."""
-    out = work / "out"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
-    return {
-        **os.environ,
-        "BENCH_OUT": str(out),
-        "BENCH_LOGS": str(work / "logs"),
-        "BENCH_CRASH_AFTER": "1",
-    }
-
-
 def one_run(argv: list[str], work: Path) -> tuple[float, float]:
     """Run once; return (latency to the first replacement, latency to the crashed rank's replacement)."""
-    env = bench_env(work)
+    env = bench_env(work, BENCH_CRASH_AFTER="1")
     out = Path(env["BENCH_OUT"])
     m = measure(argv, env=env, timeout=60, log_path=work / "launcher.log")
     crash = out / "crash"
@@ -99,7 +85,7 @@ def main() -> None:
             one_run(argv, work)
             print(f"warm-up {name} done", file=sys.stderr)
         for i in range(args.runs):
-            startup += interpreter_startup(Path(WORKER), bench_env(work), runs=1)
+            startup += interpreter_startup(Path(WORKER), bench_env(work, BENCH_CRASH_AFTER="1"), runs=1)
             for name, argv in cmds.items():
                 a, b = one_run(argv, work)
                 first[name].append(a)
