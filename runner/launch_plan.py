@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from runner.config.spec import JobSpec
 from runner.rendezvous.base import RendezvousResult

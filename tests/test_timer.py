@@ -174,7 +174,6 @@ def test_malformed_lines_are_skipped_and_server_keeps_working(tmp_path: Path) ->
 
     async def body(h: Harness) -> None:
         idle = await h.spawn("idle")
-        now = time.time()
         good = {"version": 1, "pid": idle.pid, "scope_id": "s", "expiration_time": time.time(), "signal": 0}
         bad_docs = [
             {**good, "version": 2}, {**good, "pid": str(idle.pid)}, {**good, "pid": True},

@@ -75,12 +75,12 @@ shutdown: {{grace_period: 2s}}
 def test_max_run_time_ends_the_job_with_its_own_reason(tmp_path):
     """A job past watchdog.max_run_time is stopped: trigger deadline_reached, exit 1, reason names the limit."""
     spec = tmp_path / "job.yaml"
-    spec.write_text(f"""
+    spec.write_text("""
 name: slow
-entrypoint: {{command: [sleep, "60"]}}
+entrypoint: {command: [sleep, "60"]}
 nproc_per_node: 2
-watchdog: {{max_run_time: 1s}}
-shutdown: {{grace_period: 2s}}
+watchdog: {max_run_time: 1s}
+shutdown: {grace_period: 2s}
 """)
     res = run(tmp_path, spec)
     assert res.returncode == 1
