@@ -11,7 +11,7 @@ import structlog
 
 from runner.config.spec import JobSpec
 from runner.context import Context
-from runner.logs import TransitionLog
+from runner.logs import RUN_LOG, JsonLines
 from runner.machine import JobState, Trigger, build_machine, drive
 from runner.rendezvous import make_rendezvous
 from runner.states import HANDLERS
@@ -47,6 +47,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     structlog.contextvars.bind_contextvars(job=spec.name, node=node)
     log = structlog.get_logger("runner")
     run_dir = new_run_dir(spec)
+    RUN_LOG.open(run_dir / "agent.jsonl")
     addr = advertise_addr or spec.rendezvous.master_addr
     if addr is None:
         addr = "127.0.0.1" if spec.rendezvous.backend == "local" else socket.getfqdn()
@@ -57,7 +58,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
         run_dir=run_dir,
         rendezvous=make_rendezvous(spec, node, addr),
         log=log,
-        transitions=TransitionLog(run_dir / "transitions.jsonl"),
+        transitions=JsonLines(run_dir / "transitions.jsonl"),
     )
 
     metrics = None
@@ -101,6 +102,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
         if metrics is not None:
             metrics.stop()
         ctx.transitions.close()
+        RUN_LOG.close()
         if ctx.group is not None:
             ctx.group.kill_all()  # normally a no-op: SHUTDOWN stopped them; not so if the agent itself failed
         ctx.shepherd.close()

@@ -14,7 +14,7 @@ from runner.config.spec import JobSpec
 from runner.events import StopRequested
 from runner.failures import Failure
 from runner.launch_plan import LaunchPlan, build_plan
-from runner.logs import TransitionLog
+from runner.logs import JsonLines
 from runner.rendezvous.base import Rendezvous, RendezvousResult
 from runner.worker_group import Shepherd, WorkerGroup
 
@@ -29,7 +29,7 @@ class Context:
     run_dir: Path
     rendezvous: Rendezvous
     log: Any
-    transitions: TransitionLog
+    transitions: JsonLines
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     shepherd: Shepherd = field(default_factory=Shepherd)
     attempt: int = 0

@@ -1,4 +1,4 @@
-"""structlog configuration and the transition log (`<run dir>/transitions.jsonl`)."""
+"""structlog configuration; the run's JSON-lines files (`transitions.jsonl`, and `agent.jsonl`: every event)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def configure(fmt: str = "auto", stream: IO[str] | None = None) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            RUN_LOG,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -37,8 +38,8 @@ def configure(fmt: str = "auto", stream: IO[str] | None = None) -> None:
     )
 
 
-class TransitionLog:
-    """Appends one JSON object per transition to a file, flushed at once (survives a SIGKILL of the agent)."""
+class JsonLines:
+    """Appends one JSON object per line to a file, flushed at once (survives a SIGKILL of the agent)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -57,3 +58,31 @@ class TransitionLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class RunLog:
+    """structlog processor: once a run dir exists, every event (whatever the console shows) also goes to
+    `<run dir>/agent.jsonl`, so the agent's own story is kept with the workers' logs."""
+
+    def __init__(self) -> None:
+        self.sink: JsonLines | None = None
+
+    def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        """Copy the event to the sink; pass it on unchanged."""
+        if self.sink is not None:
+            self.sink.write(event_dict)
+        return event_dict
+
+    def open(self, path: Path) -> None:
+        """Start keeping events in `path`."""
+        self.close()
+        self.sink = JsonLines(path)
+
+    def close(self) -> None:
+        """Stop keeping events (idempotent)."""
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+
+
+RUN_LOG = RunLog()

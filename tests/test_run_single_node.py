@@ -62,6 +62,9 @@ def test_transition_events_carry_every_field(job):
     for event in j.transitions():
         assert {"src", "dst", "trigger", "reason", "attempt", "job", "node", "time"} <= set(event)
         assert event["job"] == "probe" and event["reason"]
+    kept = [json.loads(line) for line in (j.run_dir() / "agent.jsonl").read_text().splitlines()]
+    assert [e["rank"] for e in kept if e["event"] == "worker_started"] == [0, 1]  # the agent's own events are kept
+    assert sum(e["event"] == "transition" for e in kept) == len(j.transitions())
 
 
 def test_crash_restarts_then_succeeds_on_a_fresh_port(job):
