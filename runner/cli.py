@@ -13,7 +13,7 @@ from runner import __version__
 from runner.cli_cluster import register as register_cluster
 from runner.errors import EXIT_INFRA, EXIT_SPEC, RunnerError
 
-COMMANDS = ("run", "validate", "plan", "graph", "status", "stop", "template", "convert")
+COMMANDS = ("run", "validate", "plan", "graph", "status", "stop", "reset", "template", "convert")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     stop = cmd("stop", cmd_stop, "stop every agent of the job")
     stop.add_argument("spec")
     stop.add_argument("--graceful", action="store_true", help="let the workers finish; no restart")
+    reset = cmd("reset", cmd_reset, "forget an ended etcd job's shared state so its name can run again")
+    reset.add_argument("spec")
+    reset.add_argument("--force", action="store_true", help="even while nodes are live")
     register_cluster(sub, cmd)
     return p
 
@@ -140,6 +143,14 @@ def cmd_stop(ns: argparse.Namespace) -> int:
     from runner.control import request_stop  # noqa: PLC0415
 
     print(request_stop(load(ns.spec), ns.graceful))
+    return 0
+
+
+def cmd_reset(ns: argparse.Namespace) -> int:
+    """`runner reset job.yaml [--force]`."""
+    from runner.control import reset  # noqa: PLC0415
+
+    print(reset(load(ns.spec), ns.force))
     return 0
 
 

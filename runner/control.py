@@ -61,3 +61,13 @@ def _alive(pid: Any) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def reset(spec: JobSpec, force: bool) -> str:
+    """Forget an etcd job's shared state (rounds, budget, closed marker) so its name can run again."""
+    if spec.rendezvous.backend != "etcd":
+        return f"job '{spec.name}' uses the local backend: it keeps no shared state, nothing to reset"
+    from runner.rendezvous.etcd import reset_job  # noqa: PLC0415
+
+    count = asyncio.run(reset_job(spec, force))
+    return f"job '{spec.name}': {count} key(s) deleted; the name can run again"

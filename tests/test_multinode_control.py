@@ -57,3 +57,21 @@ def test_node_with_another_spec_is_refused(cluster: Cluster) -> None:
     assert "nproc_per_node" in odd.output(), odd.output()
     assert cluster.nodes["a"].wait() == 0 and cluster.nodes["b"].wait() == 0
     assert "odd" not in {n["node"] for n in cluster.status()["nodes"]}
+
+
+def test_reset_lets_a_stopped_job_name_run_again(cluster: Cluster) -> None:
+    """`runner reset` is refused while nodes are live; after a stop it deletes the job's keys, and the same job
+    name then runs to success on two new agents."""
+    start_running_pair(cluster, "600")
+    refused = cluster.cli("reset")
+    assert refused.returncode == 3 and "live node" in refused.stderr, refused.stderr
+    assert cluster.cli("stop").returncode == 0
+    assert cluster.wait_all(60) == {"a": EXIT_STOPPED_TERM, "b": EXIT_STOPPED_TERM}
+    done = cluster.cli("reset")
+    assert done.returncode == 0 and "key(s) deleted" in done.stdout, done.stderr
+    assert cluster.status()["nodes"] == []
+    rerun = cluster.write(spec_text(cluster.endpoint, args=probe_args(cluster.out, "--sleep", "0")), name="rerun.yaml")
+    cluster.nodes.clear()
+    cluster.start("c", spec=rerun)
+    cluster.start("d", spec=rerun)
+    assert cluster.wait_all(120) == {"c": 0, "d": 0}

@@ -353,3 +353,23 @@ async def request_stop(spec: JobSpec, graceful: bool) -> None:
                                                    success=[t.put(keys.control, value)], failure=[]))
     finally:
         await session.close()
+
+
+async def reset_job(spec: JobSpec, force: bool) -> int:
+    """Delete every key of the job (so its name can run again); refuses while a node is live unless `force`.
+
+    Returns the number of keys deleted."""
+    status = await read_status(spec)
+    live = [n["node"] for n in status["nodes"] if n.get("live")]
+    if live and not force:
+        raise RendezvousError(
+            f"job '{spec.name}' still has live node(s): {', '.join(live)}",
+            fix="stop it first (`runner stop job.yaml`), or add --force",
+        )
+    session, keys = new_session(spec, quiet_log()), JobKeys(spec.rendezvous.prefix, spec.name)
+    await session.connect()
+    try:
+        deleted = await session.call(lambda c: c.delete_prefix(keys.root))
+    finally:
+        await session.close()
+    return int(getattr(deleted, "deleted", 0))
