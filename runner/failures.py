@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.launch_plan import error_file
+
 _HINTS = {
     "SIGKILL": "SIGKILL is often the kernel's OOM killer (check `dmesg` / memory limits) or an external kill",
     "SIGSEGV": "a segfault: often a native extension, a CUDA driver issue, or corrupted memory",
@@ -75,7 +77,7 @@ def worker_failure(attempt: int, rank: int, local_rank: int, exit_code: int, log
     """Failure of a worker that exited with `exit_code`, with what its log dir tells."""
     sig = signal_name(exit_code)
     how = f"killed by {sig}" if sig else f"exited with code {exit_code}"
-    error, tb = read_error_file(Path(log_dir) / "error.json")
+    error, tb = read_error_file(Path(error_file(log_dir)))
     return Failure(
         kind="worker",
         reason=f"rank {rank} {how}",

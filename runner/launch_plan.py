@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runner.config.spec import JobSpec
+from runner.heartbeat import ENV_VAR as HEARTBEAT_ENV
 from runner.rendezvous.base import RendezvousResult
 
 
@@ -35,7 +36,22 @@ class WorkerPlan:
     @property
     def error_file(self) -> str:
         """TORCHELASTIC_ERROR_FILE: torch's @record writes the exception here."""
-        return f"{self.log_dir}/error.json"
+        return error_file(self.log_dir)
+
+    @property
+    def heartbeat_file(self) -> str:
+        """RUNNER_HEARTBEAT_FILE: the worker touches it to show it is alive (watchdog.heartbeat_timeout)."""
+        return heartbeat_file(self.log_dir)
+
+
+def error_file(log_dir: str) -> str:
+    """Where a rank's torch error file goes."""
+    return f"{log_dir}/error.json"
+
+
+def heartbeat_file(log_dir: str) -> str:
+    """Where a rank's heartbeat file goes."""
+    return f"{log_dir}/heartbeat"
 
 
 @dataclass(frozen=True)
@@ -102,9 +118,9 @@ def build_plan(
         rank = rdzv.global_rank(local_rank)
         log_dir = f"{run_dir}/attempt_{attempt}/rank_{rank}"
         contract = contract_env(spec, rdzv, local_rank, run_id, restart_count)
-        contract["TORCHELASTIC_ERROR_FILE"] = f"{log_dir}/error.json"
+        contract["TORCHELASTIC_ERROR_FILE"] = error_file(log_dir)
         if spec.watchdog.enabled and spec.watchdog.heartbeat_timeout:
-            contract["RUNNER_HEARTBEAT_FILE"] = f"{log_dir}/heartbeat"
+            contract[HEARTBEAT_ENV] = heartbeat_file(log_dir)
         contract.update(extra_env or {})
         env = dict(base_env)
         env.setdefault("OMP_NUM_THREADS", "1")

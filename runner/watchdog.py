@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from runner.events import TimerExpired
-from runner.heartbeat import ENV_VAR as HEARTBEAT_ENV
 from runner.heartbeat import HeartbeatMonitor
 from runner.stacks import capture_stacks
 from runner.timer import Expiry, FileTimerServer
@@ -51,7 +50,7 @@ class Watchdog:
         if self.monitor is None:
             return
         for w in group.running():
-            path = Path(dict(w.plan.env)[HEARTBEAT_ENV])
+            path = Path(w.plan.heartbeat_file)
             if not self.monitor.watching(w.plan.local_rank, path):
                 self.monitor.watch(w.plan.local_rank, path)
 
@@ -74,7 +73,7 @@ class Watchdog:
         loop = asyncio.get_running_loop()
         timeout = self.ctx.spec.watchdog.heartbeat_timeout
         if last is not None and loop.time() - last < timeout:
-            self.monitor.watch(local_rank, Path(dict(worker.plan.env)[HEARTBEAT_ENV]))  # timer traffic counts
+            self.monitor.watch(local_rank, Path(worker.plan.heartbeat_file))  # timer traffic counts
             return
         task = loop.create_task(self._kill_silent(worker, silent_s, timeout))
         self._tasks.add(task)
