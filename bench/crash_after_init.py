@@ -23,13 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    Stat,
     bench_env,
     launcher_commands,
-    print_commands,
-    precompile,
-    Stat,
     machine_line,
     measure,
+    precompile,
+    print_commands,
     table,
 )
 

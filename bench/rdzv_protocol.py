@@ -24,7 +24,7 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.config.spec import Entrypoint, JobSpec, Nodes, Rendezvous
-from runner.rendezvous.etcd import EtcdRendezvous
+from runner.rendezvous.etcd.backend import EtcdRendezvous
 from tests.etcd_server import etcd_server, free_port
 
 SIZES = (8, 16, 32, 64, 128, 256, 512)
@@ -72,7 +72,7 @@ def torch_round(n: int, job: str) -> float:
                 job, store, backend, min_nodes=n, max_nodes=n,
                 timeout=RendezvousTimeout(join=timedelta(seconds=120), last_call=timedelta(milliseconds=1)))
             handler.next_rendezvous()
-        except BaseException as exc:  # noqa: BLE001 - reported after the join
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=node, daemon=True) for _ in range(n)]

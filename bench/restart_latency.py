@@ -25,14 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    bench_env,
-    launcher_commands,
-    print_commands,
-    precompile,
     Stat,
+    bench_env,
     interpreter_startup,
+    launcher_commands,
     machine_line,
     measure,
+    precompile,
+    print_commands,
     ratios,
     table,
 )

@@ -1,4 +1,4 @@
-"""Deadline -> signal latency and idle CPU: runner.timer.FileTimerServer vs torch's FileTimerServer.
+"""Deadline -> signal latency and idle CPU: runner.watchdog.timer_server.FileTimerServer vs torch's FileTimerServer.
 
 Both servers get the same worker (tests/workers/timer_worker.py, torch's FileTimerClient): it installs a
 SIGTERM handler, arms 'train_step' for now+DELAY with SIGTERM and prints the deadline; the handler prints
@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runner.timer import FileTimerServer  # noqa: E402
+from runner.watchdog.timer_server import FileTimerServer
 
 WORKER = ROOT / "tests" / "workers" / "timer_worker.py"
 WAIT_S = 120.0
@@ -62,7 +62,7 @@ async def readline(proc: asyncio.subprocess.Process) -> str:
 
 
 def delays(base: float, runs: int) -> list[float]:
-    rng = random.Random(4)  # noqa: S311 -- not cryptography
+    rng = random.Random(4)
     return [base + rng.uniform(0.0, 0.1) for _ in range(runs)]
 
 

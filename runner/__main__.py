@@ -1,5 +1,5 @@
 """`python -m runner` is the same as the `runner` console script."""
 
-from runner.cli import main
+from runner.cli.main import main
 
 raise SystemExit(main())

@@ -63,7 +63,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
 
     metrics = None
     if spec.metrics.enabled:
-        from runner.metrics import AgentMetrics  # noqa: PLC0415 - prometheus_client only when asked for
+        from runner.metrics import AgentMetrics
 
         metrics = AgentMetrics(spec, node)
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from runner.config.spec import JobSpec
 from runner.events import StopRequested
-from runner.failures import Failure
-from runner.launch_plan import LaunchPlan, build_plan
 from runner.logs import JsonLines
 from runner.rendezvous.base import Rendezvous, RendezvousResult
-from runner.worker_group import Shepherd, WorkerGroup
+from runner.workers.failures import Failure
+from runner.workers.group import Shepherd, WorkerGroup
+from runner.workers.launch_plan import LaunchPlan, build_plan
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Context:
     hurry: asyncio.Event = field(default_factory=asyncio.Event)  # a second stop signal: kill now
     outcome: str = ""  # succeeded | failed | stopped | error
     exit_code: int = 0
-    timer: Any = None  # runner.timer.FileTimerServer when the watchdog is on
+    timer: Any = None  # runner.watchdog.timer_server.FileTimerServer when the watchdog is on
     started: float = field(default_factory=time.monotonic)
     state_name: str = "INIT"
     deadline_armed: bool = False
@@ -71,7 +71,7 @@ class Context:
 
     def make_plan(self) -> LaunchPlan:
         """Plan this node's workers for the current attempt from the last rendezvous result."""
-        assert self.result is not None  # noqa: S101 - only called after a completed round
+        assert self.result is not None
         return build_plan(
             self.spec,
             self.result,

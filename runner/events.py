@@ -1,5 +1,8 @@
-"""Things that happen while workers run. Sources put them on the agent's one event queue;
-the RUNNING state awaits the queue and turns the first decisive event into a trigger."""
+"""Things that happen while workers run.
+
+Sources put them on the agent's one event queue; the RUNNING state awaits the queue and turns the first decisive
+event into a trigger.
+"""
 
 from __future__ import annotations
 

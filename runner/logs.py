@@ -15,7 +15,8 @@ import structlog
 def configure(fmt: str = "auto", stream: IO[str] | None = None) -> None:
     """Configure structlog once: pretty console on a TTY (or fmt='console'), JSON lines otherwise.
 
-    Level INFO; RUNNER_LOG_LEVEL=debug shows every timer request too."""
+    Level INFO; RUNNER_LOG_LEVEL=debug shows every timer request too.
+    """
     level = getattr(logging, os.environ.get("RUNNER_LOG_LEVEL", "info").upper(), logging.INFO)
     out = stream or sys.stderr
     pretty = fmt == "console" or (fmt == "auto" and out.isatty())
@@ -61,13 +62,16 @@ class JsonLines:
 
 
 class RunLog:
-    """structlog processor: once a run dir exists, every event (whatever the console shows) also goes to
-    `<run dir>/agent.jsonl`, so the agent's own story is kept with the workers' logs."""
+    """structlog processor that keeps every event of the run.
+
+        Once a run dir exists, every event (whatever the console shows) also goes to `<run dir>/agent.jsonl`, so the
+    agent's own story is kept with the workers' logs.
+    """
 
     def __init__(self) -> None:
         self.sink: JsonLines | None = None
 
-    def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, _logger: object, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
         """Copy the event to the sink; pass it on unchanged."""
         if self.sink is not None:
             self.sink.write(event_dict)

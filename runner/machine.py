@@ -104,7 +104,8 @@ async def drive(
 ) -> JobState:
     """Run each state's handler and fire the trigger it returns, until SHUTDOWN; then run SHUTDOWN's handler.
 
-    `entered(state)` runs after every transition (the agent publishes its new state there)."""
+    `entered(state)` runs after every transition (the agent publishes its new state there).
+    """
     while model.state is not S.SHUTDOWN:
         trigger = await handlers[model.state](ctx)
         if trigger is None:

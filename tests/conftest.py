@@ -57,14 +57,14 @@ class Job:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run `runner ARGS job.yaml` (status, stop, validate...) to completion."""
-        return subprocess.run(  # noqa: S603
+        return subprocess.run(
             [sys.executable, "-m", "runner", *args, str(self.spec)],
             cwd=self.tmp, env=self.env(), capture_output=True, text=True, timeout=60, check=False,
         )
 
     def start(self, *args: str) -> subprocess.Popen[str]:
         """Start the runner on this spec (its cwd is tmp_path; logs under tmp_path/logs)."""
-        self.proc = subprocess.Popen(  # noqa: S603
+        self.proc = subprocess.Popen(
             [sys.executable, "-m", "runner", str(self.spec), *args],
             cwd=self.tmp,
             env=self.env(),

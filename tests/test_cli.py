@@ -12,7 +12,7 @@ from conftest import EXAMPLES
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run `python -m runner ARGS`."""
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, cwd=cwd,  # noqa: S603
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=60, check=False)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from runner.config import load_spec_text
 from runner.config.spec import JobSpec
-from runner.convert import to_yaml
+from runner.config.torchrun import to_yaml
 
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("torchrun --standalone --nproc-per-node=2 train.py --epochs 3",

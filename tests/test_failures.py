@@ -6,8 +6,8 @@ import json
 import random
 
 from runner.config.spec import Backoff
-from runner.failures import read_error_file, signal_name, tail, worker_failure
 from runner.states.restarting import backoff_delay
+from runner.workers.failures import read_error_file, signal_name, tail, worker_failure
 
 
 def test_signal_name_and_oom_hint(tmp_path):

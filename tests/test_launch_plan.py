@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from runner.config.spec import Entrypoint, JobSpec, Restart
-from runner.launch_plan import build_plan, worker_argv
 from runner.rendezvous.base import RendezvousResult
+from runner.workers.launch_plan import build_plan, worker_argv
 
 
 def result(group_rank: int = 1, nodes: int = 2, nproc: int = 2) -> RendezvousResult:
@@ -25,7 +25,7 @@ def spec(**kw) -> JobSpec:
 
 def plan(s: JobSpec | None = None, **kw):
     """build_plan with sensible defaults."""
-    args = dict(attempt=2, restart_count=2, run_id="j", run_dir="/r", base_env={"PATH": "/bin"})
+    args = {"attempt": 2, "restart_count": 2, "run_id": "j", "run_dir": "/r", "base_env": {"PATH": "/bin"}}
     args.update(kw)
     return build_plan(s or spec(), result(), **args)
 

@@ -88,7 +88,7 @@ def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Pa
 
 def test_agent_does_not_import_prometheus_client_unless_enabled() -> None:
     """Importing the agent (and the CLI) loads no prometheus_client: start-up stays fast."""
-    code = "import sys, runner.agent, runner.cli; print('prometheus_client' in sys.modules)"
+    code = "import sys, runner.agent, runner.cli.main; print('prometheus_client' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 

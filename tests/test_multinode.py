@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import EXAMPLES, PROBE, alive, wait_for
+
 from tests.etcd_server import EtcdServer, etcd_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

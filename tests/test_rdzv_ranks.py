@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from runner.config.spec import Entrypoint, JobSpec, Logs, Nodes
-from runner.rendezvous.etcd_keys import JobKeys
-from runner.rendezvous.etcd_round import build_result, pending
+from runner.rendezvous.etcd.keys import JobKeys
+from runner.rendezvous.etcd.round import build_result, pending
 from runner.rendezvous.ranks import assign_ranks, leader_of
 from runner.rendezvous.spec_check import diff_paths, shared_digest, shared_tree
 

@@ -7,7 +7,6 @@ import signal
 import time
 
 import pytest
-
 from conftest import alive, wait_for
 
 pytestmark = pytest.mark.integration
@@ -196,7 +195,7 @@ def test_status_and_stop_of_a_local_job(job):
 )
 def test_missing_entrypoint_is_a_clear_spec_error(job, entry, message):
     """A script or program that does not exist: exit 2 before any worker starts, the reason and a fix, no traceback."""
-    j = job(f"name: missing\nentrypoint: {entry}\nlogs: {{dir: \"${{LOGS}}\"}}\n")
+    j = job(f'name: missing\nentrypoint: {entry}\nlogs: {{dir: "${{LOGS}}"}}\n')
     res = j.run()
     assert res.returncode == 2
     assert message in res.stderr and "hint:" in res.stderr and "Traceback" not in res.stderr

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "scancel")
 MISSING = [name for name in DAEMONS if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
 RUNNER = str(Path(sys.executable).with_name("runner"))
-SIGNAL_WORKER = '''
+SIGNAL_WORKER = """
 import os, signal, sys, time
 out = sys.argv[1]
 def on_term(signum, frame):
@@ -31,7 +31,7 @@ signal.signal(signal.SIGTERM, on_term)
 open(os.path.join(out, "ready-" + os.environ["RANK"]), "w").close()
 while True:
     time.sleep(0.2)
-'''
+"""
 
 
 def binary(name: str) -> str:

@@ -19,8 +19,8 @@ import structlog
 from structlog.testing import capture_logs
 
 from runner.errors import RunnerError
-from runner.stacks import find_py_spy
-from runner.timer import Expiry, FileTimerServer
+from runner.watchdog.stacks import find_py_spy
+from runner.watchdog.timer_server import Expiry, FileTimerServer
 
 pytestmark = pytest.mark.integration
 

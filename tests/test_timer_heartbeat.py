@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.heartbeat import ENV_VAR, HeartbeatMonitor, beat
+from runner.watchdog.heartbeat import ENV_VAR, HeartbeatMonitor, beat
 
 
 def test_beat_touches_the_file_named_in_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

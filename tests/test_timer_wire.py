@@ -8,7 +8,7 @@ import signal
 import pytest
 from torch.distributed.elastic.timer.file_based_local_timer import FileTimerRequest
 
-from runner.timer import MAX_LINE, LineSplitter, TimerRequest, parse_request
+from runner.watchdog.timer_server import MAX_LINE, LineSplitter, TimerRequest, parse_request
 
 NOW = 1_700_000_000.0
 

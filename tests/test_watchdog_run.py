@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, ROOT
 
 pytestmark = pytest.mark.integration
@@ -17,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 def run(tmp_path: Path, spec: Path) -> subprocess.CompletedProcess[str]:
     """Run a spec through the CLI with logs in tmp_path."""
-    return subprocess.run(  # noqa: S603
+    return subprocess.run(
         [sys.executable, "-m", "runner", str(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=180,
         check=False, env=dict(os.environ, ROOT=str(ROOT)),
     )

@@ -20,7 +20,8 @@ def _nodes(spec: JobSpec) -> Iterator[Found]:
     if nodes.min > nodes.max:
         yield ("nodes",), f"nodes.min ({nodes.min}) is greater than nodes.max ({nodes.max})", "swap them: MIN:MAX"
     if spec.rendezvous.backend == "local" and nodes.max > 1:
-        yield ((("rendezvous", "backend"), ("nodes",)), f"backend 'local' runs one node only, but nodes.max is {nodes.max}",
+        yield ((("rendezvous", "backend"), ("nodes",)),
+               f"backend 'local' runs one node only, but nodes.max is {nodes.max}",
                "set rendezvous.backend: etcd (and rendezvous.endpoints), or nodes: 1")
 
 

@@ -29,15 +29,19 @@ def substitute(text: str, environ: Mapping[str, str]) -> str:
 
     def replace(match: re.Match[str]) -> str:
         token = match.group(0)
-        if token == "$${":
+        if token == "$${":  # noqa: S105 - a YAML escape, not a password
             return "${"
         name, default = match.group(1), match.group(2)
         if name is None:
-            raise UnresolvedError("malformed '${' (expected ${NAME} or ${NAME:-default})", "write $${ for a literal '${'")
+            raise UnresolvedError(
+                "malformed '${' (expected ${NAME} or ${NAME:-default})", "write $${ for a literal '${'"
+            )
         value = environ.get(name)
         if value is None or (value == "" and default is not None):
             if default is None:
-                raise UnresolvedError(f"environment variable {name} is not set", f"set {name} or write ${{{name}:-default}}")
+                raise UnresolvedError(
+                    f"environment variable {name} is not set", f"set {name} or write ${{{name}:-default}}"
+                )
             return default
         return value
 

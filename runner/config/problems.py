@@ -39,7 +39,7 @@ def type_fix(names: Iterable[str]) -> str:
     return ""
 
 
-def describe(value: Any) -> str:
+def describe(value: Any) -> str:  # noqa: PLR0911 - one return per kind of value
     """A found value in words: "the string 'abc'", 'the integer 3', 'a list', 'null'."""
     if value is None:
         return "null"

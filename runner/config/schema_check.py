@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import functools
 import json
-from pathlib import Path as FilePath
 from dataclasses import dataclass
+from pathlib import Path as FilePath
 from typing import Any
 
 from runner.config import valid_cache
@@ -51,7 +51,7 @@ def load_schema() -> dict[str, Any]:
 
 @functools.cache
 def _validator() -> Any:
-    from jsonschema import Draft202012Validator  # noqa: PLC0415 (lazy: heavy import)
+    from jsonschema import Draft202012Validator
 
     return Draft202012Validator(load_schema())
 
@@ -60,7 +60,8 @@ def schema_problems(doc: Document, skip: frozenset[str] = frozenset()) -> list[S
     """Every schema violation in `doc.data`, except at the dotted paths in `skip` (already reported).
 
     Validation is a pure function of (schema, data): a document that passed once is remembered by its hash
-    in the user's cache dir, which spares the next run jsonschema's ~100 ms import (see valid_cache)."""
+    in the user's cache dir, which spares the next run jsonschema's ~100 ms import (see valid_cache).
+    """
     key = valid_cache.key(load_schema_text(), doc.data)
     if not skip and valid_cache.seen(key):
         return []

@@ -78,8 +78,11 @@ class Rendezvous:
 
 @dataclass(frozen=True)
 class Backoff:
-    """Delay before restart k (k = 1, 2, ...): the first restart is immediate (a one-off crash recovers at once);
-    restart k >= 2 waits min(max, initial * multiplier**(k-2)), scaled by a random factor in [1 - jitter, 1 + jitter]."""
+    """Delay before restart k (k = 1, 2, ...).
+
+    The first restart is immediate (a one-off crash recovers at once); restart k >= 2 waits
+    min(max, initial * multiplier**(k-2)), scaled by a random factor in [1 - jitter, 1 + jitter].
+    """
 
     initial: float = 1.0
     max: float = 30.0

@@ -11,9 +11,9 @@ __all__ = ["Rendezvous", "RendezvousResult", "make_rendezvous"]
 def make_rendezvous(spec: JobSpec, node: str, advertise_addr: str) -> Rendezvous:
     """The backend the spec asks for (imports etcd support only when used)."""
     if spec.rendezvous.backend == "etcd":
-        from runner.rendezvous.etcd import EtcdRendezvous  # noqa: PLC0415 - grpc is slow to import
+        from runner.rendezvous.etcd.backend import EtcdRendezvous
 
         return EtcdRendezvous(spec, node, advertise_addr=advertise_addr)
-    from runner.rendezvous.local import LocalRendezvous  # noqa: PLC0415
+    from runner.rendezvous.local import LocalRendezvous
 
     return LocalRendezvous(node, spec.nproc_per_node, spec.rendezvous.master_addr or "127.0.0.1")

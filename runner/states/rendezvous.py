@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from runner.errors import EXIT_INFRA, JobClosed, RendezvousError, RendezvousTimeout
-from runner.failures import Failure
 from runner.machine import Trigger
 from runner.states.waiting import Stopped, unless_stopped
+from runner.workers.failures import Failure
 
 
 async def handle(ctx: Any) -> Trigger:

@@ -14,9 +14,9 @@ from runner.events import (
     TimerExpired,
     WorkerExited,
 )
-from runner.failures import Failure, worker_failure
 from runner.machine import Trigger
-from runner.worker_group import WorkerGroup
+from runner.workers.failures import Failure, worker_failure
+from runner.workers.group import WorkerGroup
 
 
 async def handle(ctx: Any) -> Trigger:

@@ -12,7 +12,7 @@ from runner.events import StopRequested
 T = TypeVar("T")
 
 
-class Stopped(Exception):  # noqa: N818 - control flow, not an error
+class Stopped(Exception):
     """A stop request arrived while waiting (graceful or not: no workers run now, so there is nothing to finish)."""
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import PurePath
 
-from runner.config.render import check_etcd, environment, problem
+from runner.config.clusters.common import check_etcd, environment, problem
 from runner.config.spec import JobSpec
 
 

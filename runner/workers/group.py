@@ -1,6 +1,6 @@
 """WorkerGroup: spawn a LaunchPlan's workers, notice exits at once (pidfd), tee their output, stop them.
 
-Every worker runs in its own session (so its own process group); a shepherd process (runner.shepherd)
+Every worker runs in its own session (so its own process group); a shepherd process (runner.workers.shepherd_main)
 SIGKILLs those groups if the agent dies, whatever kills it. No preexec_fn: running Python between fork and
 exec is unsafe once the agent has threads (grpc's, with the etcd backend) and forbids the fast vfork path.
 """
@@ -21,8 +21,9 @@ from typing import IO, Any
 import structlog
 
 from runner.events import WorkerExited
-from runner.launch_plan import LaunchPlan, WorkerPlan
-from runner.output import Tee
+from runner.workers.launch_plan import LaunchPlan, WorkerPlan
+from runner.workers.tee import Tee
+
 
 @dataclass
 class Worker:
@@ -42,7 +43,7 @@ class Worker:
 
 
 class Shepherd:
-    """The agent's side of runner.shepherd: tells it which process groups to kill if the agent dies."""
+    """The agent's side of runner.workers.shepherd_main: tells it which process groups to kill if the agent dies."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
@@ -52,11 +53,11 @@ class Shepherd:
         if self._closed:
             return None
         if self._proc is None:
-            script = Path(__file__).with_name("shepherd.py")
-            self._proc = subprocess.Popen(  # noqa: S603 - our own interpreter and script
+            script = Path(__file__).with_name("shepherd_main.py")
+            self._proc = subprocess.Popen(
                 [sys.executable, "-S", "-I", str(script)], stdin=subprocess.PIPE, start_new_session=True
             )
-        assert self._proc.stdin is not None  # noqa: S101 - Popen with stdin=PIPE
+        assert self._proc.stdin is not None
         return self._proc.stdin
 
     def watch(self, pgid: int) -> None:
@@ -77,7 +78,7 @@ class Shepherd:
         """Stop the shepherd (after every group was forgotten) and reap it; later calls do nothing."""
         self._closed = True
         if self._proc is not None:
-            assert self._proc.stdin is not None  # noqa: S101
+            assert self._proc.stdin is not None
             self._proc.stdin.close()
             self._proc.wait()
             self._proc = None
@@ -118,7 +119,7 @@ class WorkerGroup:
             stdout = Path(wp.stdout_path).open("ab")  # noqa: SIM115 - handed to the child, closed below
             stderr = Path(wp.stderr_path).open("ab")  # noqa: SIM115
         try:
-            proc = subprocess.Popen(  # noqa: S603 - argv comes from the validated spec
+            proc = subprocess.Popen(
                 list(wp.argv),
                 env=dict(wp.env),
                 cwd=wp.cwd,
@@ -136,7 +137,8 @@ class WorkerGroup:
         worker = Worker(wp, plan.attempt, proc, time.monotonic(), loop.create_future())
         if self.tee:
             label = self.prefix.format(node=plan.node, rank=wp.rank, local_rank=wp.local_rank, attempt=plan.attempt)
-            assert proc.stdout is not None and proc.stderr is not None  # noqa: S101 - PIPE above
+            assert proc.stdout is not None
+            assert proc.stderr is not None
             worker.tees = [
                 Tee(proc.stdout, wp.stdout_path, sys.stdout, label),
                 Tee(proc.stderr, wp.stderr_path, sys.stderr, label),

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runner.config.spec import JobSpec
-from runner.heartbeat import ENV_VAR as HEARTBEAT_ENV
 from runner.rendezvous.base import RendezvousResult
+from runner.watchdog.heartbeat import ENV_VAR as HEARTBEAT_ENV
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
-"""What `runner plan` shows: the resolved spec and every rank's argv/env, secrets redacted. Pure."""
+"""`runner plan job.yaml [--json]`: the resolved spec and every rank's argv/env, secrets redacted."""
 
 from __future__ import annotations
 
+import argparse
+import json
 from typing import Any
 
+from runner.cli.command import Command, add_spec_argument, load
 from runner.config import redact
 from runner.config.spec import JobSpec
-from runner.launch_plan import build_plan
 from runner.rendezvous.base import RendezvousResult
+from runner.workers.launch_plan import build_plan
 
 PORT_PLACEHOLDER = 0  # the real MASTER_PORT is picked fresh at every rendezvous round
 
@@ -47,3 +50,26 @@ def plan_view(spec: JobSpec, node: str = "node0") -> dict[str, Any]:
         "note": "MASTER_PORT 0 stands for the free port picked at each rendezvous round",
         "nodes": nodes,
     }
+
+
+class PlanCommand(Command):
+    """Show what `runner job.yaml` would run."""
+
+    name = "plan"
+    help = "print the resolved spec and each rank's argv and environment"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """spec, --json."""
+        add_spec_argument(parser)
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Print the plan as YAML or JSON."""
+        view = plan_view(load(args.spec))
+        if args.json:
+            print(json.dumps(view, indent=2))
+        else:
+            import yaml
+
+            print(yaml.safe_dump(view, sort_keys=False, width=120), end="")
+        return 0

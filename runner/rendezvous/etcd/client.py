@@ -140,12 +140,13 @@ class _Client(aetcd.Client):
 
 async def cancel_task(task: asyncio.Task[Any]) -> None:
     """Cancel `task` and wait for it to end, cancelling again if a cancel was swallowed
-    (Python 3.11's asyncio.wait_for, used inside aetcd, can swallow one)."""
+    (Python 3.11's asyncio.wait_for, used inside aetcd, can swallow one).
+    """
     while not task.done():
         task.cancel()
         await asyncio.wait({task}, timeout=CANCEL_TIMEOUT_S)
     if not task.cancelled() and task.exception() is not None:
-        structlog.get_logger("runner.rendezvous.etcd").warning("etcd_task_failed", task=task.get_name(),
+        structlog.get_logger("runner.rendezvous.etcd.backend").warning("etcd_task_failed", task=task.get_name(),
                                                                   error=repr(task.exception()))
 
 
@@ -186,7 +187,7 @@ class EtcdSession:
         self._creds = creds
         self._connect_timeout = connect_timeout
         self._probe_key = probe_key
-        self._log = log or structlog.get_logger("runner.rendezvous.etcd")
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
         self._client: _Client | None = None
         self._gen = 0
         self._next_endpoint = 0
@@ -292,7 +293,7 @@ class Watch:
         self._reg = 0  # registration number; stale callbacks are ignored
         self._reg_gen = -1
         self._ids: list[int] = []
-        self._log = log or structlog.get_logger("runner.rendezvous.etcd")
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
 
     async def start(self) -> Watch:
         """Register every range (from the start revision)."""

@@ -32,7 +32,7 @@ class HeartbeatMonitor:
     def __init__(self, timeout: float, on_silent: Callable[[int, float], None], *, log: Any = None) -> None:
         self._timeout = timeout
         self._on_silent = on_silent
-        self._log = log if log is not None else structlog.get_logger("runner.heartbeat")
+        self._log = log if log is not None else structlog.get_logger("runner.watchdog.heartbeat")
         self._files: dict[int, Path] = {}
         self._last: dict[int, float] = {}  # loop time of the last sign of life per rank
         self._handle: asyncio.TimerHandle | None = None
@@ -75,7 +75,7 @@ class HeartbeatMonitor:
                 self._log.warning("heartbeat_silent", local_rank=rank, silent_s=round(silent_s, 3))
                 try:
                     self._on_silent(rank, silent_s)
-                except Exception:  # noqa: BLE001 -- caller code must not break the monitor
+                except Exception:
                     self._log.exception("heartbeat_callback_failed", local_rank=rank)
         self._arm()
 

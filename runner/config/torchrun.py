@@ -45,7 +45,7 @@ class Parsed:
 
 
 def strip_launcher(argv: Sequence[str]) -> list[str]:
-    """argv without a leading `torchrun` / `python -m torch.distributed.run`."""
+    """Argv without a leading `torchrun` / `python -m torch.distributed.run`."""
     args = list(argv)
     if args and PurePath(args[0]).name == "torchrun":
         return args[1:]
@@ -65,14 +65,14 @@ def option_name(token: str) -> str:
 
 
 def parse(argv: Sequence[str]) -> Parsed:
-    """torchrun's options up to the script; everything after the script is the script's."""
+    """Torchrun's options up to the script; everything after the script is the script's."""
     out, args, i = Parsed(), strip_launcher(argv), 0
     while i < len(args):
         token = args[i]
-        if token == "--":
+        if token == "--":  # noqa: S105 - an argv token, not a password
             out.program = args[i + 1:]
             break
-        if not token.startswith("-") or token == "-":
+        if not token.startswith("-") or token == "-":  # noqa: S105 - same
             out.program = args[i:]
             break
         flag, has_value, value = token.partition("=")
@@ -110,7 +110,7 @@ def integer(opts: dict[str, str | bool], name: str, default: int) -> int:
 
 
 def entrypoint(opts: dict[str, str | bool], program: list[str]) -> dict[str, Any]:
-    """script / module / command, with the program's arguments."""
+    """Script / module / command, with the program's arguments."""
     head, rest = program[0], program[1:]
     if opts.get("no-python"):
         entry: dict[str, Any] = {"command": program}
@@ -133,7 +133,7 @@ def nodes(opts: dict[str, str | bool]) -> tuple[int | str, int]:
 
 
 def rendezvous(opts: dict[str, str | bool], max_nodes: int, notes: list[str]) -> dict[str, Any]:
-    """local for one node (or --standalone); etcd otherwise."""
+    """Local for one node (or --standalone); etcd otherwise."""
     backend = str(opts.get("rdzv-backend", "static"))
     endpoint = str(opts.get("rdzv-endpoint", ""))
     rdzv: dict[str, Any] = {}

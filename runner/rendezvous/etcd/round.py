@@ -19,14 +19,14 @@ import structlog
 from aetcd import rpc
 
 from runner.errors import JobClosed
-from runner.rendezvous.etcd_client import (
+from runner.rendezvous.etcd.client import (
     EtcdSession,
     Watch,
     key_range,
     prefix_end,
     prefix_range,
 )
-from runner.rendezvous.etcd_keys import JobKeys, dump, load
+from runner.rendezvous.etcd.keys import JobKeys, dump, load
 from runner.rendezvous.ranks import assign_ranks
 
 TERMINAL = "SHUTDOWN"
@@ -71,7 +71,7 @@ class RoundWaiter:
                  previous: Sequence[str], log: Any = None) -> None:
         self._s, self._k, self._node, self._r = session, keys, node, round_
         self._rules, self._previous = rules, tuple(previous)
-        self._log = log or structlog.get_logger("runner.rendezvous.etcd")
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
         self.joined_seen = 1
         self._view = 0  # leader: revision up to which its table of joins is complete
 

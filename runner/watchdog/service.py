@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.events import TimerExpired
-from runner.heartbeat import HeartbeatMonitor
-from runner.stacks import capture_stacks
-from runner.timer import Expiry, FileTimerServer
+from runner.watchdog.heartbeat import HeartbeatMonitor
+from runner.watchdog.stacks import capture_stacks
+from runner.watchdog.timer_server import Expiry, FileTimerServer
 
 
 class Watchdog:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.launch_plan import error_file
+from runner.workers.launch_plan import error_file
 
 _HINTS = {
     "SIGKILL": "SIGKILL is often the kernel's OOM killer (check `dmesg` / memory limits) or an external kill",

@@ -16,7 +16,7 @@ import structlog
 from aetcd import rpc
 
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd_client import EtcdSession, cancel_task, put_op, range_op
+from runner.rendezvous.etcd.client import EtcdSession, cancel_task, put_op, range_op
 
 
 class LeaseKeeper:
@@ -28,7 +28,7 @@ class LeaseKeeper:
         self.lease_id = 0
         self._keys: dict[bytes, bytes] = {}
         self._task: asyncio.Task[None] | None = None
-        self._log = log or structlog.get_logger("runner.rendezvous.etcd")
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
 
     async def grant(self) -> int:
         """Grant a fresh lease and start keeping it alive."""

@@ -1,8 +1,8 @@
 """The etcd v3 rendezvous backend: per-node keys on a lease, watches, one result per round.
 
-Key layout: runner.rendezvous.etcd_keys. Round closing: runner.rendezvous.etcd_round.
+Key layout: runner.rendezvous.etcd.keys. Round closing: runner.rendezvous.etcd.round.
 While a round runs, one watch turns etcd changes into agent events (PeerLost, MembershipChanged,
-StopRequested): runner.rendezvous.etcd_monitor.
+StopRequested): runner.rendezvous.etcd.monitor.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import structlog
 from runner.config.spec import Auth, JobSpec
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
 from runner.rendezvous.base import RendezvousResult
-from runner.rendezvous.etcd_client import (
+from runner.rendezvous.etcd.client import (
     Credentials,
     EtcdSession,
     key_range,
@@ -30,10 +30,10 @@ from runner.rendezvous.etcd_client import (
     put_op,
     range_op,
 )
-from runner.rendezvous.etcd_keys import JobKeys, dump, load
-from runner.rendezvous.etcd_lease import LeaseKeeper
-from runner.rendezvous.etcd_monitor import RoundMonitor
-from runner.rendezvous.etcd_round import RoundRules, RoundWaiter
+from runner.rendezvous.etcd.keys import JobKeys, dump, load
+from runner.rendezvous.etcd.lease import LeaseKeeper
+from runner.rendezvous.etcd.monitor import RoundMonitor
+from runner.rendezvous.etcd.round import RoundRules, RoundWaiter
 from runner.rendezvous.spec_check import diff_paths, shared_tree, tree_digest
 
 FINAL_STATE_TTL_S = 3600
@@ -77,7 +77,7 @@ class EtcdRendezvous:
     def __init__(self, spec: JobSpec, node: str, *, advertise_addr: str, log: Any = None) -> None:
         self._spec, self._node, self._addr = spec, node, advertise_addr
         self._keys = JobKeys(spec.rendezvous.prefix, spec.name)
-        self._log = log or structlog.get_logger("runner.rendezvous.etcd").bind(node=node)
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend").bind(node=node)
         self._session: EtcdSession | None = None
         self._lease: LeaseKeeper | None = None
         self._events: asyncio.Queue[Any] | None = None
@@ -358,7 +358,8 @@ async def request_stop(spec: JobSpec, graceful: bool) -> None:
 async def reset_job(spec: JobSpec, force: bool) -> int:
     """Delete every key of the job (so its name can run again); refuses while a node is live unless `force`.
 
-    Returns the number of keys deleted."""
+    Returns the number of keys deleted.
+    """
     status = await read_status(spec)
     live = [n["node"] for n in status["nodes"] if n.get("live")]
     if live and not force:

@@ -4,7 +4,7 @@ Workers (torch.distributed.elastic.timer.FileTimerClient) open the FIFO at `path
 per request and write one JSON line (FileTimerRequest.to_json):
     {"version": 1, "pid": int, "scope_id": str, "expiration_time": float (time.time()), "signal": int}
 `expiration_time < 0` releases the scope. Unlike torch's server, an expiry never kills the agent: the
-worker's stacks are captured (py-spy, see runner/stacks.py), the requested signal is sent to the worker
+worker's stacks are captured (py-spy, see runner/watchdog/stacks.py), the requested signal is sent to the worker
 only, and `on_expiry` gets an `Expiry` so the agent's restart policy decides what happens next.
 
 Event-driven: the FIFO is read when readable (loop.add_reader) and one loop.call_at handle is armed for
@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 
 from runner.errors import RunnerError
-from runner.stacks import capture_stacks
+from runner.watchdog.stacks import capture_stacks
 
 WIRE_VERSION = 1
 MAX_LINE = select.PIPE_BUF  # the client refuses to send more; longer lines are discarded
@@ -165,7 +165,7 @@ class FileTimerServer:
         self._on_expiry = on_expiry
         self._check_interval = check_interval
         self._capture = capture_stacks
-        self._log = log if log is not None else structlog.get_logger("runner.timer")
+        self._log = log if log is not None else structlog.get_logger("runner.watchdog.timer_server")
         self._splitter = LineSplitter()
         self._timers: dict[tuple[int, str], _Timer] = {}
         self._heap: list[tuple[float, int, tuple[int, str]]] = []
@@ -246,7 +246,7 @@ class FileTimerServer:
                 for line in lines:
                     self._handle_line(line)
             self._arm()
-        except Exception:  # noqa: BLE001 -- a reader callback must never raise into the loop
+        except Exception:
             self._log.exception("timer_reader_failed")
 
     def _handle_line(self, line: bytes) -> None:
@@ -257,7 +257,7 @@ class FileTimerServer:
             return
         try:
             self._accept(req)
-        except Exception:  # noqa: BLE001 -- owner() is caller code; one bad line must not stop the rest
+        except Exception:
             self._log.exception("timer_request_failed", pid=req.pid, scope=req.scope)
 
     def _accept(self, req: TimerRequest) -> None:
@@ -326,7 +326,7 @@ class FileTimerServer:
                 self._drop_pid(pid)
                 self._expiring[pid] = loop.create_task(self._expire(pid, timers))
             self._arm()
-        except Exception:  # noqa: BLE001 -- a loop callback must never raise into the loop
+        except Exception:
             self._log.exception("timer_wake_failed")
 
     def _drop_pid(self, pid: int) -> None:
@@ -355,7 +355,7 @@ class FileTimerServer:
                 overdue_s=round(signalled_at - timer.deadline_wall, 3), stacks_captured=bool(stacks),
             )  # fmt: skip
             self._on_expiry(Expiry(pid, scope, timer.deadline_wall, signalled_at, sig, stacks, reason))
-        except Exception:  # noqa: BLE001 -- includes on_expiry (caller code); log, never crash the loop
+        except Exception:
             self._log.exception("timer_expiry_failed", pid=pid, scope=scope)
         finally:
             if self._expiring.get(pid) is asyncio.current_task():
@@ -374,7 +374,7 @@ class FileTimerServer:
 
 
 def _make_private_dir(path: Path) -> None:
-    """mkdir 0700; an existing path is reused only if it is a real directory owned by us."""
+    """Mkdir 0700; an existing path is reused only if it is a real directory owned by us."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:

@@ -16,14 +16,14 @@ import structlog
 from runner.errors import RendezvousError
 from runner.events import MembershipChanged, PeerLost, StopRequested
 from runner.rendezvous.base import RendezvousResult
-from runner.rendezvous.etcd_client import (
+from runner.rendezvous.etcd.client import (
     EtcdSession,
     Watch,
     cancel_task,
     key_range,
     prefix_end,
 )
-from runner.rendezvous.etcd_keys import JobKeys, load
+from runner.rendezvous.etcd.keys import JobKeys, load
 
 RETRY_S = 1.0
 
@@ -36,7 +36,7 @@ class RoundMonitor:
         self._s, self._k, self._res, self._max = session, keys, result, max_nodes
         self._since = since  # the leader's view revision (record "rev"): replay changes from there
         self._events = events
-        self._log = log or structlog.get_logger("runner.rendezvous.etcd")
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
         self._members = set(result.nodes) - {result.node}
         self._states: dict[str, Any] = {}
         self._waiting: set[str] = set()
@@ -47,7 +47,8 @@ class RoundMonitor:
         """Watch from the revision at which the round's leader saw the joins, so what changed since
         (a member gone, a FAILED state, a next-round join, a stop) is replayed first, then followed.
         Every relevant change comes after that revision: a node gone before it is not a member, states
-        name this round and next-round joins exist only once the result was written. O(1) reads per node."""
+        name this round and next-round joins exist only once the result was written. O(1) reads per node.
+        """
         r, k = self._res.round, self._k
         ranges = [(k.states, prefix_end(k.states)), (k.round_nodes(r), prefix_end(k.round_nodes(r))),
                   (k.round_nodes(r + 1), prefix_end(k.round_nodes(r + 1))), (k.control, None)]

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from runner.config.render import ETCD_ENV, check_etcd, problem
+from runner.config.clusters.common import ETCD_ENV, check_etcd, problem
 from runner.config.spec import JobSpec
 
 AGENT_GRACE_MARGIN = 15  # seconds beyond shutdown.grace_period for the agent to report and exit
@@ -32,7 +32,7 @@ def labels(spec: JobSpec, role: str) -> dict[str, str]:
 
 
 def meta(spec: JobSpec, name: str, role: str) -> dict[str, Any]:
-    """metadata of one object."""
+    """Metadata of one object."""
     return {"name": name, "namespace": spec.cluster.kubernetes.namespace, "labels": labels(spec, role)}
 
 
@@ -90,7 +90,7 @@ def agent_container(spec: JobSpec, spec_path: str) -> dict[str, Any]:
         "command": ["runner", "run", path, "--node", "node$(JOB_COMPLETION_INDEX)", "--advertise-addr", "$(POD_IP)"],
         "env": env,
         "volumeMounts": [{"name": "spec", "mountPath": path, "subPath": "job.yaml", "readOnly": True},
-                         {"name": "dshm", "mountPath": "/dev/shm"}],
+                         {"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108 - a memory volume for NCCL
     }
     if resources(spec):
         container["resources"] = resources(spec)

@@ -1,6 +1,6 @@
 """Cluster templates rendered from the same job spec: `runner template slurm|kubernetes job.yaml`.
 
-The sbatch script comes from a Jinja2 template (runner/config/templates/); Kubernetes manifests are built as
+The sbatch script comes from a Jinja2 template (runner/config/clusters/templates/); Kubernetes manifests are built as
 dicts and dumped with yaml.safe_dump. Both are pure functions of the spec and the spec's path as given.
 """
 
@@ -29,7 +29,7 @@ def environment() -> Any:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
-        autoescape=False,
+        autoescape=False,  # noqa: S701 - shell scripts, not HTML: values are quoted with the `q` filter
     )
     env.filters["q"] = shlex.quote
     return env
@@ -56,10 +56,10 @@ def check_etcd(spec: JobSpec, source: str) -> None:
 def render(kind: str, spec: JobSpec, spec_path: str, spec_text: str) -> str:
     """The template of `kind` for `spec`, loaded from `spec_path` (kept as given: the script refers to it)."""
     if kind == "slurm":
-        from runner.config.render_slurm import sbatch_script
+        from runner.config.clusters.slurm import sbatch_script
 
         return sbatch_script(spec, spec_path)
-    from runner.config.render_k8s import manifests
+    from runner.config.clusters.kubernetes import manifests
 
     return manifests(spec, spec_path, spec_text)
 

@@ -1,0 +1,62 @@
+"""`runner job.yaml` / `runner run job.yaml`: run the job on this node, print the summary, exit with its code."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from runner.cli.command import Command, add_spec_argument, load
+
+if TYPE_CHECKING:
+    from runner.context import Context
+
+
+class RunCommand(Command):
+    """Run the job on this node."""
+
+    name = "run"
+    help = "run the job on this node (the default: `runner job.yaml`)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """spec, --node, --advertise-addr."""
+        add_spec_argument(parser)
+        parser.add_argument(
+            "--node", help="this node's id (default: $RUNNER_NODE, $SLURM_NODEID, pod index, hostname)"
+        )
+        parser.add_argument("--advertise-addr", help="address other nodes reach this one at (multi-node)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Exit code per README "Exit codes"."""
+        import asyncio
+
+        from runner import agent, logs
+
+        spec = load(args.spec)
+        logs.configure(spec.logs.format)
+        ctx = asyncio.run(agent.run(spec, node=args.node, advertise_addr=args.advertise_addr))
+        print_summary(ctx)
+        # Every worker is reaped and every file closed by now: skip the interpreter's teardown (tens of ms).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(ctx.exit_code))
+
+
+def print_summary(ctx: Context) -> None:
+    """The short report a human reads at the end: outcome, attempts, each root cause, where the logs are."""
+    attempts = ctx.attempt + 1
+    out = sys.stderr
+    print(
+        f"runner: job '{ctx.spec.name}' {ctx.outcome} after {attempts} attempt(s), "
+        f"{ctx.restarts} restart(s); exit code {ctx.exit_code}",
+        file=out,
+    )
+    failures = ctx.failures or ([ctx.failure] if ctx.failure is not None else [])  # INIT's fatal skips FAILED
+    for f in failures[:-1]:
+        print(f"runner:   attempt {f.attempt}: {f.reason}", file=out)
+    if failures and ctx.outcome != "succeeded":
+        print("runner: " + failures[-1].report().replace("\n", "\nrunner: "), file=out)
+    elif failures:
+        print(f"runner:   attempt {failures[-1].attempt}: {failures[-1].reason}", file=out)
+    print(f"runner: logs: {ctx.run_dir}", file=out)

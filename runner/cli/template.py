@@ -1,0 +1,37 @@
+"""`runner template slurm|kubernetes job.yaml [-o FILE]`: render the job for a cluster scheduler."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from runner.cli.command import Command
+
+
+class TemplateCommand(Command):
+    """Render a Slurm sbatch script or Kubernetes manifests."""
+
+    name = "template"
+    help = "render a Slurm sbatch script or Kubernetes manifests for the job"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """kind, spec, -o."""
+        parser.add_argument("kind", choices=("slurm", "kubernetes", "k8s"), help="which scheduler")
+        parser.add_argument("spec", help="job spec (YAML); the output refers to it by this path")
+        parser.add_argument("-o", "--output", help="write to this file instead of stdout")
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Print (or write) the rendered template."""
+        from runner.config.clusters.common import load_for_template, render
+
+        spec, text = load_for_template(args.spec)
+        emit(render("kubernetes" if args.kind == "k8s" else args.kind, spec, args.spec, text), args.output)
+        return 0
+
+
+def emit(text: str, output: str | None) -> None:
+    """Print, or write to `output`."""
+    if output is None:
+        print(text, end="")
+        return
+    Path(output).write_text(text, encoding="utf-8")

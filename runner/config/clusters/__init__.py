@@ -1,0 +1,1 @@
+"""Cluster templates rendered from a job spec: Slurm (sbatch) and Kubernetes (manifests)."""

@@ -1,0 +1,1 @@
+"""Hang detection: the file-timer server (torch's wire format), the heartbeat monitor, py-spy stacks."""
