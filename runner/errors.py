@@ -80,4 +80,7 @@ class JobClosed(RendezvousError):
     def __init__(self, job: str, why: str) -> None:
         why = "stopped by runner stop" if why == "stopping" else why
         self.job, self.why = job, why
-        super().__init__(f"job '{job}' is closed ({why}); not joining", fix="start a new job (or change its name)")
+        super().__init__(
+            f"job '{job}' is closed ({why}); not joining",
+            fix="run `runner reset job.yaml` to forget the ended job's state and reuse its name (or rename the job)",
+        )
