@@ -36,6 +36,12 @@ from runner.errors import SpecProblem
 
 PREFIX_FIELDS = ("node", "rank", "local_rank", "attempt")
 _SAMPLE = {"node": 0, "rank": 0, "local_rank": 0, "attempt": 0}
+UNHANDLEABLE = {  # signals shutdown.signals_to_handle refuses, and why
+    "SIGKILL": "no process can catch it",
+    "SIGSTOP": "no process can catch it",
+    "SIGUSR2": "it is the graceful-stop signal (runner stop --graceful)",
+    "SIGCHLD": "the kernel sends it whenever a child exits",
+}
 
 
 class Builder:
@@ -192,9 +198,23 @@ class Builder:
         return Shutdown(
             signal=self.signal_name(raw.get("signal", default.signal)),
             grace_period=self.duration(raw.get("grace_period", default.grace_period), ("shutdown", "grace_period")),
+            signals_to_handle=self.signals_to_handle(raw.get("signals_to_handle", default.signals_to_handle)),
         )
 
-    def signal_name(self, raw: str | int) -> str:
+    def signals_to_handle(self, raw: list[str | int] | tuple[str, ...]) -> tuple[str, ...]:
+        """Names normalised and deduplicated; refused: signals that cannot be caught or already mean something."""
+        names: list[str] = []
+        for i, item in enumerate(raw):
+            where = ("shutdown", "signals_to_handle", i)
+            name = self.signal_name(item, where)
+            why = UNHANDLEABLE.get(name)
+            if why is not None:
+                self.fail(where, f"{name} cannot stop the job: {why}", "list stop signals such as SIGTERM, SIGINT")
+            elif name not in names:
+                names.append(name)
+        return tuple(names)
+
+    def signal_name(self, raw: str | int, where: Path = ("shutdown", "signal")) -> str:
         """'TERM', 'sigterm', 15 -> 'SIGTERM'; unknown -> problem."""
         names = sorted(s.name for s in signal.Signals)
         try:
@@ -208,7 +228,7 @@ class Builder:
             else:
                 word = raw.strip().upper()
                 hint = did_you_mean(word if word.startswith("SIG") else "SIG" + word, names, "signals")
-            self.fail(("shutdown", "signal"), f"unknown signal {raw!r}", hint)
+            self.fail(where, f"unknown signal {raw!r}", hint)
             return "SIGTERM"
 
     def logs(self, raw: dict[str, Any]) -> Logs:

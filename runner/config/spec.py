@@ -102,10 +102,15 @@ class Restart:
 
 @dataclass(frozen=True)
 class Shutdown:
-    """How workers are stopped: this signal, then SIGKILL after grace_period seconds."""
+    """How workers are stopped: this signal, then SIGKILL after grace_period seconds.
+
+    signals_to_handle: the signals that stop the job when the agent receives them (like torchrun's
+    --signals-to-handle); the received signal is forwarded to the workers.
+    """
 
     signal: str = "SIGTERM"
     grace_period: float = 30.0
+    signals_to_handle: tuple[str, ...] = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 @dataclass(frozen=True)
