@@ -10,18 +10,23 @@ from pathlib import Path
 from typing import IO, Any
 
 import structlog
+from structlog.typing import EventDict
 
 
-def configure(fmt: str = "auto", stream: IO[str] | None = None) -> None:
-    """Configure structlog once: pretty console on a TTY (or fmt='console'), JSON lines otherwise.
+def configure(fmt: str = "auto", stream: IO[str] | None = None, verbosity: str = "normal") -> None:
+    """Configure structlog once: the calm console on a TTY (or fmt='console'), JSON lines otherwise.
 
-    Level INFO; RUNNER_LOG_LEVEL=debug shows every timer request too.
+    `verbosity` (quiet | normal | verbose; RUNNER_LOG_LEVEL=debug|info|warning overrides it) only changes what the
+    console shows: `<run dir>/agent.jsonl` keeps every event at INFO and above (and DEBUG when verbose).
     """
-    level = getattr(logging, os.environ.get("RUNNER_LOG_LEVEL", "info").upper(), logging.INFO)
+    from runner.console import ConsoleRenderer, LevelFilter, level_number, writer_factory
+
+    shown = level_number(os.environ.get("RUNNER_LOG_LEVEL") or verbosity)
     out = stream or sys.stderr
-    pretty = fmt == "console" or (fmt == "auto" and out.isatty())
+    tty = out.isatty()
+    pretty = fmt == "console" or (fmt == "auto" and tty)
     renderer: Any = (
-        structlog.dev.ConsoleRenderer(colors=out.isatty(), pad_event_to=20)
+        ConsoleRenderer(colors=tty and not os.environ.get("NO_COLOR"), verbose=shown <= logging.DEBUG)
         if pretty
         else structlog.processors.JSONRenderer(sort_keys=False)
     )
@@ -31,10 +36,11 @@ def configure(fmt: str = "auto", stream: IO[str] | None = None) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             RUN_LOG,
+            LevelFilter(shown),
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        wrapper_class=structlog.make_filtering_bound_logger(min(shown, logging.INFO)),
+        logger_factory=writer_factory(out),
         cache_logger_on_first_use=True,
     )
 
@@ -71,10 +77,10 @@ class RunLog:
     def __init__(self) -> None:
         self.sink: JsonLines | None = None
 
-    def __call__(self, _logger: object, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, _logger: object, _method: str, event_dict: EventDict) -> EventDict:
         """Copy the event to the sink; pass it on unchanged."""
         if self.sink is not None:
-            self.sink.write(event_dict)
+            self.sink.write(dict(event_dict))
         return event_dict
 
     def open(self, path: Path) -> None:

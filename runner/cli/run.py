@@ -26,6 +26,9 @@ class RunCommand(Command):
             "--node", help="this node's id (default: $RUNNER_NODE, $SLURM_NODEID, pod index, hostname)"
         )
         parser.add_argument("--advertise-addr", help="address other nodes reach this one at (multi-node)")
+        loud = parser.add_mutually_exclusive_group()
+        loud.add_argument("-q", "--quiet", action="store_true", help="console: only warnings, errors and the summary")
+        loud.add_argument("-v", "--verbose", action="store_true", help="console: every event, debug included")
 
     def run(self, args: argparse.Namespace) -> int:
         """Exit code per README "Exit codes"."""
@@ -34,7 +37,7 @@ class RunCommand(Command):
         from runner import agent, logs
 
         spec = load(args.spec)
-        logs.configure(spec.logs.format)
+        logs.configure(spec.logs.format, verbosity="quiet" if args.quiet else "verbose" if args.verbose else "normal")
         ctx = asyncio.run(agent.run(spec, node=args.node, advertise_addr=args.advertise_addr))
         print_summary(ctx)
         # Every worker is reaped and every file closed by now: skip the interpreter's teardown (tens of ms).

@@ -1,0 +1,206 @@
+"""The agent's console on a terminal: a header once, one calm line per transition and per notable event.
+
+JSON lines stay the format when the console is not a terminal (runner/logs.py). Every event, shown or not, is
+kept in `<run dir>/agent.jsonl`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import re
+from collections.abc import Callable, Mapping
+from typing import IO, Any
+
+import structlog
+from structlog.typing import EventDict
+
+RESET, BOLD, DIM = "\x1b[0m", "\x1b[1m", "\x1b[2m"
+RED, GREEN, YELLOW, BLUE, CYAN = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[34m", "\x1b[36m"
+STATE_COLORS = {
+    "INIT": DIM, "RENDEZVOUS": BLUE, "RUNNING": GREEN, "FAILED": RED, "RESTARTING": YELLOW, "SHUTDOWN": BOLD,
+}
+OUTCOME_COLORS = {"succeeded": GREEN, "failed": RED, "error": RED, "stopped": YELLOW}
+# Info events worth a line at the normal level; the rest are shown with --verbose (all are in agent.jsonl).
+NOTABLE = frozenset({
+    "run_started", "transition", "failure", "backoff", "graceful_stop", "metrics_listening", "rendezvous_joined",
+    "rendezvous_event", "restart_charged", "rendezvous_closed",
+})
+HIDDEN_FIELDS = frozenset({"event", "level", "timestamp", "job", "node", "logger", "time"})
+ROUND = re.compile(r"^round (\d+): (\d+) node\(s\), world size (\d+), master (\S+)$")
+INDENT = " " * 10  # under the time column
+LEVELS = {"quiet": logging.WARNING, "normal": logging.INFO, "verbose": logging.DEBUG}
+
+
+def level_number(name: str) -> int:
+    """The logging level of a name as RUNNER_LOG_LEVEL or the console verbosity spells it (unknown: INFO)."""
+    name = name.lower()
+    if name in LEVELS:
+        return LEVELS[name]
+    value = logging.getLevelName(name.upper())
+    return value if isinstance(value, int) else logging.INFO
+
+
+class LevelFilter:
+    """structlog processor placed after the run log: drops, for the console only, events below `min_level`."""
+
+    def __init__(self, min_level: int) -> None:
+        self.min_level = min_level
+
+    def __call__(self, _logger: object, method: str, event_dict: EventDict) -> EventDict:
+        """Pass the event on, or raise DropEvent."""
+        level = event_dict.get("level", method)
+        if level_number(str(level)) < self.min_level:
+            raise structlog.DropEvent
+        return event_dict
+
+
+class ConsoleRenderer:
+    """structlog's last processor on a terminal: each event becomes zero or more short lines.
+
+    `now` gives the local time of events that carry no timestamp (injected by tests).
+    """
+
+    def __init__(
+        self, colors: bool, verbose: bool = False, now: Callable[[], dt.datetime] | None = None
+    ) -> None:
+        self.colors = colors
+        self.verbose = verbose
+        self.now = now or (lambda: dt.datetime.now().astimezone())
+        self.run_dir = ""
+
+    def __call__(self, _logger: object, method: str, event_dict: EventDict) -> str:
+        """The event's lines, or DropEvent when it is not worth a line at this verbosity."""
+        event = str(event_dict.get("event", ""))
+        level = str(event_dict.get("level", method))
+        if event == "run_started":
+            return self.header(event_dict)
+        if event == "transition":
+            return self.transition(event_dict)
+        if event == "failure":
+            return self.failure(event_dict)
+        if level in ("info", "debug") and event not in NOTABLE and not self.verbose:
+            raise structlog.DropEvent
+        return self.generic(event, level, event_dict)
+
+    def paint(self, text: str, *codes: str) -> str:
+        """`text` in the given ANSI styles when colours are on."""
+        if not self.colors or not codes:
+            return text
+        return "".join(codes) + text + RESET
+
+    def clock(self, event_dict: Mapping[str, Any]) -> str:
+        """HH:MM:SS, local time, of the event."""
+        stamp = event_dict.get("timestamp")
+        when = None
+        if isinstance(stamp, str):
+            try:
+                when = dt.datetime.fromisoformat(stamp).astimezone()
+            except ValueError:
+                when = None
+        return (when or self.now()).strftime("%H:%M:%S")
+
+    def header(self, e: Mapping[str, Any]) -> str:
+        """Who and where, once: job, node, workers, rendezvous, run dir."""
+        self.run_dir = str(e.get("run_dir", ""))
+        parts = [f"job {e.get('job', '?')}", f"node {e.get('node', '?')}"]
+        if e.get("nproc_per_node") is not None:
+            parts.append(f"{e['nproc_per_node']} worker(s) per node")
+        if e.get("nodes"):
+            parts.append(f"nodes {e['nodes']}")
+        if e.get("backend"):
+            parts.append(f"{e['backend']} rendezvous")
+        first = self.paint("runner", BOLD, CYAN) + "    " + self.paint(" · ".join(parts), BOLD)
+        return first + "\n" + INDENT + self.paint(f"logs {self.run_dir}", DIM)
+
+    def transition(self, e: Mapping[str, Any]) -> str:
+        """`12:00:01  RENDEZVOUS → RUNNING   round 0 · 2 nodes · world 4 · master 10.0.0.5:41231`."""
+        src, dst = str(e.get("src", "?")), str(e.get("dst", "?"))
+        arrow = f"{src} → {dst}"
+        pad = " " * max(1, 26 - len(arrow))
+        reason = self.reason(str(e.get("reason") or ""))
+        outcome = e.get("outcome")
+        color = OUTCOME_COLORS.get(str(outcome), BOLD) if dst == "SHUTDOWN" else STATE_COLORS.get(dst, "")
+        text = self.paint(self.clock(e), DIM) + "  " + self.paint(src, DIM) + " → " + self.paint(dst, color)
+        if outcome:
+            reason = f"{reason} · {outcome}" if reason else str(outcome)
+        return text + pad + reason if reason else text
+
+    def reason(self, reason: str) -> str:
+        """The transition's reason, shortened where it is known (rendezvous rounds, the run dir)."""
+        if self.run_dir and reason == f"logs in {self.run_dir}":
+            return ""  # the header said it
+        m = ROUND.match(reason)
+        if m:
+            rnd, nodes, world, master = m.groups()
+            return f"round {rnd} · {nodes} node{'s' if nodes != '1' else ''} · world {world} · master {master}"
+        return reason
+
+    def failure(self, e: Mapping[str, Any]) -> str:
+        """The attempt's root cause under its transition: error, hint, log folder."""
+        lines = []
+        if e.get("error"):
+            lines.append(INDENT + self.paint("error ", RED, BOLD) + str(e["error"]))
+        if e.get("hint"):
+            lines.append(INDENT + self.paint("hint  ", YELLOW) + str(e["hint"]))
+        log_dir = str(e.get("log_dir") or "")
+        if log_dir:
+            if self.run_dir and log_dir.startswith(self.run_dir + "/"):
+                log_dir = log_dir[len(self.run_dir) + 1 :]
+            lines.append(INDENT + self.paint(f"logs  {log_dir}", DIM))
+        if not lines:
+            lines.append(INDENT + self.paint("failed ", RED) + str(e.get("reason", "")))
+        return "\n".join(lines)
+
+    def generic(self, event: str, level: str, e: Mapping[str, Any]) -> str:
+        """Any other event: time, a mark for warnings and errors, the name, its fields as key=value."""
+        if event == "backoff":
+            return INDENT + self.paint(f"waiting {e.get('delay_s')} s before restart {e.get('restart')}", DIM)
+        mark = {"warning": self.paint("!", YELLOW, BOLD), "error": self.paint("✗", RED, BOLD)}.get(level, " ")
+        fields = " ".join(f"{k}={short(v)}" for k, v in e.items() if k not in HIDDEN_FIELDS)
+        name = self.paint(event, YELLOW if level == "warning" else RED if level in ("error", "critical") else "")
+        body = f"{name}  {self.paint(fields, DIM)}" if fields else name
+        return f"{self.paint(self.clock(e), DIM)}{mark} {body}"
+
+
+def short(value: object) -> str:
+    """A field value in a few characters: lists joined, floats rounded, long strings cut."""
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1e6 else f"{value:.0f}"
+    if isinstance(value, list | tuple):
+        return ",".join(short(v) for v in value)
+    text = str(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class ConsoleWriter:
+    """structlog's logger on the console: one write per event; a closed console (EPIPE, EIO) silences it for good.
+
+    Closing the console (`| head`, a terminal that went away) must never stop the job; agent.jsonl keeps everything.
+    """
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.closed = False
+
+    def msg(self, message: str) -> None:
+        """Write one rendered event."""
+        if self.closed:
+            return
+        try:
+            self.stream.write(message + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # EPIPE, EIO, EBADF, or a closed file object
+            self.closed = True
+
+    debug = info = warning = warn = error = err = critical = exception = fatal = failure = log = msg
+
+
+def writer_factory(stream: IO[str]) -> Callable[..., ConsoleWriter]:
+    """A structlog logger_factory: every logger shares one writer on `stream`."""
+    writer = ConsoleWriter(stream)
+
+    def factory(*_args: object) -> ConsoleWriter:
+        return writer
+
+    return factory
