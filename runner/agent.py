@@ -9,6 +9,7 @@ from pathlib import Path
 
 import structlog
 
+from runner import runs_index
 from runner.config.spec import JobSpec
 from runner.context import Context
 from runner.logs import RUN_LOG, JsonLines
@@ -48,6 +49,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     log = structlog.get_logger("runner")
     run_dir = new_run_dir(spec)
     RUN_LOG.open(run_dir / "agent.jsonl")
+    runs_index.announce(spec, node, run_dir, log)  # the console's header; this run in `runner runs`
     addr = advertise_addr or spec.rendezvous.master_addr
     if addr is None:
         addr = "127.0.0.1" if spec.rendezvous.backend == "local" else socket.getfqdn()
@@ -102,6 +104,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
         if metrics is not None:
             metrics.stop()
         ctx.transitions.close()
+        runs_index.record_end(ctx)
         RUN_LOG.close()
         if ctx.group is not None:
             ctx.group.kill_all()  # normally a no-op: SHUTDOWN stopped them; not so if the agent itself failed
