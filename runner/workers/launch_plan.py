@@ -1,4 +1,9 @@
-"""LaunchPlan: every worker's argv, environment and log paths for one attempt. Pure: no I/O."""
+"""LaunchPlan: every worker's argv, environment and log paths for one attempt. Pure: no I/O.
+
+The agent's own secrets (the etcd password's variable, `rendezvous.auth.password_env`) are removed from every
+worker's environment here, and `helper_env` gives helper processes (the shepherd, py-spy) an environment that
+holds no secret at all.
+"""
 
 from __future__ import annotations
 
@@ -64,6 +69,29 @@ class LaunchPlan:
     workers: tuple[WorkerPlan, ...]
 
 
+# Inherited variables a helper process keeps (locale and search path only: a helper needs nothing else).
+HELPER_ENV_KEEP = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ", "TMPDIR")
+
+
+def agent_secret_vars(spec: JobSpec) -> frozenset[str]:
+    """Environment variables the spec names as the agent's own secret sources (never given to a worker)."""
+    return frozenset(name for name in (spec.rendezvous.auth.password_env,) if name)
+
+
+def without_agent_secrets(spec: JobSpec, environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` without the variables of `agent_secret_vars`."""
+    drop = agent_secret_vars(spec)
+    return {k: v for k, v in environ.items() if k not in drop}
+
+
+def helper_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment for a helper process the agent starts (shepherd, py-spy): HELPER_ENV_KEEP only.
+
+    Helpers need no credential, so none is passed: not the etcd password, not a token the workers inherit.
+    """
+    return {k: environ[k] for k in HELPER_ENV_KEEP if k in environ}
+
+
 def worker_argv(spec: JobSpec) -> tuple[str, ...]:
     """The command every worker runs (the same on every rank)."""
     ep = spec.entrypoint
@@ -111,8 +139,14 @@ def build_plan(
     base_env: Mapping[str, str],
     extra_env: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
-    """Plan every worker of this node for `attempt`. `extra_env` adds agent-provided variables (timer file...)."""
+    """Plan every worker of this node for `attempt`. `extra_env` adds agent-provided variables (timer file...).
+
+    Each worker gets `base_env` (as torchrun: the agent's environment), then the defaults, then `spec.env`, then
+    the contract; the agent's secret sources (`agent_secret_vars`) are removed from the result wherever they came
+    from, so the etcd password reaches no worker even if `spec.env` names its variable.
+    """
     argv = worker_argv(spec)
+    withheld = agent_secret_vars(spec)
     workers = []
     for local_rank in range(rdzv.nproc_per_node):
         rank = rdzv.global_rank(local_rank)
@@ -127,6 +161,8 @@ def build_plan(
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         env.update(dict(spec.env))
         env.update(contract)
+        for name in withheld:
+            env.pop(name, None)
         workers.append(
             WorkerPlan(
                 local_rank=local_rank,
