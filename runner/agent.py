@@ -14,6 +14,7 @@ from runner.config.spec import JobSpec
 from runner.context import Context
 from runner.logs import RUN_LOG, JsonLines
 from runner.machine import JobState, Trigger, build_machine, drive
+from runner.private_files import private_dir
 from runner.rendezvous import make_rendezvous
 from runner.states import HANDLERS
 
@@ -31,7 +32,7 @@ def new_run_dir(spec: JobSpec) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = Path(spec.logs.dir).expanduser().absolute() / spec.name
     run_dir = base / f"{stamp}-{os.urandom(3).hex()}"
-    run_dir.mkdir(parents=True)
+    private_dir(run_dir)  # 0700: the run's files are the user's own (docs/secrets.md)
     latest = base / "latest"
     try:
         tmp = base / f".latest-{os.urandom(3).hex()}"
