@@ -13,6 +13,7 @@ from typing import Any
 from runner.config.spec import JobSpec
 from runner.events import StopRequested
 from runner.logs import JsonLines
+from runner.private_files import write_private
 from runner.rendezvous.base import Rendezvous, RendezvousResult
 from runner.workers.failures import Failure
 from runner.workers.group import Shepherd, WorkerGroup
@@ -87,7 +88,5 @@ class Context:
         """Publish status to the rendezvous backend and to <run dir>/status.json."""
         status = self.status()
         path = self.run_dir / "status.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(status, indent=2), encoding="utf-8")
-        tmp.replace(path)
+        write_private(path, json.dumps(status, indent=2))
         await self.rendezvous.publish(status)
