@@ -12,6 +12,8 @@ from typing import IO, Any
 import structlog
 from structlog.typing import EventDict
 
+from runner.private_files import open_private_append
+
 
 def configure(fmt: str = "auto", stream: IO[str] | None = None, verbosity: str = "normal") -> None:
     """Configure structlog once: the calm console on a TTY (or fmt='console'), JSON lines otherwise.
@@ -56,7 +58,7 @@ class JsonLines:
         """Append `event` as one line."""
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("a", encoding="utf-8")
+            self._file = open_private_append(self.path)
         self._file.write(json.dumps(event, default=str) + "\n")
         self._file.flush()
 
