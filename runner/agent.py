@@ -6,6 +6,7 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -13,10 +14,15 @@ from runner import runs_index
 from runner.config.spec import JobSpec
 from runner.context import Context
 from runner.logs import RUN_LOG, JsonLines
-from runner.machine import JobState, Trigger, build_machine, drive
+from runner.machine import Edge, JobState, Step, build_machine, drive
+from runner.outcomes import Outcome
 from runner.private_files import private_dir
 from runner.rendezvous import make_rendezvous
+from runner.restart_policy import GUARDS, settle
 from runner.states import HANDLERS
+
+if TYPE_CHECKING:
+    from runner.metrics import AgentMetrics
 
 
 def default_node_id() -> str:
@@ -47,7 +53,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     """Run the job on this node until SHUTDOWN; the returned context holds outcome, exit code and failures."""
     node = node or default_node_id()
     structlog.contextvars.bind_contextvars(job=spec.name, node=node)
-    log = structlog.get_logger("runner")
+    log: structlog.typing.FilteringBoundLogger = structlog.get_logger("runner")
     run_dir = new_run_dir(spec)
     RUN_LOG.open(run_dir / "agent.jsonl")
     runs_index.announce(spec, node, run_dir, log)  # the console's header; this run in `runner runs`
@@ -55,59 +61,68 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     if addr is None:
         addr = "127.0.0.1" if spec.rendezvous.backend == "local" else socket.getfqdn()
     ctx = Context(
-        spec=spec,
-        node=node,
-        run_id=spec.name,
-        run_dir=run_dir,
-        rendezvous=make_rendezvous(spec, node, addr),
-        log=log,
-        transitions=JsonLines(run_dir / "transitions.jsonl"),
+        spec=spec, node=node, run_id=spec.name, run_dir=run_dir, rendezvous=make_rendezvous(spec, node, addr), log=log
     )
-
+    transitions = JsonLines(run_dir / "transitions.jsonl")
     metrics = None
     if spec.metrics.enabled:
         from runner.metrics import AgentMetrics
 
         metrics = AgentMetrics(spec, node)
-
-    def on_transition(src: JobState, dst: JobState, trigger: Trigger) -> None:
-        ctx.state_name = dst.value
-        if metrics is not None:
-            metrics.on_transition(src.value, dst.value, trigger.value, ctx.attempt, ctx.restarts)
-        event = {
-            "event": "transition",
-            "src": src.value,
-            "dst": dst.value,
-            "trigger": trigger.value,
-            "reason": ctx.reason,
-            "attempt": ctx.attempt,
-            "job": spec.name,
-            "node": node,
-            "time": time.time(),
-        }
-        if dst is JobState.SHUTDOWN:
-            event["outcome"] = ctx.outcome or "stopped"
-        ctx.transitions.write(event)
-        fields = {k: v for k, v in event.items() if k not in ("event", "job", "node")}
-        log.info("transition", **fields)
-        ctx.reason = ""
-
-    async def entered(state: JobState) -> None:
-        if state is not JobState.SHUTDOWN:  # SHUTDOWN publishes once its work is done
-            await ctx.publish()
-
-    model, _ = build_machine(on_transition)
+    on_transition = TransitionLog(ctx, transitions, metrics)
+    model, _ = build_machine(GUARDS)
     try:
         if metrics is not None:
             metrics.start()
-        await drive(model, HANDLERS, ctx, entered)
+        await drive(model, HANDLERS, ctx, on_transition, settle)
     finally:
         if metrics is not None:
             metrics.stop()
-        ctx.transitions.close()
+        transitions.close()
         runs_index.record_end(ctx)
         RUN_LOG.close()
         if ctx.group is not None:
             ctx.group.kill_all()  # normally a no-op: SHUTDOWN stopped them; not so if the agent itself failed
         ctx.shepherd.close()
     return ctx
+
+
+class TransitionLog:
+    """After every state change, the one place its effects happen.
+
+    One `transition` event (console, agent.jsonl, transitions.jsonl), the metrics, the step's outcome on the context, and the new state published (SHUTDOWN publishes once its work is done).
+    """
+
+    def __init__(self, ctx: Context, sink: JsonLines, metrics: AgentMetrics | None) -> None:
+        self.ctx, self.sink, self.metrics = ctx, sink, metrics
+
+    async def __call__(self, src: JobState, dst: JobState, edge: Edge, step: Step) -> None:
+        """Record the transition `src --edge--> dst` that `step` caused."""
+        ctx = self.ctx
+        ctx.state = dst
+        if step.outcome is not None:
+            ctx.outcome = step.outcome
+        if step.exit_code is not None:
+            ctx.exit_code = step.exit_code
+        if self.metrics is not None:
+            self.metrics.on_transition(src.value, dst.value, edge.trigger.value, ctx.attempt, ctx.restarts)
+        event: dict[str, object] = {
+            "event": "transition",
+            "src": src.value,
+            "dst": dst.value,
+            "trigger": edge.trigger.value,
+            "reason": step.reason,
+            "attempt": ctx.attempt,
+            "job": ctx.spec.name,
+            "node": ctx.node,
+            "time": time.time(),
+        }
+        if dst is JobState.SHUTDOWN:
+            event["outcome"] = (ctx.outcome or Outcome.STOPPED).value
+        try:
+            self.sink.write(event)
+        except OSError as e:
+            ctx.warn("transition_write_failed", error=str(e))
+        ctx.log.info("transition", **{k: v for k, v in event.items() if k not in ("event", "job", "node")})
+        if dst is not JobState.SHUTDOWN:
+            await ctx.publish()

@@ -8,34 +8,40 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner.config.spec import JobSpec
-from runner.events import StopRequested
-from runner.logs import JsonLines
+import structlog
+
+from runner.errors import RendezvousError
+from runner.events import Event, StopRequested, TimerExpired, WorkerExited
+from runner.machine import JobState
+from runner.outcomes import Outcome
 from runner.private_files import write_private
-from runner.rendezvous.base import Rendezvous, RendezvousResult
 from runner.workers.failures import Failure
 from runner.workers.group import Shepherd, WorkerGroup
 from runner.workers.launch_plan import LaunchPlan, build_plan
 
+if TYPE_CHECKING:
+    from runner.config.spec import JobSpec
+    from runner.rendezvous.base import Rendezvous, RendezvousResult
+    from runner.watchdog.service import Watchdog
+
 
 @dataclass
 class Context:
-    """Mutable run state. Handlers read and update it, then return a Trigger."""
+    """Mutable run state. Handlers read and update it, then return a Step; the driver records outcome and exit code."""
 
     spec: JobSpec
     node: str
     run_id: str
     run_dir: Path
     rendezvous: Rendezvous
-    log: Any
-    transitions: JsonLines
-    events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    log: structlog.typing.FilteringBoundLogger
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     shepherd: Shepherd = field(default_factory=Shepherd)
+    state: JobState = JobState.INIT
     attempt: int = 0
     restarts: int = 0  # restarts charged to the budget so far
-    reason: str = ""  # why the next transition happens (set by the handler that returns it)
     result: RendezvousResult | None = None
     plan: LaunchPlan | None = None
     group: WorkerGroup | None = None
@@ -43,15 +49,16 @@ class Context:
     failures: list[Failure] = field(default_factory=list)
     stop: StopRequested | None = None
     hurry: asyncio.Event = field(default_factory=asyncio.Event)  # a second stop signal: kill now
-    outcome: str = ""  # succeeded | failed | stopped | error
+    outcome: Outcome | None = None  # set once a step settles it (None while the job goes on)
     exit_code: int = 0
-    timer: Any = None  # runner.watchdog.timer_server.FileTimerServer when the watchdog is on
+    timer: Watchdog | None = None  # the file-timer server and heartbeat monitor, when the watchdog is on
     started: float = field(default_factory=time.monotonic)
-    state_name: str = "INIT"
     deadline_armed: bool = False
+    warnings: list[str] = field(default_factory=list)  # side failures (status writes, etcd) that did not stop the job
+    report_path: Path | None = None  # where report.json went (the run dir, or a fallback when it could not)
 
     def status(self) -> dict[str, Any]:
-        """This node's live state, as published for `runner status`."""
+        """This node's live state, as published for `runner status` (the JSON boundary: strings from here on)."""
         workers = []
         if self.group is not None:
             for w in self.group.workers.values():
@@ -60,19 +67,19 @@ class Context:
         return {
             "node": self.node,
             "agent_pid": os.getpid(),
-            "state": self.state_name,
+            "state": self.state.value,
             "attempt": self.attempt,
             "restarts": self.restarts,
             "run_id": self.run_id,
             "run_dir": str(self.run_dir),
             "heartbeat": time.time(),
             "workers": workers,
-            "outcome": self.outcome or None,
+            "outcome": self.outcome.value if self.outcome is not None else None,
         }
 
     def make_plan(self) -> LaunchPlan:
         """Plan this node's workers for the current attempt from the last rendezvous result."""
-        assert self.result is not None
+        assert self.result is not None  # only called after a completed round
         return build_plan(
             self.spec,
             self.result,
@@ -84,9 +91,28 @@ class Context:
             extra_env=self.timer.worker_env() if self.timer is not None else None,
         )
 
+    def is_stale(self, event: Event) -> bool:
+        """True for a worker exit or timer expiry of a process that is not one of the current workers."""
+        if not isinstance(event, (WorkerExited, TimerExpired)):
+            return False
+        worker = self.group.workers.get(event.local_rank) if self.group is not None else None
+        return worker is None or worker.pid != event.pid
+
+    def warn(self, event: str, **fields: object) -> None:
+        """Log a side failure once per kind and keep it for the report: it never changes the job's result."""
+        if event not in self.warnings:
+            self.warnings.append(event)
+            self.log.warning(event, **fields)
+
     async def publish(self) -> None:
-        """Publish status to the rendezvous backend and to <run dir>/status.json."""
+        """Publish status to <run dir>/status.json and to the rendezvous backend; failures there are warnings."""
         status = self.status()
         path = self.run_dir / "status.json"
-        write_private(path, json.dumps(status, indent=2))
-        await self.rendezvous.publish(status)
+        try:
+            write_private(path, json.dumps(status, indent=2))
+        except OSError as e:
+            self.warn("status_write_failed", path=str(path), error=str(e))
+        try:
+            await self.rendezvous.publish(status)
+        except RendezvousError as e:
+            self.warn("status_publish_failed", error=e.message)

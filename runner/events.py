@@ -61,3 +61,6 @@ class DeadlineReached:
     """The job's watchdog.max_run_time passed."""
 
     max_run_time: float
+
+
+Event = WorkerExited | TimerExpired | StopRequested | PeerLost | MembershipChanged | DeadlineReached

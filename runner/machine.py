@@ -1,12 +1,23 @@
-"""The agent's state machine: states, triggers, the transition table (data) and the driver loop."""
+"""The agent's state machine.
+
+States, triggers, the transition table (data, with the restart policy as guarded edges) and the driver loop. `transitions` executes the table; each state's handler (runner/states/) returns a Step.
+"""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from transitions.extensions.asyncio import AsyncMachine
+
+from runner.outcomes import Outcome
+
+if TYPE_CHECKING:
+    from transitions import EventData
+
+    from runner.context import Context
 
 
 class JobState(enum.Enum):
@@ -21,7 +32,7 @@ class JobState(enum.Enum):
 
 
 class Trigger(enum.Enum):
-    """What a state handler returns: the name of the edge to take."""
+    """The name of an edge (what transitions.jsonl calls `trigger`)."""
 
     initialized = "initialized"
     fatal = "fatal"
@@ -34,6 +45,7 @@ class Trigger(enum.Enum):
     peer_lost = "peer_lost"
     deadline_reached = "deadline_reached"
     membership_changed = "membership_changed"
+    decide = "decide"  # fired by FAILED: the restart policy's guarded edges below pick retry / give_up / non_retryable
     retry = "retry"
     give_up = "give_up"
     non_retryable = "non_retryable"
@@ -42,86 +54,142 @@ class Trigger(enum.Enum):
     stop_requested = "stop_requested"
 
 
-S, T = JobState, Trigger
-# (trigger, source(s), destination). "*" = every state but SHUTDOWN.
-TRANSITIONS: tuple[tuple[Trigger, tuple[JobState, ...] | str, JobState], ...] = (
-    (T.initialized, (S.INIT,), S.RENDEZVOUS),
-    (T.fatal, (S.INIT, S.RENDEZVOUS, S.RESTARTING), S.SHUTDOWN),
-    (T.rendezvous_complete, (S.RENDEZVOUS,), S.RUNNING),
-    (T.rendezvous_timeout, (S.RENDEZVOUS,), S.FAILED),
-    (T.job_closed, (S.RENDEZVOUS,), S.SHUTDOWN),
-    (T.workers_succeeded, (S.RUNNING,), S.SHUTDOWN),
-    (T.worker_failed, (S.RUNNING,), S.FAILED),
-    (T.timer_expired, (S.RUNNING,), S.FAILED),
-    (T.peer_lost, (S.RUNNING,), S.FAILED),
-    (T.deadline_reached, (S.RUNNING,), S.SHUTDOWN),
-    (T.membership_changed, (S.RUNNING,), S.RESTARTING),
-    (T.retry, (S.FAILED,), S.RESTARTING),
-    (T.give_up, (S.FAILED,), S.SHUTDOWN),
-    (T.non_retryable, (S.FAILED,), S.SHUTDOWN),
-    (T.restarted, (S.RESTARTING,), S.RENDEZVOUS),
-    (T.worker_replaced, (S.RESTARTING,), S.RUNNING),
-    (T.stop_requested, "*", S.SHUTDOWN),
+class Guard(enum.Enum):
+    """A condition on an edge of the restart policy (evaluated by runner/restart_policy.py, in table order)."""
+
+    stopping = "a stop was requested"
+    infrastructure = "the failure is not the workers' (rendezvous, setup)"
+    non_retryable_exit = "the exit code is in restart.non_retryable_exit_codes"
+    restart_charged = "a restart could be charged to the budget"
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One row of the table: `trigger` takes the machine from any of `sources` to `dest` (when `when` holds)."""
+
+    trigger: Trigger
+    sources: tuple[JobState, ...]
+    dest: JobState
+    when: Guard | None = None
+    fired_by: Trigger | None = None  # the event that fires it, when not its own name (the policy's `decide`)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a handler returns: the trigger to fire, why, and (when this step settles it) the job's outcome."""
+
+    trigger: Trigger
+    reason: str = ""
+    outcome: Outcome | None = None
+    exit_code: int | None = None
+
+
+S, T, G = JobState, Trigger, Guard
+LIVE = tuple(s for s in JobState if s is not S.SHUTDOWN)
+
+
+def decided(trigger: Trigger, dest: JobState, when: Guard | None = None) -> Edge:
+    """An edge out of FAILED, taken by the policy's `decide` when `when` holds (None: always, as a last resort)."""
+    return Edge(trigger, (S.FAILED,), dest, when, fired_by=T.decide)
+
+
+TRANSITIONS: tuple[Edge, ...] = (
+    Edge(T.initialized, (S.INIT,), S.RENDEZVOUS),
+    Edge(T.fatal, (S.INIT, S.RENDEZVOUS, S.RESTARTING), S.SHUTDOWN),
+    Edge(T.rendezvous_complete, (S.RENDEZVOUS,), S.RUNNING),
+    Edge(T.rendezvous_timeout, (S.RENDEZVOUS,), S.FAILED),
+    Edge(T.job_closed, (S.RENDEZVOUS,), S.SHUTDOWN),
+    Edge(T.workers_succeeded, (S.RUNNING,), S.SHUTDOWN),
+    Edge(T.worker_failed, (S.RUNNING,), S.FAILED),
+    Edge(T.timer_expired, (S.RUNNING,), S.FAILED),
+    Edge(T.peer_lost, (S.RUNNING,), S.FAILED),
+    Edge(T.deadline_reached, (S.RUNNING,), S.SHUTDOWN),
+    Edge(T.membership_changed, (S.RUNNING,), S.RESTARTING),
+    # The restart policy: FAILED fires `decide`; the first edge whose guard holds is taken.
+    decided(T.give_up, S.SHUTDOWN, G.stopping),
+    decided(T.give_up, S.SHUTDOWN, G.infrastructure),
+    decided(T.non_retryable, S.SHUTDOWN, G.non_retryable_exit),
+    decided(T.retry, S.RESTARTING, G.restart_charged),
+    decided(T.give_up, S.SHUTDOWN),  # the budget is spent
+    Edge(T.restarted, (S.RESTARTING,), S.RENDEZVOUS),
+    Edge(T.worker_replaced, (S.RESTARTING,), S.RUNNING),
+    Edge(T.stop_requested, LIVE, S.SHUTDOWN),
 )
 
-Handler = Callable[[Any], Awaitable[Trigger | None]]
-OnTransition = Callable[[JobState, JobState, Trigger], None]
+Handler = Callable[["Context"], Awaitable[Step | None]]
+GuardCheck = Callable[["Context"], Awaitable[bool]]
+OnTransition = Callable[[JobState, JobState, Edge, Step], Awaitable[None]]
 
 
 class Model:
-    """The object `transitions` drives; it only carries the current state."""
+    """The object `transitions` drives: the current state and the edge taken last."""
 
     state: JobState
+    taken: Edge | None = None
+    trigger: Callable[..., Awaitable[bool]]  # added by `transitions`
 
 
-def build_machine(on_transition: OnTransition) -> tuple[Model, AsyncMachine]:
-    """Build the machine from TRANSITIONS; `on_transition(src, dst, trigger)` runs after every state change."""
+def build_machine(guards: Mapping[Guard, GuardCheck]) -> tuple[Model, AsyncMachine]:
+    """Build the machine from TRANSITIONS; guarded edges ask `guards[edge.when](ctx)` in table order."""
     model = Model()
-
-    def after(event: Any) -> None:
-        on_transition(JobState(event.transition.source), JobState(event.transition.dest), Trigger(event.event.name))
-
     machine = AsyncMachine(
-        model=model,
-        states=JobState,
-        initial=JobState.INIT,
-        auto_transitions=False,
-        queued=True,
-        send_event=True,
-        after_state_change=after,
+        model=model, states=JobState, initial=JobState.INIT, auto_transitions=False, queued=True, send_event=True
     )
-    live = [s for s in JobState if s is not S.SHUTDOWN]
-    for trigger, sources, dest in TRANSITIONS:
-        machine.add_transition(trigger.value, live if sources == "*" else list(sources), dest)
+    for edge in TRANSITIONS:
+
+        def took(_event: EventData, edge: Edge = edge) -> None:
+            model.taken = edge
+
+        conditions = []
+        if edge.when is not None:
+            check = guards[edge.when]
+
+            async def holds(event: EventData, check: GuardCheck = check) -> bool:
+                ctx: Context = event.kwargs["ctx"]
+                return await check(ctx)
+
+            conditions.append(holds)
+        event = (edge.fired_by or edge.trigger).value
+        machine.add_transition(event, list(edge.sources), edge.dest, conditions=conditions, before=took)
     return model, machine
 
 
 async def drive(
     model: Model,
     handlers: Mapping[JobState, Handler],
-    ctx: Any,
-    entered: Callable[[JobState], Awaitable[None]] | None = None,
-) -> JobState:
-    """Run each state's handler and fire the trigger it returns, until SHUTDOWN; then run SHUTDOWN's handler.
+    ctx: Context,
+    on_transition: OnTransition,
+    settle: Callable[[Context, Edge], Step],
+) -> None:
+    """Run each state's handler and fire the Step it returns until SHUTDOWN, then run SHUTDOWN's handler.
 
-    `entered(state)` runs after every transition (the agent publishes its new state there).
+    A Step fired through `decide` is completed by `settle(ctx, edge taken)` (the policy's reason and outcome).
+    `on_transition(src, dst, edge, step)` runs after every state change.
     """
     while model.state is not S.SHUTDOWN:
-        trigger = await handlers[model.state](ctx)
-        if trigger is None:
+        src = model.state
+        step = await handlers[src](ctx)
+        if step is None:
             continue  # the handler wants to run again (e.g. it only recorded an event)
-        await model.trigger(trigger.value)
-        if entered is not None:
-            await entered(model.state)
+        await model.trigger(step.trigger.value, ctx=ctx)
+        edge = model.taken
+        assert edge is not None
+        if edge.fired_by is not None:
+            step = settle(ctx, edge)
+        await on_transition(src, model.state, edge, step)
     await handlers[S.SHUTDOWN](ctx)
-    return model.state
+
+
+def edges() -> list[tuple[JobState, Trigger, JobState, Guard | None]]:
+    """Every (source, trigger, destination, guard) of the table, one per source state."""
+    return [(src, e.trigger, e.dest, e.when) for e in TRANSITIONS for src in e.sources]
 
 
 def mermaid() -> str:
     """The machine as a Mermaid state diagram (`runner graph`)."""
     lines = ["stateDiagram-v2", f"    [*] --> {S.INIT.value}"]
-    for trigger, sources, dest in TRANSITIONS:
-        srcs = [s for s in JobState if s is not S.SHUTDOWN] if sources == "*" else list(sources)
-        lines += [f"    {src.value} --> {dest.value}: {trigger.value}" for src in srcs]
+    for src, trigger, dest, when in edges():
+        label = trigger.value + (f" [{when.name}]" if when is not None else "")
+        lines.append(f"    {src.value} --> {dest.value}: {label}")
     lines.append(f"    {S.SHUTDOWN.value} --> [*]")
     return "\n".join(lines)

@@ -9,14 +9,14 @@ import asyncio
 import signal
 from collections.abc import Callable
 
-from runner.events import StopRequested
+from runner.events import Event, StopRequested
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 GRACEFUL_SIGNAL = signal.SIGUSR2  # `runner stop --graceful` on one node: let workers finish
 
 
 def install(
-    events: asyncio.Queue[StopRequested] | asyncio.Queue[object],
+    events: asyncio.Queue[Event],
     hurry: asyncio.Event,
     on_hurry: Callable[[str], None] | None = None,
 ) -> None:

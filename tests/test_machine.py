@@ -1,94 +1,162 @@
-"""The state machine: every edge of the table, reachability, the driver loop, the Mermaid graph."""
+"""The state machine: a hand-written list of the edges we mean to have, the restart policy's guarded edges in
+order, reachability, the driver loop and the Mermaid graph."""
 
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
-from runner.machine import TRANSITIONS, JobState, Trigger, build_machine, drive, mermaid
+from runner.machine import (
+    TRANSITIONS,
+    Guard,
+    JobState,
+    Step,
+    Trigger,
+    build_machine,
+    drive,
+    edges,
+    mermaid,
+)
+from runner.restart_policy import GUARDS, settle
 
-LIVE = [s for s in JobState if s is not JobState.SHUTDOWN]
+S, T, G = JobState, Trigger, Guard
+LIVE = [s for s in JobState if s is not S.SHUTDOWN]
+
+# Written by hand from the design (docs/architecture.md), NOT derived from TRANSITIONS: the table must match it.
+EXPECTED = {
+    (S.INIT, T.initialized, S.RENDEZVOUS, None),
+    (S.INIT, T.fatal, S.SHUTDOWN, None),
+    (S.RENDEZVOUS, T.fatal, S.SHUTDOWN, None),
+    (S.RESTARTING, T.fatal, S.SHUTDOWN, None),
+    (S.RENDEZVOUS, T.rendezvous_complete, S.RUNNING, None),
+    (S.RENDEZVOUS, T.rendezvous_timeout, S.FAILED, None),
+    (S.RENDEZVOUS, T.job_closed, S.SHUTDOWN, None),
+    (S.RUNNING, T.workers_succeeded, S.SHUTDOWN, None),
+    (S.RUNNING, T.worker_failed, S.FAILED, None),
+    (S.RUNNING, T.timer_expired, S.FAILED, None),
+    (S.RUNNING, T.peer_lost, S.FAILED, None),
+    (S.RUNNING, T.deadline_reached, S.SHUTDOWN, None),
+    (S.RUNNING, T.membership_changed, S.RESTARTING, None),
+    (S.FAILED, T.give_up, S.SHUTDOWN, G.stopping),
+    (S.FAILED, T.give_up, S.SHUTDOWN, G.infrastructure),
+    (S.FAILED, T.non_retryable, S.SHUTDOWN, G.non_retryable_exit),
+    (S.FAILED, T.retry, S.RESTARTING, G.restart_charged),
+    (S.FAILED, T.give_up, S.SHUTDOWN, None),
+    (S.RESTARTING, T.restarted, S.RENDEZVOUS, None),
+    (S.RESTARTING, T.worker_replaced, S.RUNNING, None),
+    *((s, T.stop_requested, S.SHUTDOWN, None) for s in LIVE),
+}
+# The order in which FAILED's guards are tried: a stop beats everything, the budget is charged last.
+POLICY_ORDER = [G.stopping, G.infrastructure, G.non_retryable_exit, G.restart_charged, None]
 
 
-def edges() -> list[tuple[JobState, Trigger, JobState]]:
-    """Every (source, trigger, destination) the table allows."""
-    out = []
-    for trigger, sources, dest in TRANSITIONS:
-        for src in LIVE if sources == "*" else sources:
-            out.append((src, trigger, dest))
-    return out
+def test_the_table_is_exactly_the_designed_edges():
+    assert set(edges()) == EXPECTED
+    assert len(edges()) == len(EXPECTED)
 
 
-def machine_at(state: JobState):
-    """A fresh machine moved to `state`, and the list its transition callback fills."""
-    seen: list[tuple[JobState, JobState, Trigger]] = []
-    model, machine = build_machine(lambda s, d, t: seen.append((s, d, t)))
-    machine.set_state(state)
-    return model, seen
+def test_policy_guards_are_tried_in_the_designed_order():
+    assert [e.when for e in TRANSITIONS if e.fired_by is T.decide] == POLICY_ORDER
 
 
-@pytest.mark.parametrize(("src", "trigger", "dst"), edges(), ids=lambda x: getattr(x, "value", str(x)))
-def test_every_edge_moves_and_reports_once(src, trigger, dst):
-    """Firing a trigger the table allows moves to its destination and calls the callback exactly once."""
-    model, seen = machine_at(src)
-    asyncio.run(model.trigger(trigger.value))
-    assert model.state is dst
-    assert seen == [(src, dst, trigger)]
+class Budget:
+    """A rendezvous stand-in with a restart budget (only charge_restart is used by the policy)."""
+
+    def __init__(self, left: int) -> None:
+        self.left, self.used = left, 0
+
+    async def charge_restart(self, max_restarts: int) -> int | None:
+        if self.left <= 0:
+            return None
+        self.left -= 1
+        self.used += 1
+        return self.used
+
+
+def failed_ctx(*, kind="worker", exit_code=1, stop=None, budget=1, non_retryable=()):
+    """A hand-written stand-in for Context with what the guards read."""
+    from runner.outcomes import FailureKind
+
+    failure = SimpleNamespace(kind=FailureKind(kind), exit_code=exit_code, reason="rank 0 exited with code 1")
+    spec = SimpleNamespace(restart=SimpleNamespace(max_restarts=3, non_retryable_exit_codes=tuple(non_retryable)))
+    return SimpleNamespace(failure=failure, spec=spec, stop=stop, rendezvous=Budget(budget), restarts=0)
+
+
+def decide(ctx) -> tuple[JobState, Step]:
+    model, machine = build_machine(GUARDS)
+    machine.set_state(S.FAILED)
+    asyncio.run(model.trigger(T.decide.value, ctx=ctx))
+    return model.state, settle(ctx, model.taken)
+
+
+@pytest.mark.parametrize(
+    ("ctx_args", "dst", "trigger", "exit_code", "charged"),
+    [
+        ({}, S.RESTARTING, T.retry, None, 1),
+        ({"budget": 0}, S.SHUTDOWN, T.give_up, 1, 0),
+        ({"non_retryable": (1,)}, S.SHUTDOWN, T.non_retryable, 1, 0),
+        ({"kind": "rendezvous", "exit_code": None}, S.SHUTDOWN, T.give_up, 3, 0),
+        ({"stop": object(), "non_retryable": (1,)}, S.SHUTDOWN, T.give_up, 1, 0),
+    ],
+    ids=["retry", "budget-spent", "non-retryable", "infrastructure", "stopping-first"],
+)
+def test_restart_policy_edges(ctx_args, dst, trigger, exit_code, charged):
+    ctx = failed_ctx(**ctx_args)
+    state, step = decide(ctx)
+    assert state is dst
+    assert step.trigger is trigger
+    assert step.exit_code == exit_code
+    assert ctx.rendezvous.used == charged  # the budget is charged only when the restart happens
+    assert step.reason
+
+
+def test_a_retry_says_which_restart_it_is():
+    ctx = failed_ctx(budget=3)
+    _, step = decide(ctx)
+    assert step.reason == "restart 1 of 3"
+    assert ctx.restarts == 1
 
 
 @pytest.mark.parametrize("src", list(JobState), ids=lambda s: s.value)
 def test_triggers_outside_the_table_are_refused(src):
     """A trigger with no edge from the current state raises and leaves the state alone."""
-    allowed = {t for s, t, _ in edges() if s is src}
-    model, seen = machine_at(src)
+    allowed = {e.fired_by or e.trigger for e in TRANSITIONS if src in e.sources}
+    model, machine = build_machine(GUARDS)
+    machine.set_state(src)
     for trigger in set(Trigger) - allowed:
         with pytest.raises(Exception):  # noqa: B017 - transitions raises MachineError
-            asyncio.run(model.trigger(trigger.value))
+            asyncio.run(model.trigger(trigger.value, ctx=None))
         assert model.state is src
-    assert seen == []
 
 
 def test_every_live_state_has_a_way_out_and_shutdown_is_terminal():
-    """Each non-terminal state has an outgoing edge; SHUTDOWN has none."""
-    sources = {s for s, _, _ in edges()}
+    sources = {s for s, _, _, _ in edges()}
     assert set(LIVE) <= sources
-    assert JobState.SHUTDOWN not in sources
-
-
-def test_every_trigger_is_used():
-    """No trigger is declared without an edge."""
-    assert {t for _, t, _ in edges()} == set(Trigger)
+    assert S.SHUTDOWN not in sources
 
 
 def test_every_state_is_reachable_from_init():
-    """Walking the table from INIT reaches every state."""
-    reached, frontier = {JobState.INIT}, [JobState.INIT]
+    reached, frontier = {S.INIT}, [S.INIT]
     while frontier:
         s = frontier.pop()
-        for src, _, dst in edges():
+        for src, _, dst, _ in edges():
             if src is s and dst not in reached:
                 reached.add(dst)
                 frontier.append(dst)
     assert reached == set(JobState)
 
 
-def test_stop_requested_from_every_live_state():
-    """Whatever the agent is doing, a stop request leads to SHUTDOWN."""
-    for src in LIVE:
-        model, _ = machine_at(src)
-        asyncio.run(model.trigger(Trigger.stop_requested.value))
-        assert model.state is JobState.SHUTDOWN
-
-
 def test_driver_runs_handlers_until_shutdown_then_shutdown_once():
     """drive() fires what each handler returns, re-runs a handler that returns None, and runs SHUTDOWN's once."""
     calls: list[str] = []
-    script = iter([None, Trigger.rendezvous_complete])
+    seen: list[tuple[JobState, JobState, Trigger, str]] = []
+    script = iter([None, Step(T.rendezvous_complete, "round 0")])
 
     async def init(ctx):
         calls.append("INIT")
-        return Trigger.initialized
+        return Step(T.initialized)
 
     async def rdzv(ctx):
         calls.append("RENDEZVOUS")
@@ -96,21 +164,29 @@ def test_driver_runs_handlers_until_shutdown_then_shutdown_once():
 
     async def running(ctx):
         calls.append("RUNNING")
-        return Trigger.workers_succeeded
+        return Step(T.workers_succeeded, "all done")
 
     async def shutdown(ctx):
         calls.append("SHUTDOWN")
 
-    model, _ = build_machine(lambda *a: None)
-    handlers = {JobState.INIT: init, JobState.RENDEZVOUS: rdzv, JobState.RUNNING: running, JobState.SHUTDOWN: shutdown}
-    final = asyncio.run(drive(model, handlers, ctx=None))
-    assert final is JobState.SHUTDOWN
+    async def on_transition(src, dst, edge, step):
+        seen.append((src, dst, edge.trigger, step.reason))
+
+    model, _ = build_machine(GUARDS)
+    handlers = {S.INIT: init, S.RENDEZVOUS: rdzv, S.RUNNING: running, S.SHUTDOWN: shutdown}
+    asyncio.run(drive(model, handlers, None, on_transition, settle))
+    assert model.state is S.SHUTDOWN
     assert calls == ["INIT", "RENDEZVOUS", "RENDEZVOUS", "RUNNING", "SHUTDOWN"]
+    assert seen == [
+        (S.INIT, S.RENDEZVOUS, T.initialized, ""),
+        (S.RENDEZVOUS, S.RUNNING, T.rendezvous_complete, "round 0"),
+        (S.RUNNING, S.SHUTDOWN, T.workers_succeeded, "all done"),
+    ]
 
 
 def test_mermaid_lists_every_edge():
-    """`runner graph` output has one line per edge plus start and end."""
     text = mermaid()
     assert text.startswith("stateDiagram-v2")
-    for src, trigger, dst in edges():
-        assert f"{src.value} --> {dst.value}: {trigger.value}" in text
+    for src, trigger, dst, when in edges():
+        label = trigger.value + (f" [{when.name}]" if when else "")
+        assert f"{src.value} --> {dst.value}: {label}" in text

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from runner.cli.command import Command, add_spec_argument, load
+from runner.outcomes import Outcome
 
 if TYPE_CHECKING:
     from runner.context import Context
@@ -58,7 +59,7 @@ def print_summary(ctx: Context) -> None:
     failures = ctx.failures or ([ctx.failure] if ctx.failure is not None else [])  # INIT's fatal skips FAILED
     for f in failures[:-1]:
         print(f"runner:   attempt {f.attempt}: {f.reason}", file=out)
-    if failures and ctx.outcome != "succeeded":
+    if failures and ctx.outcome is not Outcome.SUCCEEDED:
         print("runner: " + failures[-1].report().replace("\n", "\nrunner: "), file=out)
     elif failures:
         print(f"runner:   attempt {failures[-1].attempt}: {failures[-1].reason}", file=out)

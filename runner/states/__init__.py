@@ -1,4 +1,4 @@
-"""One module per state; each exposes `async def handle(ctx) -> Trigger`."""
+"""One module per state; each exposes `async def handle(ctx: Context) -> Step | None`."""
 
 from __future__ import annotations
 

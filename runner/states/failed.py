@@ -1,44 +1,36 @@
-"""FAILED: record the root cause, then let the restart policy decide: retry, or give up."""
+"""FAILED: keep the root cause, then fire `decide`.
+
+The restart policy's guarded edges (runner/machine.py,
+runner/restart_policy.py) choose retry, give_up or non_retryable.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
-from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED
-from runner.machine import Trigger
+from runner.machine import Step, Trigger
+
+if TYPE_CHECKING:
+    from runner.context import Context
+    from runner.workers.failures import Failure
 
 
-async def handle(ctx: Any) -> Trigger:
-    """Keep the failure (nothing is lost) and charge the restart budget if a restart is allowed."""
+async def handle(ctx: Context) -> Step:
+    """Record the failure (nothing is lost); the policy decides what follows."""
     failure = ctx.failure
+    assert failure is not None  # every edge into FAILED sets it
     ctx.failures.append(failure)
     save(ctx, failure)
     ctx.log.error("failure", **{k: v for k, v in failure.to_dict().items() if k not in ("traceback", "stacks")})
-    policy = ctx.spec.restart
-    ctx.outcome, ctx.exit_code = "failed", EXIT_WORKERS_FAILED
-    if ctx.stop is not None:
-        ctx.reason = "stopping: no restart"
-        return Trigger.give_up
-    if failure.kind == "rendezvous":
-        ctx.exit_code = EXIT_INFRA
-        ctx.reason = f"not retried: {failure.reason}"
-        return Trigger.give_up
-    if failure.exit_code is not None and failure.exit_code in policy.non_retryable_exit_codes:
-        ctx.reason = f"exit code {failure.exit_code} is non-retryable"
-        return Trigger.non_retryable
-    used = await ctx.rendezvous.charge_restart(policy.max_restarts)
-    if used is None:
-        ctx.reason = f"restart budget spent ({policy.max_restarts} of {policy.max_restarts} used)"
-        return Trigger.give_up
-    ctx.restarts = used
-    ctx.outcome, ctx.exit_code = "", 0
-    ctx.reason = f"restart {used} of {policy.max_restarts}"
-    return Trigger.retry
+    return Step(Trigger.decide)
 
 
-def save(ctx: Any, failure: Any) -> None:
-    """Write the failure next to the attempt's logs: <run dir>/attempt_<k>/failure.json."""
+def save(ctx: Context, failure: Failure) -> None:
+    """Write the failure next to the attempt's logs: <run dir>/attempt_<k>/failure.json (a warning if it can't)."""
     path = ctx.run_dir / f"attempt_{failure.attempt}" / "failure.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(failure.to_dict(), indent=2, default=str), encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(failure.to_dict(), indent=2, default=str), encoding="utf-8")
+    except OSError as e:
+        ctx.warn("failure_write_failed", path=str(path), error=str(e))

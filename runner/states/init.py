@@ -1,39 +1,48 @@
-"""INIT: create the run dir, install signal handlers, connect the rendezvous, start the watchdog."""
+"""INIT: write the resolved spec, install signal handlers, connect the rendezvous, start the watchdog."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runner import signals
 from runner.config.redact import spec_for_disk
 from runner.errors import EXIT_SPEC, RunnerError
-from runner.machine import Trigger
+from runner.machine import Step, Trigger
+from runner.outcomes import FailureKind, Outcome
+from runner.states.waiting import Stopped, unless_stopped
 from runner.workers.failures import Failure
 
+if TYPE_CHECKING:
+    from runner.config.spec import JobSpec
+    from runner.context import Context
 
-async def handle(ctx: Any) -> Trigger:
-    """Prepare everything the first rendezvous needs."""
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    (ctx.run_dir / "spec.json").write_text(json.dumps(spec_for_disk(ctx.spec), indent=2), encoding="utf-8")
+
+async def handle(ctx: Context) -> Step:
+    """Prepare everything the first rendezvous needs; a stop signal is honoured while connecting."""
     signals.install(ctx.events, ctx.hurry, lambda name: ctx.log.warning("stop_hurried", signal=name))
     try:
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+        (ctx.run_dir / "spec.json").write_text(json.dumps(spec_for_disk(ctx.spec), indent=2), encoding="utf-8")
+    except OSError as e:
+        ctx.warn("spec_write_failed", error=str(e))
+    try:
         check_entrypoint(ctx.spec)
-        await ctx.rendezvous.open(ctx.events)
+        await unless_stopped(ctx, ctx.rendezvous.open(ctx.events))
         if ctx.spec.watchdog.enabled:
             await start_watchdog(ctx)
+    except Stopped:
+        return Step(Trigger.stop_requested, "stop requested while connecting")
     except RunnerError as e:
-        kind = "setup" if isinstance(e, SpecRuntimeError) else "rendezvous"
+        kind = FailureKind.SETUP if isinstance(e, SpecRuntimeError) else FailureKind.RENDEZVOUS
         ctx.failure = Failure(kind=kind, reason=e.message, attempt=0, hint=e.fix)
-        ctx.reason, ctx.outcome, ctx.exit_code = e.message, "error", e.exit_code
-        return Trigger.fatal
-    ctx.reason = f"logs in {ctx.run_dir}"
-    return Trigger.initialized
+        return Step(Trigger.fatal, e.message, Outcome.ERROR, e.exit_code)
+    return Step(Trigger.initialized, f"logs in {ctx.run_dir}")
 
 
-def check_entrypoint(spec: Any) -> None:
+def check_entrypoint(spec: JobSpec) -> None:
     """Fail before any rendezvous when the workers could not even start (missing cwd, script or program)."""
     ep = spec.entrypoint
     if not os.path.isdir(spec.cwd):
@@ -58,7 +67,7 @@ class SpecRuntimeError(RunnerError):
     exit_code = EXIT_SPEC
 
 
-async def start_watchdog(ctx: Any) -> None:
+async def start_watchdog(ctx: Context) -> None:
     """Start the file-timer server; its expiries become TimerExpired events."""
     from runner.watchdog.service import start
 

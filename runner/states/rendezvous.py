@@ -2,36 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runner.errors import EXIT_INFRA, JobClosed, RendezvousError, RendezvousTimeout
-from runner.machine import Trigger
+from runner.machine import Step, Trigger
+from runner.outcomes import FailureKind, Outcome
 from runner.states.waiting import Stopped, unless_stopped
 from runner.workers.failures import Failure
 
+if TYPE_CHECKING:
+    from runner.context import Context
 
-async def handle(ctx: Any) -> Trigger:
+
+async def handle(ctx: Context) -> Step:
     """Wait for the round to close (or a stop), then build the LaunchPlan."""
     try:
         result = await unless_stopped(ctx, ctx.rendezvous.next_round(ctx.attempt))
     except Stopped:
-        ctx.reason = "stop requested during rendezvous"
-        return Trigger.stop_requested
+        return Step(Trigger.stop_requested, "stop requested during rendezvous")
     except JobClosed as e:
-        ctx.reason, ctx.outcome, ctx.exit_code = e.message, "stopped", EXIT_INFRA
-        return Trigger.job_closed
+        return Step(Trigger.job_closed, e.message, Outcome.STOPPED, EXIT_INFRA)
     except RendezvousTimeout as e:
-        ctx.failure = Failure(kind="rendezvous", reason=e.message, attempt=ctx.attempt, hint=e.fix)
-        ctx.reason = e.message
-        return Trigger.rendezvous_timeout
+        ctx.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=ctx.attempt, hint=e.fix)
+        return Step(Trigger.rendezvous_timeout, e.message)
     except RendezvousError as e:
-        ctx.failure = Failure(kind="rendezvous", reason=e.message, attempt=ctx.attempt, hint=e.fix)
-        ctx.reason, ctx.outcome, ctx.exit_code = e.message, "error", EXIT_INFRA
-        return Trigger.fatal
+        ctx.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=ctx.attempt, hint=e.fix)
+        return Step(Trigger.fatal, e.message, Outcome.ERROR, EXIT_INFRA)
     ctx.result = result
     ctx.plan = ctx.make_plan()
-    ctx.reason = (
+    return Step(
+        Trigger.rendezvous_complete,
         f"round {result.round}: {result.group_world_size} node(s), world size {result.world_size}, "
-        f"master {result.master_addr}:{result.master_port}"
+        f"master {result.master_addr}:{result.master_port}",
     )
-    return Trigger.rendezvous_complete

@@ -4,44 +4,63 @@ from __future__ import annotations
 
 import asyncio
 import random
-from typing import Any
+from typing import TYPE_CHECKING
 
-from runner.config.spec import Backoff
-from runner.machine import Trigger
+from runner.errors import EXIT_WORKERS_FAILED
+from runner.events import StopRequested
+from runner.machine import Step, Trigger
+from runner.outcomes import Outcome
 from runner.states.waiting import Stopped, unless_stopped
 
+if TYPE_CHECKING:
+    from runner.config.spec import Backoff
+    from runner.context import Context
 
-async def handle(ctx: Any) -> Trigger:
-    """Tear down what failed, wait the backoff, and start the next attempt."""
+
+async def handle(ctx: Context) -> Step:
+    """Tear down what failed, drop what the old workers still queued, wait the backoff, start the next attempt."""
     spec = ctx.spec
     failure = ctx.failure  # None for a membership change (not charged, no backoff)
-    one = spec.restart.scope == "worker" and failure is not None and failure.kind in ("worker", "watchdog")
-    if one:
+    one = spec.restart.scope == "worker" and failure is not None and failure.kind.one_worker
+    if one and ctx.group is not None and failure is not None and failure.local_rank is not None:
         await ctx.group.stop_one(failure.local_rank, spec.shutdown.signal, spec.shutdown.grace_period)
     elif ctx.group is not None:
         await ctx.group.stop(spec.shutdown.signal, spec.shutdown.grace_period, ctx.hurry)
         ctx.group = None
         if ctx.timer is not None:
             ctx.timer.clear()
+    drop_stale(ctx)
     delay = backoff_delay(spec.restart.backoff, ctx.restarts) if failure is not None else 0.0
     try:
         if delay > 0:
             ctx.log.info("backoff", delay_s=round(delay, 3), restart=ctx.restarts)
             await unless_stopped(ctx, asyncio.sleep(delay))
     except Stopped:
-        ctx.reason = "stop requested during backoff"
-        return Trigger.stop_requested
+        if ctx.stop is not None and ctx.stop.graceful and failure is not None:
+            # A graceful stop means "no restart": the job ends with the result of the attempt that failed.
+            return Step(Trigger.stop_requested, "graceful stop during backoff: no restart",
+                        Outcome.FAILED, EXIT_WORKERS_FAILED)
+        return Step(Trigger.stop_requested, "stop requested during backoff")
     ctx.attempt += 1
     ctx.failure = None
-    if one:
+    if one and ctx.group is not None and failure is not None and failure.local_rank is not None:
         plan = ctx.make_plan()
         ctx.group.start_one(plan.workers[failure.local_rank], plan)
         if ctx.timer is not None:
             ctx.timer.watch(ctx.group)
-        ctx.reason = f"rank {failure.rank} replaced (scope worker), attempt {ctx.attempt}"
-        return Trigger.worker_replaced
-    ctx.reason = f"attempt {ctx.attempt}"
-    return Trigger.restarted
+        return Step(Trigger.worker_replaced, f"rank {failure.rank} replaced (scope worker), attempt {ctx.attempt}")
+    return Step(Trigger.restarted, f"attempt {ctx.attempt}")
+
+
+def drop_stale(ctx: Context) -> None:
+    """Forget queued events of the attempt that ended (exits, timer expiries); keep stop requests and the rest."""
+    keep = []
+    while not ctx.events.empty():
+        event = ctx.events.get_nowait()
+        if isinstance(event, StopRequested) or not ctx.is_stale(event):
+            keep.append(event)
+    for event in keep:
+        ctx.events.put_nowait(event)
 
 
 def backoff_delay(b: Backoff, restart: int, rand: random.Random | None = None) -> float:

@@ -1,47 +1,105 @@
-"""SHUTDOWN (terminal): stop what still runs, close the rendezvous, write the report, settle the exit code."""
+"""SHUTDOWN (terminal): stop what still runs, settle the exit code, leave the rendezvous, write the report.
+
+Nothing here may overturn the workers' result: a status write, etcd or the console failing is a warning.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import tempfile
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import EXIT_OK, EXIT_STOPPED_BASE
+from runner.machine import JobState
+from runner.outcomes import Outcome
+
+if TYPE_CHECKING:
+    from runner.context import Context
 
 
-async def handle(ctx: Any) -> None:
-    """Stop workers (signal, grace, SIGKILL), stop the watchdog, leave the rendezvous, keep the report."""
+async def handle(ctx: Context) -> None:
+    """Stop workers (the received signal, or the spec's, then grace, then SIGKILL), the watchdog, the rendezvous."""
     spec = ctx.spec
     if ctx.failure is not None and ctx.failure not in ctx.failures:  # a fatal error that skipped FAILED
         ctx.failures.append(ctx.failure)
     if ctx.group is not None:
-        await ctx.group.stop(spec.shutdown.signal, spec.shutdown.grace_period, ctx.hurry)
+        await ctx.group.stop(forwarded_signal(ctx), spec.shutdown.grace_period, ctx.hurry)
     if ctx.timer is not None:
         await ctx.timer.stop()
-    if not ctx.outcome:  # reached by stop_requested
-        ctx.outcome = "stopped"
-        signum = ctx.stop.signum if ctx.stop is not None and ctx.stop.signum else 15
+    if ctx.outcome is None:  # reached by stop_requested
+        ctx.outcome = Outcome.STOPPED
+        signum = ctx.stop.signum if ctx.stop is not None and ctx.stop.signum else signal.SIGTERM
         ctx.exit_code = EXIT_STOPPED_BASE + signum
-    if ctx.outcome == "succeeded":
+    if ctx.outcome is Outcome.SUCCEEDED:
         ctx.exit_code = EXIT_OK
-    ctx.state_name = "SHUTDOWN"
+    ctx.state = JobState.SHUTDOWN
     await ctx.publish()
-    await ctx.rendezvous.close(ctx.outcome)
+    try:
+        await ctx.rendezvous.close(ctx.outcome.value)
+    except Exception as e:
+        ctx.warn("rendezvous_close_failed", error=str(e) or type(e).__name__)
     ctx.shepherd.close()
     write_report(ctx)
 
 
-def write_report(ctx: Any) -> None:
-    """<run dir>/report.json: outcome, exit code, attempts and every failure's root cause."""
-    report = {
+def forwarded_signal(ctx: Context) -> str:
+    """The signal the workers get first: the one the agent received (as torchrun forwards it), else the spec's."""
+    stop = ctx.stop
+    if stop is not None and stop.signum and not stop.graceful:
+        return signal.Signals(stop.signum).name
+    return ctx.spec.shutdown.signal
+
+
+def report(ctx: Context) -> dict[str, Any]:
+    """report.json's content: outcome, exit code, attempts, every failure's root cause, side-failure warnings."""
+    return {
         "job": ctx.spec.name,
         "node": ctx.node,
-        "outcome": ctx.outcome,
+        "outcome": ctx.outcome.value if ctx.outcome is not None else None,
         "exit_code": ctx.exit_code,
         "attempts": ctx.attempt + 1,
         "restarts": ctx.restarts,
         "duration_s": round(time.monotonic() - ctx.started, 3),
         "failures": [f.to_dict() for f in ctx.failures],
+        "warnings": list(ctx.warnings),
         "run_dir": str(ctx.run_dir),
     }
-    (ctx.run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+
+
+def write_report(ctx: Context) -> Path | None:
+    """Write <run dir>/report.json, or a fallback file the console names when the run dir can't take it.
+
+    The run dir may be full or read-only. Returns where it went (None if nowhere could).
+    """
+    text = json.dumps(report(ctx), indent=2, default=str)
+    for path in (ctx.run_dir / "report.json", fallback_path(ctx)):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        except OSError as e:
+            ctx.warn("report_write_failed", path=str(path), error=str(e))
+            continue
+        if path.parent != ctx.run_dir:
+            ctx.log.warning("report_elsewhere", path=str(path))
+        ctx.report_path = path
+        return path
+    return None
+
+
+def fallback_path(ctx: Context) -> Path:
+    """Where the report goes when the run dir can't take it: $XDG_STATE_HOME/runner/reports or the temp dir."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    name = f"{ctx.spec.name}-{ctx.run_dir.name}-report.json"
+    home = Path(base) / "runner" / "reports" / name
+    try:
+        home.parent.mkdir(parents=True, exist_ok=True)
+        probe = home.parent / ".probe"
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+    except OSError:
+        return Path(tempfile.gettempdir()) / f"runner-{name}"
+    return home

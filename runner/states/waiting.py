@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from runner.events import StopRequested
+
+if TYPE_CHECKING:
+    from runner.context import Context
 
 T = TypeVar("T")
 
@@ -16,7 +19,7 @@ class Stopped(Exception):
     """A stop request arrived while waiting (graceful or not: no workers run now, so there is nothing to finish)."""
 
 
-async def unless_stopped(ctx: Any, work: Awaitable[T]) -> T:
+async def unless_stopped(ctx: Context, work: Awaitable[T]) -> T:
     """Await `work`; raise Stopped if a StopRequested arrives first. Other events are stale here."""
     task = asyncio.ensure_future(work)
     try:

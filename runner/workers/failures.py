@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.outcomes import FailureKind
 from runner.workers.launch_plan import error_file
 
 _HINTS = {
@@ -24,7 +25,7 @@ TAIL_LINES = 20
 class Failure:
     """Why an attempt failed; rendered as the short report at the end of the run."""
 
-    kind: str  # "worker" | "watchdog" | "peer" | "rendezvous" | "deadline" | "setup"
+    kind: FailureKind
     reason: str
     attempt: int
     rank: int | None = None
@@ -60,7 +61,9 @@ class Failure:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form for the failure file and status."""
-        return {k: v for k, v in self.__dict__.items() if v not in (None, "", {})}
+        out = {k: v for k, v in self.__dict__.items() if v not in (None, "", {})}
+        out["kind"] = self.kind.value
+        return out
 
 
 def signal_name(exit_code: int) -> str | None:
@@ -79,7 +82,7 @@ def worker_failure(attempt: int, rank: int, local_rank: int, exit_code: int, log
     how = f"killed by {sig}" if sig else f"exited with code {exit_code}"
     error, tb = read_error_file(Path(error_file(log_dir)))
     return Failure(
-        kind="worker",
+        kind=FailureKind.WORKER,
         reason=f"rank {rank} {how}",
         attempt=attempt,
         rank=rank,

@@ -1,0 +1,41 @@
+"""How a run ends and why an attempt failed: enums inside the agent, strings only where JSON is written."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Outcome(enum.Enum):
+    """The job's result on this node, as report.json, status and the summary say it."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # the workers failed and the restart policy gave up
+    STOPPED = "stopped"  # a signal or `runner stop`, or the job was closed before this node joined
+    ERROR = "error"  # setup or infrastructure: the workers never ran, or could not go on
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class FailureKind(enum.Enum):
+    """What failed in an attempt; the restart policy and the report read it."""
+
+    WORKER = "worker"  # a worker exited non-zero or was killed by a signal
+    WATCHDOG = "watchdog"  # a file timer or the heartbeat expired
+    PEER = "peer"  # another node left or failed
+    RENDEZVOUS = "rendezvous"  # the rendezvous timed out or failed (infrastructure)
+    DEADLINE = "deadline"  # watchdog.max_run_time passed
+    SETUP = "setup"  # the spec names something this machine lacks
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def infrastructure(self) -> bool:
+        """Not the workers' fault: never retried by the restart policy, exit code 3."""
+        return self is FailureKind.RENDEZVOUS or self is FailureKind.SETUP
+
+    @property
+    def one_worker(self) -> bool:
+        """Confined to one worker, so `restart.scope: worker` can replace just that one."""
+        return self is FailureKind.WORKER or self is FailureKind.WATCHDOG

@@ -1,0 +1,67 @@
+"""Where a restart is decided.
+
+The guards of FAILED's edges (runner/machine.py lists them in order) and what each edge means for the job (reason,
+outcome, exit code).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED
+from runner.machine import Edge, Guard, GuardCheck, Step, Trigger
+from runner.outcomes import Outcome
+
+if TYPE_CHECKING:
+    from runner.context import Context
+
+
+async def stopping(ctx: Context) -> bool:
+    """A stop (graceful or not) arrived: nothing restarts once the job is stopping."""
+    return ctx.stop is not None
+
+
+async def infrastructure(ctx: Context) -> bool:
+    """The failure is not the workers' (rendezvous, setup): retrying the workers would not help."""
+    return ctx.failure is not None and ctx.failure.kind.infrastructure
+
+
+async def non_retryable_exit(ctx: Context) -> bool:
+    """The failed worker's exit code is one the spec says never to retry."""
+    code = ctx.failure.exit_code if ctx.failure is not None else None
+    return code is not None and code in ctx.spec.restart.non_retryable_exit_codes
+
+
+async def restart_charged(ctx: Context) -> bool:
+    """Charge one restart to the job's budget (shared by every node with etcd); False once it is spent."""
+    used = await ctx.rendezvous.charge_restart(ctx.spec.restart.max_restarts)
+    if used is None:
+        return False
+    ctx.restarts = used
+    return True
+
+
+GUARDS: dict[Guard, GuardCheck] = {
+    Guard.stopping: stopping,
+    Guard.infrastructure: infrastructure,
+    Guard.non_retryable_exit: non_retryable_exit,
+    Guard.restart_charged: restart_charged,
+}
+
+
+def settle(ctx: Context, edge: Edge) -> Step:
+    """The reason, outcome and exit code of the policy edge `edge`, taken from FAILED."""
+    failure = ctx.failure
+    limit = ctx.spec.restart.max_restarts
+    if edge.trigger is Trigger.retry:
+        return Step(edge.trigger, f"restart {ctx.restarts} of {limit}")
+    failed = Step(edge.trigger, "", Outcome.FAILED, EXIT_WORKERS_FAILED)
+    if edge.when is Guard.stopping:
+        return Step(edge.trigger, "stopping: no restart", Outcome.FAILED, EXIT_WORKERS_FAILED)
+    if edge.when is Guard.infrastructure:
+        reason = failure.reason if failure is not None else "infrastructure failure"
+        return Step(edge.trigger, f"not retried: {reason}", Outcome.FAILED, EXIT_INFRA)
+    if edge.when is Guard.non_retryable_exit:
+        code = failure.exit_code if failure is not None else None
+        return Step(edge.trigger, f"exit code {code} is non-retryable", failed.outcome, failed.exit_code)
+    return Step(edge.trigger, f"restart budget spent ({limit} of {limit} used)", failed.outcome, failed.exit_code)
