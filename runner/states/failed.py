@@ -10,6 +10,7 @@ import json
 from typing import TYPE_CHECKING
 
 from runner.machine import Step, Trigger
+from runner.private_files import write_private
 
 if TYPE_CHECKING:
     from runner.context import Context
@@ -31,6 +32,6 @@ def save(ctx: Context, failure: Failure) -> None:
     path = ctx.run_dir / f"attempt_{failure.attempt}" / "failure.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(failure.to_dict(), indent=2, default=str), encoding="utf-8")
+        write_private(path, json.dumps(failure.to_dict(), indent=2, default=str))
     except OSError as e:
         ctx.warn("failure_write_failed", path=str(path), error=str(e))
