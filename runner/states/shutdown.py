@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from runner.errors import EXIT_OK, EXIT_STOPPED_BASE
 from runner.machine import JobState
 from runner.outcomes import Outcome
+from runner.private_files import write_private
 
 if TYPE_CHECKING:
     from runner.context import Context
@@ -79,7 +80,7 @@ def write_report(ctx: Context) -> Path | None:
     for path in (ctx.run_dir / "report.json", fallback_path(ctx)):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            write_private(path, text)
         except OSError as e:
             ctx.warn("report_write_failed", path=str(path), error=str(e))
             continue
