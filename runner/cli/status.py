@@ -1,11 +1,19 @@
-"""`runner status job.yaml [--json]`: the job's state, nodes and workers, while it runs and after."""
+"""`runner status job.yaml|JOB [--json] [--watch]`: the job's state, nodes and workers, while it runs and after.
+
+A job name works from any directory: the per-user runs index (runner/runs_index.py) knows where its run dir is.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
+from typing import Any
 
-from runner.cli.command import Command, add_spec_argument, load
+from runner.cli.command import Command
+
+MIN_INTERVAL = 0.2  # seconds: --watch never refreshes faster
 
 
 class StatusCommand(Command):
@@ -15,25 +23,56 @@ class StatusCommand(Command):
     help = "show the job's state, nodes and workers (while it runs and after)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """spec, --json."""
-        add_spec_argument(parser)
+        """Target (spec or job name), --json, --watch, --interval."""
+        parser.add_argument("spec", metavar="job.yaml|JOB", help="job spec (YAML), or a job name from `runner runs`")
         parser.add_argument("--json", action="store_true", help="machine-readable output")
+        parser.add_argument("-w", "--watch", action="store_true", help="refresh a live table until the job ends")
+        parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (--watch)")
 
     def run(self, args: argparse.Namespace) -> int:
-        """Print the status as a table or JSON."""
-        from runner.control import read_status
+        """Print the status as a table or JSON (once, or until the job ends with --watch)."""
+        from runner.run_status import read
 
-        status = read_status(load(args.spec))
+        if args.watch:
+            return watch(args.spec, max(MIN_INTERVAL, args.interval))
+        status = read(args.spec)
         if args.json:
             print(json.dumps(status, indent=2, default=str))
             return 0
-        head = {k: v for k, v in status.items() if k != "nodes"}
-        print("  ".join(f"{k}={v}" for k, v in head.items()))
-        for node in status.get("nodes", []):
-            workers = ", ".join(
-                f"rank {w.get('rank')} pid {w.get('pid')}"
-                + (f" exit {w['exit_code']}" if w.get("exit_code") is not None else "")
-                for w in node.get("workers", [])
-            )
-            print(f"  node {node.get('node')}: {node.get('state')} attempt {node.get('attempt')}  [{workers}]")
+        print_status(status)
         return 0
+
+
+def print_status(status: dict[str, Any]) -> None:
+    """The one-shot text form: a header line, then one line per node."""
+    head = {k: v for k, v in status.items() if k != "nodes"}
+    print("  ".join(f"{k}={v}" for k, v in head.items()))
+    for node in status.get("nodes", []):
+        workers = ", ".join(
+            f"rank {w.get('rank')} pid {w.get('pid')}"
+            + (f" exit {w['exit_code']}" if w.get("exit_code") is not None else "")
+            for w in node.get("workers") or []
+        )
+        print(f"  node {node.get('node')}: {node.get('state')} attempt {node.get('attempt')}  [{workers}]")
+
+
+def watch(target: str, interval: float) -> int:
+    """Redraw the table every `interval` s until the job ends (on a terminal); otherwise print each change."""
+    from runner.run_status import ended, read, table
+
+    tty = sys.stdout.isatty()
+    shown = ""
+    while True:
+        status = read(target)
+        lines = table(status)
+        if tty:
+            sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
+            sys.stdout.flush()
+        else:
+            key = json.dumps([lines[1:], status.get("status")], default=str)  # the title carries the clock
+            if key != shown:
+                print("\n".join(lines), flush=True)
+                shown = key
+        if ended(status):
+            return 0
+        time.sleep(interval)

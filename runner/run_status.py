@@ -1,0 +1,207 @@
+"""A run's status from anywhere: find it (spec file or job name, through the runs index), read it, draw the table.
+
+`runner status` and `runner status --watch` use this; the local backend's status lives in `<run dir>/status.json`,
+an etcd job's in etcd (runner/control.py reads both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from runner import runs_index
+from runner.config.spec import JobSpec
+from runner.errors import EXIT_SPEC, RunnerError
+
+LIVE = frozenset({"running", "rendezvous", "stopping", "starting"})
+MAX_TAIL = 65536  # bytes of agent.jsonl read to find the last event
+PER_RANK_UP_TO = 4  # more ranks than this are counted, not listed
+
+
+class UnknownRun(RunnerError):
+    """The command line names a run nobody recorded (exit 2, like any bad command line)."""
+
+    exit_code = EXIT_SPEC
+
+
+def looks_like_a_file(target: str) -> bool:
+    """Whether `target` names a spec file rather than a job name."""
+    return os.sep in target or target.endswith((".yaml", ".yml", ".json")) or os.path.isfile(target)
+
+
+def latest_run(job: str) -> runs_index.Run:
+    """This user's latest run of `job` on this machine, from the runs index."""
+    runs = runs_index.runs_of(job)
+    if not runs:
+        raise UnknownRun(
+            f"no run of job '{job}' in the runs index ({runs_index.index_path()})",
+            fix="`runner runs` lists the runs it knows; or pass the job's spec file",
+        )
+    return runs[-1]
+
+
+def spec_of_run(run: runs_index.Run) -> JobSpec | None:
+    """The resolved spec a run wrote (`<run dir>/spec.json`), to reach its etcd; None when unreadable."""
+    from runner.config import load_spec_text
+    from runner.errors import SpecError
+
+    path = Path(run.run_dir) / "spec.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+        return load_spec_text(text, source=str(path), base_dir=run.run_dir, environ={})
+    except (OSError, SpecError):
+        return None
+
+
+def local_status(run: runs_index.Run) -> dict[str, Any]:
+    """The status of a local-backend run from its run dir, shaped as runner.control.read_status's."""
+    path = Path(run.run_dir) / "status.json"
+    try:
+        node = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise RunnerError(f"no status for job '{run.job}' at {path}", fix="the run dir was moved or deleted") from e
+    if not isinstance(node, dict):
+        raise RunnerError(f"unreadable status at {path}", fix="the run dir was damaged")
+    running = node.get("state") != "SHUTDOWN" and pid_alive(node.get("agent_pid"))
+    status = "running" if running else (node.get("outcome") or run.outcome or "unknown (agent gone)")
+    return {"job": run.job, "status": status, "backend": "local", "nodes": [node]}
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process with this pid exists (only asks; never signals)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read(target: str) -> dict[str, Any]:
+    """The status of the job a spec file or a job name designates, from whichever directory."""
+    from runner.control import read_status
+
+    if looks_like_a_file(target):
+        from runner.config import load_spec
+
+        spec = load_spec(target)
+        if spec.rendezvous.backend == "etcd":
+            return read_status(spec)
+        try:
+            return read_status(spec)  # this directory's logs.dir, as before
+        except RunnerError:
+            if not runs_index.runs_of(spec.name):
+                raise
+            return local_status(latest_run(spec.name))
+    run = latest_run(target)
+    if run.backend == "etcd":
+        resolved = spec_of_run(run)
+        if resolved is not None:
+            return read_status(resolved)
+    return local_status(run)
+
+
+def last_event(run_dir: str) -> tuple[str, float | None]:
+    """The last event a run's agent logged (name, epoch seconds), from the end of its agent.jsonl."""
+    try:
+        with (Path(run_dir) / "agent.jsonl").open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - MAX_TAIL))
+            lines = f.read(MAX_TAIL).decode(errors="replace").splitlines()
+    except OSError:
+        return "", None
+    for raw in reversed(lines):
+        try:
+            item = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and isinstance(item.get("event"), str):
+            name = item["event"]
+            if name == "transition":
+                name = f"→ {item.get('dst')}"
+            return name, epoch(item.get("timestamp"))
+    return "", None
+
+
+def epoch(stamp: object) -> float | None:
+    """Seconds since the epoch of an ISO timestamp, or None."""
+    import datetime as dt
+
+    if not isinstance(stamp, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
+
+
+def duration(seconds: float | None) -> str:
+    """1h02m, 3m05s, 42s; '-' when unknown."""
+    if seconds is None or seconds < 0:
+        return "-"
+    s = int(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def ranks(workers: object) -> str:
+    """The workers of a node in a few characters: `0 run · 1 exit 1`, or counts for many ranks."""
+    if not isinstance(workers, list) or not workers:
+        return "-"
+    items = [w for w in workers if isinstance(w, dict)]
+    if len(items) > PER_RANK_UP_TO:
+        done = [w for w in items if w.get("exit_code") is not None]
+        failed = [w for w in done if w.get("exit_code") != 0]
+        return f"{len(items)} ranks: {len(items) - len(done)} running, {len(done)} exited ({len(failed)} failed)"
+    parts = []
+    for w in items:
+        code = w.get("exit_code")
+        parts.append(f"{w.get('rank')} {'run' if code is None else 'ok' if code == 0 else f'exit {code}'}")
+    return " · ".join(parts)
+
+
+def table(status: dict[str, Any], now: float | None = None) -> list[str]:
+    """The lines of `runner status --watch`: a title, then one row per node."""
+    now = time.time() if now is None else now
+    runs = {r.node: r for r in runs_index.runs_of(str(status.get("job")))}
+    title = f"job {status.get('job')} · {status.get('status')} · {status.get('backend')} · {fmt_clock(now)}"
+    if status.get("backend") == "etcd":
+        title += f" · round {status.get('round')} · world {status.get('world_size')}"
+        title += f" · restarts {status.get('restarts')}"
+    head = ("NODE", "STATE", "ATTEMPT", "RESTARTS", "RANKS", "UPTIME", "LAST EVENT")
+    rows = [head]
+    for node in status.get("nodes") or []:
+        name = str(node.get("node"))
+        run = runs.get(name)
+        run_dir = str(node.get("run_dir") or (run.run_dir if run else ""))
+        event, when = last_event(run_dir) if run_dir else ("", None)
+        up = None
+        if run is not None:
+            up = (run.ended or now) - run.started if node.get("state") != "SHUTDOWN" or run.ended else None
+        ago = f" ({duration(now - when)} ago)" if when is not None else ""
+        restarts = node.get("restarts", status.get("restarts", "-"))
+        rows.append((name, str(node.get("state") or "-"), str(node.get("attempt", "-")), str(restarts),
+                     ranks(node.get("workers")), duration(up), (event + ago) if event else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = [title]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return lines
+
+
+def fmt_clock(now: float) -> str:
+    """HH:MM:SS local time."""
+    return time.strftime("%H:%M:%S", time.localtime(now))
+
+
+def ended(status: dict[str, Any]) -> bool:
+    """Whether the job is over (nothing left to watch)."""
+    return str(status.get("status")) not in LIVE
