@@ -8,6 +8,7 @@ from runner.cli.graph import GraphCommand
 from runner.cli.plan import PlanCommand
 from runner.cli.reset import ResetCommand
 from runner.cli.run import RunCommand
+from runner.cli.runs import RunsCommand
 from runner.cli.status import StatusCommand
 from runner.cli.stop import StopCommand
 from runner.cli.template import TemplateCommand
@@ -19,6 +20,7 @@ COMMANDS: tuple[type[Command], ...] = (
     PlanCommand,
     GraphCommand,
     StatusCommand,
+    RunsCommand,
     StopCommand,
     ResetCommand,
     TemplateCommand,
