@@ -12,6 +12,7 @@ from runner.config.redact import spec_for_disk
 from runner.errors import EXIT_SPEC, RunnerError
 from runner.machine import Step, Trigger
 from runner.outcomes import FailureKind, Outcome
+from runner.private_files import write_private
 from runner.states.waiting import Stopped, unless_stopped
 from runner.workers.failures import Failure
 
@@ -25,7 +26,7 @@ async def handle(ctx: Context) -> Step:
     signals.install(ctx.events, ctx.hurry, lambda name: ctx.log.warning("stop_hurried", signal=name))
     try:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        (ctx.run_dir / "spec.json").write_text(json.dumps(spec_for_disk(ctx.spec), indent=2), encoding="utf-8")
+        write_private(ctx.run_dir / "spec.json", json.dumps(spec_for_disk(ctx.spec), indent=2))
     except OSError as e:
         ctx.warn("spec_write_failed", error=str(e))
     try:
