@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from runner.cli.command import Command, add_spec_argument, load
-from runner.config import redact
+from runner.config.redact import redact, redact_argv, spec_for_disk
 from runner.config.spec import JobSpec
 from runner.rendezvous.base import RendezvousResult
 from runner.workers.launch_plan import build_plan
@@ -17,8 +17,7 @@ PORT_PLACEHOLDER = 0  # the real MASTER_PORT is picked fresh at every rendezvous
 
 def plan_view(spec: JobSpec, node: str = "node0") -> dict[str, Any]:
     """The resolved spec plus, for each node of a job of nodes.min nodes, each rank's argv, cwd and env."""
-    resolved = spec.to_dict()
-    resolved["env"] = {k: redact(k, v) for k, v in resolved["env"].items()}
+    resolved = spec_for_disk(spec)
     nodes = []
     for group_rank in range(spec.nodes.min):
         result = RendezvousResult(
@@ -37,7 +36,7 @@ def plan_view(spec: JobSpec, node: str = "node0") -> dict[str, Any]:
             {
                 "rank": w.rank,
                 "local_rank": w.local_rank,
-                "argv": list(w.argv),
+                "argv": redact_argv(w.argv),
                 "cwd": w.cwd,
                 "env": {k: redact(k, v) for k, v in w.env},
                 "logs": w.log_dir,
