@@ -36,11 +36,12 @@ SECRET_NAMES = frozenset({"DATABASE_URL"})
 NOT_SECRET_NAMES = frozenset({"PWD", "OLDPWD", "TOKENIZERS_PARALLELISM"})
 
 _PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://")
+# (each pattern starts only where its run starts, so no input makes a search quadratic)
+_SCHEME = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*+://")
 # key=value inside a value: a key starts where no key character precedes it (so `--db-password=` is one key).
-_PAIR_KEY = re.compile(r"(?<![\w.\-])([A-Za-z_\-][\w.\-]*)[ \t]*=[ \t]*")
+_PAIR_KEY = re.compile(r"(?<![\w.\-])([A-Za-z_\-][\w.\-]*+)[ \t]*+=[ \t]*+")
 # where an unquoted pair value ends: the next `<separator>key=` (so a password may hold spaces, & or ;).
-_NEXT_PAIR = re.compile(r"[;&,\s]+[A-Za-z_\-][\w.\-]*[ \t]*=")
+_NEXT_PAIR = re.compile(r"(?<![;&,\s])[;&,\s]++[A-Za-z_\-][\w.\-]*+[ \t]*+=")
 _CLOSING = {"'": "'", '"': '"', "{": "}"}
 
 
