@@ -63,4 +63,11 @@ def print_summary(ctx: Context) -> None:
         print("runner: " + failures[-1].report().replace("\n", "\nrunner: "), file=out)
     elif failures:
         print(f"runner:   attempt {failures[-1].attempt}: {failures[-1].reason}", file=out)
+    for warning in ctx.warnings:
+        what = warning.replace("_", " ")
+        print(f"runner: warning: {what} (the job's result stands; details in agent.jsonl)", file=out)
     print(f"runner: logs: {ctx.run_dir}", file=out)
+    if ctx.report_path is None:
+        print("runner: warning: report.json could not be written anywhere", file=out)
+    elif ctx.report_path.parent != ctx.run_dir:
+        print(f"runner: report: {ctx.report_path} (the run dir could not take it)", file=out)

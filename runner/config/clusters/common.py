@@ -14,7 +14,6 @@ from runner.config.spec import JobSpec
 from runner.errors import SpecError, SpecProblem
 
 TEMPLATES = Path(__file__).with_name("templates")
-KINDS = ("slurm", "kubernetes")
 ETCD_ENV = "RUNNER_ETCD_ENDPOINTS"  # set by a template that starts etcd (cluster.etcd: start)
 ETCD_PLACEHOLDER = "runner-etcd.invalid:2379"  # its value while the spec is loaded to render a template
 

@@ -15,9 +15,10 @@ import yaml
 
 from runner.config.clusters.common import ETCD_ENV, check_etcd, problem
 from runner.config.spec import JobSpec
+from runner.errors import EXIT_SPEC, EXIT_WORKERS_FAILED
 
 AGENT_GRACE_MARGIN = 15  # seconds beyond shutdown.grace_period for the agent to report and exit
-EXIT_GAVE_UP = (1, 2)  # runner exit codes: restart policy gave up, bad spec -> no pod retry
+EXIT_GAVE_UP = (EXIT_WORKERS_FAILED, EXIT_SPEC)  # the restart policy gave up, or a bad spec: no pod retry
 
 
 def dns_name(name: str) -> str:

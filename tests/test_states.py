@@ -1,0 +1,241 @@
+"""Each state handler on its own, with a real Context and hand-written fakes for the rendezvous (no workers run)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from runner.config import load_spec_text
+from runner.context import Context
+from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
+from runner.events import StopRequested, TimerExpired, WorkerExited
+from runner.machine import Step, Trigger
+from runner.outcomes import FailureKind, Outcome
+from runner.rendezvous.base import RendezvousResult
+from runner.states import failed, init, rendezvous, restarting, running, shutdown
+from runner.workers.failures import Failure
+
+SPEC = """
+version: 1
+name: states
+entrypoint: {command: ["true"]}
+nproc_per_node: 2
+restart: {max_restarts: 2, backoff: {initial: 30s, max: 30s}}
+"""
+
+
+class FakeRendezvous:
+    """Hand-written stand-in: scripted results or errors, records what the agent told it."""
+
+    def __init__(self, *, open_error: Exception | None = None, hang_open: bool = False,
+                 round_error: Exception | None = None, close_error: Exception | None = None) -> None:
+        self.open_error, self.hang_open, self.round_error, self.close_error = open_error, hang_open, round_error, close_error
+        self.published: list[dict] = []
+        self.closed: list[str] = []
+
+    async def open(self, events) -> None:
+        if self.hang_open:
+            await asyncio.Event().wait()  # an etcd that never answers
+        if self.open_error:
+            raise self.open_error
+
+    async def next_round(self, attempt: int) -> RendezvousResult:
+        if self.round_error:
+            raise self.round_error
+        return RendezvousResult(round=attempt, node="n0", group_rank=0, group_world_size=1, nproc_per_node=2,
+                                master_addr="127.0.0.1", master_port=29500, nodes=("n0",))
+
+    async def charge_restart(self, max_restarts: int) -> int | None:
+        return 1
+
+    async def publish(self, state: dict) -> None:
+        self.published.append(state)
+
+    async def close(self, outcome: str) -> None:
+        if self.close_error:
+            raise self.close_error
+        self.closed.append(outcome)
+
+
+class Log:
+    """A structlog-shaped logger that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict]] = []
+
+    def __getattr__(self, level: str):
+        return lambda event, **kw: self.lines.append((level, event, kw))
+
+
+def make_ctx(tmp_path: Path, rdzv: FakeRendezvous | None = None) -> Context:
+    spec = load_spec_text(SPEC, source=str(tmp_path / "job.yaml"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    return Context(spec=spec, node="n0", run_id="states", run_dir=run_dir, rendezvous=rdzv or FakeRendezvous(),
+                   log=Log())
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_init_is_fatal_with_exit_3_when_the_rendezvous_cannot_open(tmp_path):
+    ctx = make_ctx(tmp_path, FakeRendezvous(open_error=RendezvousError("etcd unreachable", "start etcd")))
+
+    async def go():
+        return await init.handle(ctx)
+
+    step = run(go())
+    assert step == Step(Trigger.fatal, "etcd unreachable", Outcome.ERROR, 3)
+    assert ctx.failure.kind is FailureKind.RENDEZVOUS
+    assert json.loads((ctx.run_dir / "spec.json").read_text())["name"] == "states"
+
+
+def test_init_honours_a_stop_while_the_rendezvous_hangs(tmp_path):
+    ctx = make_ctx(tmp_path, FakeRendezvous(hang_open=True))
+
+    async def go():
+        asyncio.get_running_loop().call_later(0.05, ctx.events.put_nowait, StopRequested(15, graceful=False))
+        return await asyncio.wait_for(init.handle(ctx), 10)
+
+    step = run(go())
+    assert step.trigger is Trigger.stop_requested
+    assert ctx.stop == StopRequested(15, graceful=False)
+
+
+@pytest.mark.parametrize(
+    ("error", "trigger", "outcome", "kind"),
+    [
+        (JobClosed("states", "stopping"), Trigger.job_closed, Outcome.STOPPED, None),
+        (RendezvousTimeout("states", 5.0, 1, 2), Trigger.rendezvous_timeout, None, FailureKind.RENDEZVOUS),
+        (RendezvousError("lost etcd"), Trigger.fatal, Outcome.ERROR, FailureKind.RENDEZVOUS),
+    ],
+    ids=["closed", "timeout", "error"],
+)
+def test_rendezvous_turns_each_error_into_its_edge(tmp_path, error, trigger, outcome, kind):
+    ctx = make_ctx(tmp_path, FakeRendezvous(round_error=error))
+    step = run(rendezvous.handle(ctx))
+    assert step.trigger is trigger
+    assert step.outcome is outcome
+    assert (ctx.failure.kind if ctx.failure else None) is kind
+    if "closed" in error.message:
+        assert "runner reset" in error.fix
+
+
+def test_rendezvous_success_plans_the_workers(tmp_path):
+    ctx = make_ctx(tmp_path)
+    step = run(rendezvous.handle(ctx))
+    assert step.trigger is Trigger.rendezvous_complete
+    assert "world size 2" in step.reason
+    assert [w.rank for w in ctx.plan.workers] == [0, 1]
+
+
+class FakeWorker:
+    def __init__(self, pid: int, local_rank: int) -> None:
+        self.pid = pid
+        self.plan = type("Plan", (), {"log_dir": f"/logs/rank_{local_rank}"})()
+
+
+class FakeGroup:
+    """Two current workers with known pids (no processes)."""
+
+    def __init__(self) -> None:
+        self.workers = {0: FakeWorker(1000, 0), 1: FakeWorker(1001, 1)}
+
+
+def test_running_ignores_exits_and_timer_expiries_of_earlier_workers(tmp_path):
+    """Issue 8.6a: a timer expiry queued during one attempt must not fail the next."""
+    ctx = make_ctx(tmp_path)
+    ctx.group = FakeGroup()  # type: ignore[assignment]
+    stale_timer = TimerExpired(local_rank=1, rank=1, pid=999, scope="step", overdue_s=1.0, reason="old attempt")
+    stale_exit = WorkerExited(local_rank=0, rank=0, pid=998, exit_code=1, attempt=0)
+    assert run(running.on_event(ctx, stale_timer)) is None
+    assert run(running.on_event(ctx, stale_exit)) is None
+    assert ctx.failure is None
+    current = TimerExpired(local_rank=1, rank=1, pid=1001, scope="step", overdue_s=1.0, reason="hung")
+    step = run(running.on_event(ctx, current))
+    assert step.trigger is Trigger.timer_expired
+    assert ctx.failure.kind is FailureKind.WATCHDOG
+
+
+def test_restarting_drops_what_the_old_workers_queued_but_keeps_stops(tmp_path):
+    ctx = make_ctx(tmp_path)
+    ctx.group = FakeGroup()  # type: ignore[assignment]
+    stop = StopRequested(2, graceful=False)
+    ctx.events.put_nowait(TimerExpired(local_rank=0, rank=0, pid=5, scope="s", overdue_s=0, reason="old"))
+    ctx.events.put_nowait(stop)
+    restarting.drop_stale(ctx)
+    assert ctx.events.qsize() == 1
+    assert ctx.events.get_nowait() is stop
+
+
+def test_failed_keeps_the_failure_and_lets_the_policy_decide(tmp_path):
+    ctx = make_ctx(tmp_path)
+    ctx.failure = Failure(kind=FailureKind.WORKER, reason="rank 1 exited with code 1", attempt=0, rank=1, exit_code=1)
+    step = run(failed.handle(ctx))
+    assert step.trigger is Trigger.decide
+    assert ctx.failures == [ctx.failure]
+    saved = json.loads((ctx.run_dir / "attempt_0" / "failure.json").read_text())
+    assert saved["kind"] == "worker"
+    assert saved["exit_code"] == 1
+
+
+@pytest.mark.parametrize(("graceful", "outcome", "code"), [(True, Outcome.FAILED, 1), (False, None, None)])
+def test_a_stop_during_the_backoff_ends_the_job_at_once(tmp_path, graceful, outcome, code):
+    """Graceful: no restart, the failed attempt's result stands (exit 1). Otherwise a plain stop (SHUTDOWN: 128+N)."""
+    ctx = make_ctx(tmp_path)
+    ctx.restarts = 2  # the second restart backs off 30 s
+    ctx.failure = Failure(kind=FailureKind.WORKER, reason="boom", attempt=0, exit_code=1)
+
+    async def go():
+        asyncio.get_running_loop().call_later(0.05, ctx.events.put_nowait, StopRequested(12, graceful=graceful))
+        return await asyncio.wait_for(restarting.handle(ctx), 10)
+
+    step = run(go())
+    assert step.trigger is Trigger.stop_requested
+    assert step.outcome is outcome
+    assert step.exit_code == code
+    assert ctx.attempt == 0
+
+
+def test_shutdown_after_a_stop_exits_128_plus_the_signal_and_writes_the_report(tmp_path):
+    rdzv = FakeRendezvous()
+    ctx = make_ctx(tmp_path, rdzv)
+    ctx.stop = StopRequested(2, graceful=False)
+    run(shutdown.handle(ctx))
+    assert (ctx.outcome, ctx.exit_code) == (Outcome.STOPPED, 130)
+    report = json.loads((ctx.run_dir / "report.json").read_text())
+    assert report["outcome"] == "stopped"
+    assert report["exit_code"] == 130
+    assert rdzv.closed == ["stopped"]
+    assert rdzv.published[-1]["state"] == "SHUTDOWN"
+
+
+def test_shutdown_keeps_the_workers_result_when_the_rendezvous_fails(tmp_path):
+    """Issue 9.4: etcd unreachable when the workers finish is a warning, never the job's result."""
+    ctx = make_ctx(tmp_path, FakeRendezvous(close_error=RendezvousError("etcd unreachable")))
+    ctx.outcome, ctx.exit_code = Outcome.SUCCEEDED, 0
+    run(shutdown.handle(ctx))
+    assert (ctx.outcome, ctx.exit_code) == (Outcome.SUCCEEDED, 0)
+    report = json.loads((ctx.run_dir / "report.json").read_text())
+    assert report["outcome"] == "succeeded"
+    assert "rendezvous_close_failed" in report["warnings"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories; the tmpfs test covers root")
+def test_shutdown_writes_the_report_elsewhere_when_the_run_dir_is_read_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    ctx = make_ctx(tmp_path)
+    ctx.outcome = Outcome.SUCCEEDED
+    ctx.run_dir.chmod(0o500)
+    try:
+        run(shutdown.handle(ctx))
+    finally:
+        ctx.run_dir.chmod(0o700)
+    assert ctx.report_path is not None
+    assert ctx.report_path.parent != ctx.run_dir
+    assert json.loads(ctx.report_path.read_text())["outcome"] == "succeeded"
