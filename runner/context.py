@@ -88,7 +88,7 @@ class Context:
             run_id=self.spec.name,
             run_dir=str(self.run_dir),
             base_env=os.environ,
-            extra_env=self.timer.worker_env() if self.timer is not None else None,
+            rank_env=self.timer.worker_env(range(self.result.nproc_per_node)) if self.timer is not None else None,
         )
 
     def is_stale(self, event: Event) -> bool:

@@ -72,4 +72,6 @@ async def start_watchdog(ctx: Context) -> None:
     """Start the file-timer server; its expiries become TimerExpired events."""
     from runner.watchdog.service import start
 
-    ctx.timer = await start(ctx)
+    ctx.timer = await start(
+        ctx.spec.watchdog, run_dir=ctx.run_dir, events=ctx.events, log=ctx.log, group=lambda: ctx.group
+    )

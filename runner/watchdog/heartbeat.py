@@ -1,22 +1,31 @@
-"""Worker heartbeats through file mtimes: workers touch RUNNER_HEARTBEAT_FILE, the agent watches.
+"""Worker heartbeats through file changes: workers touch RUNNER_HEARTBEAT_FILE, the agent watches.
 
-The monitor keeps one loop.call_at handle at the earliest moment some worker could become silent for
-`timeout` seconds; only then does it stat the files (no fast polling). A worker that never touches
-its file counts from when `watch()` was called.
+The monitor never compares a file's mtime with the wall clock (a clock step would make a live worker look
+hung, or a hung one alive). It looks for a CHANGE of the file's (inode, size, mtime, ctime) and times
+silence on the monotonic clock: a change seen at a check counts as a sign of life at that check, so a
+worker is reported at least `timeout` seconds after its last beat, never earlier (to the file system's
+timestamp granularity), and at most one check interval (`timeout / 4`, at most 5 s) later. Checks are one
+loop.call_at handle for all workers; only then are the files stat'ed. A worker that never touches its
+file counts from when `watch()` was called.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 
+from runner.watchdog.clock import Clock, SystemClock
+
 ENV_VAR = "RUNNER_HEARTBEAT_FILE"
+MAX_CHECK_INTERVAL_S = 5.0
+MIN_CHECK_INTERVAL_S = 0.01  # never spin, whatever the timeout
+
+Signature = tuple[int, int, int, int] | None  # (inode, size, mtime_ns, ctime_ns); None while there is no file
 
 
 def beat(path: str | None = None) -> None:
@@ -26,64 +35,87 @@ def beat(path: str | None = None) -> None:
         Path(target).touch()
 
 
-class HeartbeatMonitor:
-    """Calls on_silent(local_rank, silent_s) once for a worker whose file is older than `timeout`."""
+def signature(path: Path) -> Signature:
+    """What changes when a worker touches or rewrites its file; None if it does not exist (yet)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
-    def __init__(self, timeout: float, on_silent: Callable[[int, float], None], *, log: Any = None) -> None:
+
+@dataclass
+class _Watched:
+    path: Path
+    seen: Signature  # the file as of the last check
+    alive_at: float  # monotonic time of the last sign of life
+
+
+class HeartbeatMonitor:
+    """Calls on_silent(local_rank, silent_s) once for a worker whose file has not changed for `timeout` seconds."""
+
+    def __init__(
+        self,
+        timeout: float,
+        on_silent: Callable[[int, float], None],
+        *,
+        clock: Clock | None = None,
+        log: structlog.typing.FilteringBoundLogger | None = None,
+    ) -> None:
         self._timeout = timeout
+        self._interval = max(min(timeout / 4, MAX_CHECK_INTERVAL_S), MIN_CHECK_INTERVAL_S)
         self._on_silent = on_silent
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self._log = log if log is not None else structlog.get_logger("runner.watchdog.heartbeat")
-        self._files: dict[int, Path] = {}
-        self._last: dict[int, float] = {}  # loop time of the last sign of life per rank
+        self._watched: dict[int, _Watched] = {}
         self._handle: asyncio.TimerHandle | None = None
 
     def watch(self, local_rank: int, path: Path) -> None:
         """Start watching a worker's heartbeat file (call from the event loop, when the worker starts)."""
-        self._files[local_rank] = Path(path)
-        self._last[local_rank] = asyncio.get_running_loop().time()
+        path = Path(path)
+        self._watched[local_rank] = _Watched(path, signature(path), self._clock.monotonic())
         self._arm()
 
     def watching(self, local_rank: int, path: Path) -> bool:
         """True if `local_rank` is watched through `path` already."""
-        return self._files.get(local_rank) == Path(path)
+        w = self._watched.get(local_rank)
+        return w is not None and w.path == Path(path)
+
+    def alive(self, local_rank: int, at: float) -> None:
+        """Another sign of life of `local_rank` at monotonic time `at` (e.g. a timer request)."""
+        w = self._watched.get(local_rank)
+        if w is not None and at > w.alive_at:
+            w.alive_at = at
+            self._arm()
 
     def clear(self) -> None:
         """Stop watching every worker (they are being stopped or replaced)."""
-        self._files.clear()
-        self._last.clear()
+        self._watched.clear()
         self._arm()
 
     def _arm(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-        if self._last:
-            when = min(self._last.values()) + self._timeout
+        if self._watched:  # stat every interval (changes are only seen by looking), or at the first silence
+            now = self._clock.monotonic()
+            silent_at = min(w.alive_at for w in self._watched.values()) + self._timeout
+            when = min(now + self._interval, max(now, silent_at))
             self._handle = asyncio.get_running_loop().call_at(when, self._check)
 
     def _check(self) -> None:
         self._handle = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        for rank, path in list(self._files.items()):
-            seen = self._seen(path, now)
-            if seen is not None:
-                self._last[rank] = max(self._last[rank], seen)
-            silent_s = now - self._last[rank]
+        now = self._clock.monotonic()
+        for rank, w in list(self._watched.items()):
+            seen = signature(w.path)
+            if seen != w.seen:
+                w.seen, w.alive_at = seen, now
+            silent_s = now - w.alive_at
             if silent_s >= self._timeout:
-                del self._files[rank], self._last[rank]
+                del self._watched[rank]
                 self._log.warning("heartbeat_silent", local_rank=rank, silent_s=round(silent_s, 3))
                 try:
                     self._on_silent(rank, silent_s)
-                except Exception:
+                except Exception:  # a callback's bug must not stop the monitor
                     self._log.exception("heartbeat_callback_failed", local_rank=rank)
         self._arm()
-
-    @staticmethod
-    def _seen(path: Path, now: float) -> float | None:
-        """The file's mtime on the loop's clock, None if there is no file yet."""
-        try:
-            mtime = path.stat().st_mtime
-        except OSError:
-            return None
-        return now - max(0.0, time.time() - mtime)

@@ -9,79 +9,121 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
+import structlog
+
+from runner.config.spec import Watchdog as WatchdogSpec
 from runner.events import TimerExpired
+from runner.watchdog.clock import Clock, SystemClock
 from runner.watchdog.heartbeat import HeartbeatMonitor
 from runner.watchdog.stacks import capture_stacks
 from runner.watchdog.timer_server import Expiry, FileTimerServer
+from runner.workers.group import Worker, WorkerGroup
+
+TIMER_ENV = "TORCHELASTIC_TIMER_FILE"
+
+
+class EventSink(Protocol):
+    """Where TimerExpired goes: the agent's event queue."""
+
+    def put_nowait(self, item: TimerExpired, /) -> None:
+        """Queue one event without waiting."""
+        ...
 
 
 class Watchdog:
-    """Owns the timer server and (when heartbeat_timeout is set) the heartbeat monitor of one agent."""
+    """Owns the timer server and (when heartbeat_timeout is set) the heartbeat monitor of one agent.
 
-    def __init__(self, ctx: Any) -> None:
-        self.ctx = ctx
-        cfg = ctx.spec.watchdog
+    group() is the current WorkerGroup (None between attempts): the owner lookup for pids and the source of
+    each rank's plan (rank, log dir, heartbeat file).
+    """
+
+    def __init__(
+        self,
+        cfg: WatchdogSpec,
+        *,
+        run_dir: Path,
+        events: EventSink,
+        log: structlog.typing.FilteringBoundLogger,
+        group: Callable[[], WorkerGroup | None],
+        clock: Clock | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.events = events
+        self.log = log
+        self.group = group
+        self.clock: Clock = clock if clock is not None else SystemClock()
         self.server = FileTimerServer(
-            ctx.run_dir,
+            run_dir,
             owner=self.owner,
             on_expiry=self.on_expiry,
+            clock=self.clock,
             check_interval=cfg.check_interval,
             capture_stacks=cfg.capture_stacks,
-            log=ctx.log,
+            log=log,
         )
         self.monitor = (
-            HeartbeatMonitor(cfg.heartbeat_timeout, self.on_silent, log=ctx.log) if cfg.heartbeat_timeout else None
+            HeartbeatMonitor(cfg.heartbeat_timeout, self.on_silent, clock=self.clock, log=log)
+            if cfg.heartbeat_timeout
+            else None
         )
+        self._pids: dict[int, int] = {}  # local rank -> pid of the worker last watched
         self._tasks: set[asyncio.Task[None]] = set()
 
     def owner(self, pid: int) -> int | None:
         """Local rank of the current worker that `pid` is (or descends from)."""
-        return self.ctx.group.owner(pid) if self.ctx.group is not None else None
+        group = self.group()
+        return group.owner(pid) if group is not None else None
 
-    def worker_env(self) -> dict[str, str]:
-        """What every worker gets: TORCHELASTIC_TIMER_FILE (FileTimerClient's FIFO)."""
-        return {"TORCHELASTIC_TIMER_FILE": self.server.path}
+    def worker_env(self, local_ranks: Iterable[int]) -> dict[int, dict[str, str]]:
+        """Per local rank: TORCHELASTIC_TIMER_FILE, that rank's own FIFO (FileTimerClient's channel)."""
+        return {r: {TIMER_ENV: self.server.channel(r)} for r in local_ranks}
 
-    def watch(self, group: Any) -> None:
-        """Start heartbeat watching for every live worker not yet watched (call after spawning)."""
-        if self.monitor is None:
-            return
+    def _worker(self, local_rank: int) -> Worker | None:
+        group = self.group()
+        return group.workers.get(local_rank) if group is not None else None
+
+    def watch(self, group: WorkerGroup) -> None:
+        """Note every live worker not yet watched (call after spawning): a replaced one's timers are forgotten."""
         for w in group.running():
+            rank = w.plan.local_rank
+            if self._pids.get(rank, w.pid) != w.pid:
+                self.server.forget(rank)
+            self._pids[rank] = w.pid
             path = Path(w.plan.heartbeat_file)
-            if not self.monitor.watching(w.plan.local_rank, path):
-                self.monitor.watch(w.plan.local_rank, path)
+            if self.monitor is not None and not self.monitor.watching(rank, path):
+                self.monitor.watch(rank, path)
 
     def on_expiry(self, e: Expiry) -> None:
         """A FileTimerClient scope expired and the worker was signalled: report it as TimerExpired."""
-        local_rank = self.owner(e.pid)
-        if local_rank is None:
+        worker = self._worker(e.local_rank)
+        if worker is None:
             return
-        rank = self.ctx.group.workers[local_rank].plan.rank
-        timeout = e.reason.rsplit(" after ", 1)[-1] if " after " in e.reason else "?"
-        reason = f"watchdog: scope '{e.scope}' on rank {rank} expired after {timeout}"
-        self.emit(TimerExpired(local_rank, rank, e.pid, e.scope, e.signalled_at - e.deadline, e.stacks, reason))
+        rank = worker.plan.rank
+        reason = f"watchdog: scope '{e.scope}' on rank {rank} expired after {e.timeout_s:.1f} s"
+        self.emit(TimerExpired(e.local_rank, rank, e.pid, e.scope, e.signalled_at - e.deadline, e.stacks, reason))
 
     def on_silent(self, local_rank: int, silent_s: float) -> None:
-        """No heartbeat (file touch or timer request) for heartbeat_timeout: hung. Stacks, SIGKILL, report."""
-        worker = self.ctx.group.workers.get(local_rank) if self.ctx.group is not None else None
-        if worker is None or worker.exited.done():
+        """No heartbeat (file change or timer request) for heartbeat_timeout: hung. Stacks, SIGKILL, report."""
+        worker = self._worker(local_rank)
+        timeout = self.cfg.heartbeat_timeout
+        if worker is None or worker.exited.done() or self.monitor is None or timeout is None:
             return
-        last = self.server.last_activity(worker.pid)
-        loop = asyncio.get_running_loop()
-        timeout = self.ctx.spec.watchdog.heartbeat_timeout
-        if last is not None and loop.time() - last < timeout:
-            self.monitor.watch(local_rank, Path(worker.plan.heartbeat_file))  # timer traffic counts
+        last = self.server.last_activity(local_rank)
+        if last is not None and self.clock.monotonic() - last < timeout:  # timer traffic counts as a beat
+            self.monitor.watch(local_rank, Path(worker.plan.heartbeat_file))
+            self.monitor.alive(local_rank, last)
             return
-        task = loop.create_task(self._kill_silent(worker, silent_s, timeout))
+        task = asyncio.get_running_loop().create_task(self._kill_silent(worker, silent_s, timeout))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _kill_silent(self, worker: Any, silent_s: float, timeout: float) -> None:
-        stacks = await capture_stacks(worker.pid, log=self.ctx.log) if self.ctx.spec.watchdog.capture_stacks else ""
-        if worker.exited.done():
+    async def _kill_silent(self, worker: Worker, silent_s: float, timeout: float) -> None:
+        stacks = await capture_stacks(worker.pid, log=self.log) if self.cfg.capture_stacks else ""
+        if worker.exited.done():  # not reaped before exited is set: until then the pid is still our worker's
             return
         try:
             os.kill(worker.pid, signal.SIGKILL)
@@ -89,14 +131,15 @@ class Watchdog:
             return
         rank = worker.plan.rank
         reason = f"watchdog: rank {rank} sent no heartbeat for {silent_s:.1f} s (heartbeat_timeout {timeout:g} s)"
-        self.emit(TimerExpired(worker.plan.local_rank, rank, worker.pid, "heartbeat", silent_s - timeout, stacks, reason))
+        overdue = silent_s - timeout
+        self.emit(TimerExpired(worker.plan.local_rank, rank, worker.pid, "heartbeat", overdue, stacks, reason))
 
     def emit(self, event: TimerExpired) -> None:
         """Queue the event for RUNNING and keep the stacks beside the rank's logs."""
-        worker = self.ctx.group.workers.get(event.local_rank)
+        worker = self._worker(event.local_rank)
         if event.stacks and worker is not None:
             Path(worker.plan.log_dir, "stacks.txt").write_text(event.stacks, encoding="utf-8")
-        self.ctx.events.put_nowait(event)
+        self.events.put_nowait(event)
 
     def clear(self) -> None:
         """Forget every timer and heartbeat (workers are being replaced)."""
@@ -112,8 +155,16 @@ class Watchdog:
         await self.server.stop()
 
 
-async def start(ctx: Any) -> Watchdog:
-    """Create and start the watchdog for `ctx`."""
-    dog = Watchdog(ctx)
+async def start(
+    cfg: WatchdogSpec,
+    *,
+    run_dir: Path,
+    events: EventSink,
+    log: structlog.typing.FilteringBoundLogger,
+    group: Callable[[], WorkerGroup | None],
+    clock: Clock | None = None,
+) -> Watchdog:
+    """Create and start the watchdog (the spec's `watchdog` section) for the run in `run_dir`."""
+    dog = Watchdog(cfg, run_dir=run_dir, events=events, log=log, group=group, clock=clock)
     await dog.server.start()
     return dog

@@ -1,15 +1,19 @@
-"""File-timer server speaking torch's FileTimerClient wire format, embedded in the agent's event loop.
+"""File-timer server for torch's FileTimerClient, embedded in the agent's event loop: one FIFO per worker.
 
-Workers (torch.distributed.elastic.timer.FileTimerClient) open the FIFO at `path` O_WRONLY|O_NONBLOCK
-per request and write one JSON line (FileTimerRequest.to_json):
-    {"version": 1, "pid": int, "scope_id": str, "expiration_time": float (time.time()), "signal": int}
-`expiration_time < 0` releases the scope. Unlike torch's server, an expiry never kills the agent: the
-worker's stacks are captured (py-spy, see runner/watchdog/stacks.py), the requested signal is sent to the worker
-only, and `on_expiry` gets an `Expiry` so the agent's restart policy decides what happens next.
+Each local rank gets its own channel, `<run dir>/timer/rank_<local rank>.fifo`, passed to that worker
+(and inherited by its children) as TORCHELASTIC_TIMER_FILE. The wire format is torch's (runner/watchdog/wire.py).
+A channel belongs to one worker, so a writer that garbles its stream harms only its own channel, and a
+request is accepted only when the pid it names is the channel's worker or one of its descendants.
 
-Event-driven: the FIFO is read when readable (loop.add_reader) and one loop.call_at handle is armed for
-the earliest deadline. Client deadlines are wall-clock; they are converted to the loop's monotonic clock
-when received, so later wall-clock steps do not move them.
+Unlike torch's server, an expiry never kills the agent: the worker's stacks are captured (py-spy, see
+runner/watchdog/stacks.py), the requested signal is sent to the worker only, and `on_expiry` gets an
+`Expiry` so the agent's restart policy decides what happens next.
+
+Event-driven: a channel is read when readable (loop.add_reader; one bounded read per wake-up so a flood
+cannot starve the loop) and one loop.call_at handle is armed for the earliest deadline. Client deadlines
+are wall-clock; they are converted to the monotonic clock when received, so later wall-clock steps do not
+move them. Bounded under abuse: at most `max_scopes` scopes per worker, heap entries compacted, refused
+requests counted per kind and logged in one summary per `summary_interval`, not one line each.
 """
 
 from __future__ import annotations
@@ -17,123 +21,60 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
-import json
 import math
 import os
-import select
-import signal
 import stat
-import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from runner.errors import RunnerError
+from runner.watchdog.clock import Clock, SystemClock
 from runner.watchdog.stacks import capture_stacks
+from runner.watchdog.wire import Rejection, RequestReader, TimerRequest
 
-WIRE_VERSION = 1
-MAX_LINE = select.PIPE_BUF  # the client refuses to send more; longer lines are discarded
-MAX_HORIZON_S = 366 * 24 * 3600.0  # a deadline further ahead than this is treated as garbage
-MAX_SCOPE_CHARS = 1024
-_READS_PER_WAKE = 64  # bound one reader callback so a flood cannot starve the loop
+MAX_SCOPES_PER_WORKER = 1024  # torch code uses a handful; more is a leak or an attack
+READ_BYTES = 65536  # one read per wake-up per channel: a full default pipe, ~600 requests
 _EARLY_TOLERANCE_S = 1e-3  # call_at may fire a hair early; never expire earlier than this
-
-
-@dataclass(frozen=True)
-class TimerRequest:
-    """One validated line from a client. expiration_time < 0 means release."""
-
-    pid: int
-    scope: str
-    expiration_time: float  # time.time() based
-    signal: int  # <= 0: report only, do not signal
+_COMPACT_SLACK = 64  # rebuild the heap when stale entries outnumber live ones by this much
 
 
 @dataclass(frozen=True)
 class Expiry:
-    """A worker's scope expired. deadline and signalled_at are time.time() values; overdue = their difference."""
+    """A worker's scope expired. deadline and signalled_at are wall-clock values; overdue = their difference."""
 
+    local_rank: int
     pid: int
     scope: str
     deadline: float
     signalled_at: float
     signal: int  # the signal sent, 0 if none was (the client asked for signal <= 0)
     stacks: str  # py-spy dump taken before the signal, "" when unavailable
-    reason: str
+    timeout_s: float  # how long the worker gave the scope
+
+    @property
+    def reason(self) -> str:
+        """One line for humans."""
+        return f"watchdog: scope '{self.scope}' on pid {self.pid} expired after {self.timeout_s:.1f} s"
 
 
-def parse_request(line: bytes, now: float) -> TimerRequest:
-    """Validate one wire line (without its newline). Raises ValueError naming what is wrong."""
-    try:
-        doc = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ValueError("not a JSON object")
-    version = _field(doc, "version", int)
-    if version != WIRE_VERSION:
-        raise ValueError(f"unsupported version {version!r} (expected {WIRE_VERSION})")
-    pid = _field(doc, "pid", int)
-    scope = _field(doc, "scope_id", str)
-    expiration = float(_field(doc, "expiration_time", (int, float)))
-    sig = _field(doc, "signal", int)
-    if pid <= 0:
-        raise ValueError(f"pid must be positive, got {pid}")
-    if len(scope) > MAX_SCOPE_CHARS:
-        raise ValueError(f"scope_id longer than {MAX_SCOPE_CHARS} characters")
-    if not math.isfinite(expiration) or expiration > now + MAX_HORIZON_S:
-        raise ValueError(f"expiration_time {expiration!r} is not a time.time() value within a year")
-    if sig > 0 and sig not in signal.valid_signals():
-        raise ValueError(f"signal {sig} is not a valid signal number")
-    return TimerRequest(pid=pid, scope=scope, expiration_time=expiration, signal=sig)
+@dataclass(frozen=True)
+class ServerStats:
+    """What the server has seen since it started (counters never reset)."""
 
-
-def _field(doc: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    if name not in doc:
-        raise ValueError(f"missing field '{name}'")
-    value = doc[name]
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise ValueError(f"field '{name}' has the wrong type ({type(value).__name__})")
-    return value
-
-
-class LineSplitter:
-    """Split a byte stream into lines; keep partial lines until their newline; drop lines over `limit`."""
-
-    def __init__(self, limit: int = MAX_LINE) -> None:
-        self._limit = limit
-        self._buf = bytearray()
-        self._discarding = False  # inside an over-long line: drop bytes up to its newline
-
-    def feed(self, data: bytes) -> tuple[list[bytes], int]:
-        """The complete lines in `data` (plus what was buffered) and how many over-long lines were dropped."""
-        lines: list[bytes] = []
-        dropped = 0
-        *complete, rest = data.split(b"\n")
-        for chunk in complete:
-            if self._discarding:
-                self._discarding = False
-                continue
-            line = bytes(self._buf) + chunk
-            self._buf.clear()
-            if len(line) > self._limit:
-                dropped += 1
-            else:
-                lines.append(line)
-        if not self._discarding:
-            self._buf += rest
-            if len(self._buf) > self._limit:
-                self._buf.clear()
-                self._discarding = True
-                dropped += 1
-        return lines, dropped
+    accepted: int
+    rejected: dict[str, int]  # Rejection kind -> count, over every channel
+    timers: int  # live scopes
+    heap: int  # scheduled entries (live plus stale, bounded by compaction)
+    buffered: int  # bytes held for partial lines, over every channel
 
 
 @dataclass
 class _Timer:
+    local_rank: int
     deadline_mono: float
     deadline_wall: float
     timeout_s: float  # how long the worker gave the scope (deadline - receipt time)
@@ -141,8 +82,18 @@ class _Timer:
     seq: int  # matches the heap entry that schedules this timer (lazy deletion)
 
 
+@dataclass
+class _Channel:
+    local_rank: int
+    path: Path
+    rfd: int
+    wfd: int  # our own writer: the reader never sees EOF when clients close
+    reader: RequestReader = field(default_factory=RequestReader)
+    reported: Counter[Rejection] = field(default_factory=Counter)  # rejections already in a summary
+
+
 class FileTimerServer:
-    """Receives FileTimerClient requests on a FIFO and reports expired scopes; see the module docstring.
+    """Receives FileTimerClient requests on per-worker FIFOs and reports expired scopes; see the module docstring.
 
     owner(pid) -> local rank when pid is one of this runner's workers (or a descendant), else None.
     check_interval: expiries are coalesced: two expiry wake-ups are at least this far apart, so a burst
@@ -155,156 +106,250 @@ class FileTimerServer:
         *,
         owner: Callable[[int], int | None],
         on_expiry: Callable[[Expiry], None],
+        clock: Clock | None = None,
         check_interval: float = 0.1,
         capture_stacks: bool = True,
-        log: Any = None,
+        max_scopes: int = MAX_SCOPES_PER_WORKER,
+        summary_interval: float = 10.0,
+        log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         self._dir = Path(run_dir) / "timer"
-        self._fifo = self._dir / "requests.fifo"
         self._owner = owner
         self._on_expiry = on_expiry
+        self._clock: Clock = clock if clock is not None else SystemClock()
         self._check_interval = check_interval
         self._capture = capture_stacks
+        self._max_scopes = max_scopes
+        self._summary_interval = summary_interval
         self._log = log if log is not None else structlog.get_logger("runner.watchdog.timer_server")
-        self._splitter = LineSplitter()
-        self._timers: dict[tuple[int, str], _Timer] = {}
-        self._heap: list[tuple[float, int, tuple[int, str]]] = []
+        self._channels: dict[int, _Channel] = {}
+        self._timers: dict[int, dict[str, _Timer]] = {}  # pid -> scope -> timer
+        self._scopes: Counter[int] = Counter()  # local rank -> live scopes
+        self._heap: list[tuple[float, int, int, str]] = []  # (deadline_mono, seq, pid, scope)
         self._seq = 0
-        self._activity: dict[int, float] = {}
+        self._accepted = 0
+        self._activity: dict[int, float] = {}  # local rank -> monotonic time of its last accepted request
         self._expiring: dict[int, asyncio.Task[None]] = {}
         self._handle: asyncio.TimerHandle | None = None
+        self._summary: asyncio.TimerHandle | None = None
         self._last_wake = -math.inf
-        self._rfd = -1
-        self._wfd = -1
+        self._last_summary = -math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
-    def path(self) -> str:
-        """The FIFO path; give it to workers as TORCHELASTIC_TIMER_FILE."""
-        return str(self._fifo)
+    def directory(self) -> Path:
+        """The private directory holding the channels."""
+        return self._dir
 
     async def start(self) -> None:
-        """Create the private directory and FIFO and start reading it."""
+        """Create the private directory (channels are made by `channel()`)."""
         self._loop = asyncio.get_running_loop()
         self._dir.parent.mkdir(parents=True, exist_ok=True)
         _make_private_dir(self._dir)
+        self._log.info("timer_server_started", path=str(self._dir), check_interval=self._check_interval)
+
+    def channel(self, local_rank: int) -> str:
+        """The FIFO of `local_rank`, created and read from now on; give it to that worker as TORCHELASTIC_TIMER_FILE."""
+        existing = self._channels.get(local_rank)
+        if existing is not None:
+            return str(existing.path)
+        if self._loop is None:
+            raise RuntimeError("FileTimerServer.channel() before start()")
+        path = self._dir / f"rank_{local_rank}.fifo"
         with contextlib.suppress(FileNotFoundError):
-            self._fifo.unlink()  # stale, from an agent that died
-        os.mkfifo(self._fifo, 0o600)
-        os.chmod(self._fifo, 0o600)  # mkfifo honours the umask; make the mode exact
-        self._rfd = os.open(self._fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        # Our own writer keeps the FIFO open, so the reader never sees EOF when clients close.
-        self._wfd = os.open(self._fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        self._loop.add_reader(self._rfd, self._on_readable)
-        self._log.info("timer_server_started", path=self.path, check_interval=self._check_interval)
+            path.unlink()  # stale, from an agent that died
+        os.mkfifo(path, 0o600)
+        os.chmod(path, 0o600)  # mkfifo honours the umask; make the mode exact
+        rfd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        wfd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        ch = _Channel(local_rank, path, rfd, wfd)
+        self._channels[local_rank] = ch
+        self._loop.add_reader(rfd, self._on_readable, ch)
+        return str(path)
 
     def clear(self) -> None:
-        """Forget every timer, activity record and pending expiry (the workers are being replaced)."""
+        """Forget every timer, activity record, partial line and pending expiry (the workers are being replaced)."""
         self._timers.clear()
+        self._scopes.clear()
         self._heap.clear()
         self._activity.clear()
+        for ch in self._channels.values():
+            ch.reader.reset()
         for task in self._expiring.values():
             task.cancel()
         self._expiring.clear()
         self._cancel_handle()
 
-    def last_activity(self, pid: int) -> float | None:
-        """time.monotonic() of the pid's last accepted request, None if it sent none since clear()."""
-        return self._activity.get(pid)
+    def forget(self, local_rank: int) -> None:
+        """Forget the timers and activity of one local rank (its worker is being replaced)."""
+        mine = [pid for pid, scopes in self._timers.items() if any(t.local_rank == local_rank for t in scopes.values())]
+        for pid in mine:
+            self._drop_pid(pid)
+        self._activity.pop(local_rank, None)
+        ch = self._channels.get(local_rank)
+        if ch is not None:
+            ch.reader.reset()
+        if self._loop is not None:
+            self._arm()
+
+    def last_activity(self, local_rank: int) -> float | None:
+        """Monotonic time of the rank's last accepted request, None if it sent none since clear()."""
+        return self._activity.get(local_rank)
+
+    def stats(self) -> ServerStats:
+        """Counters and sizes (for tests, benchmarks and summaries)."""
+        rejected: Counter[Rejection] = Counter()
+        for ch in self._channels.values():
+            rejected.update(ch.reader.rejected)
+        return ServerStats(
+            accepted=self._accepted,
+            rejected={str(k): v for k, v in sorted(rejected.items())},
+            timers=sum(len(s) for s in self._timers.values()),
+            heap=len(self._heap),
+            buffered=sum(ch.reader.buffered for ch in self._channels.values()),
+        )
 
     async def stop(self) -> None:
-        """Stop reading, cancel pending work, remove the FIFO and its directory. Idempotent."""
-        if self._loop is not None and self._rfd >= 0:
-            self._loop.remove_reader(self._rfd)
+        """Stop reading, cancel pending work, remove the FIFOs and their directory. Idempotent."""
         tasks = list(self._expiring.values())
         self.clear()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for fd in (self._rfd, self._wfd):
-            if fd >= 0:
-                os.close(fd)
-        self._rfd = self._wfd = -1
-        with contextlib.suppress(FileNotFoundError):
-            self._fifo.unlink()
+        if self._channels:
+            self._summarize()
+        if self._summary is not None:
+            self._summary.cancel()
+            self._summary = None
+        for ch in self._channels.values():
+            if self._loop is not None:
+                self._loop.remove_reader(ch.rfd)
+            os.close(ch.rfd)
+            os.close(ch.wfd)
+            with contextlib.suppress(FileNotFoundError):
+                ch.path.unlink()
+        self._channels.clear()
         with contextlib.suppress(OSError):
             self._dir.rmdir()
-        self._log.info("timer_server_stopped", path=self.path)
+        self._log.info("timer_server_stopped", path=str(self._dir))
 
     # -- reading requests ------------------------------------------------------------------------
 
-    def _on_readable(self) -> None:
+    def _on_readable(self, ch: _Channel) -> None:
         try:
-            for _ in range(_READS_PER_WAKE):
-                try:
-                    data = os.read(self._rfd, 65536)
-                except BlockingIOError:
-                    break
-                if not data:
-                    break
-                lines, dropped = self._splitter.feed(data)
-                if dropped:
-                    self._log.warning("timer_request_malformed", reason="line longer than PIPE_BUF", count=dropped)
-                for line in lines:
-                    self._handle_line(line)
+            try:
+                data = os.read(ch.rfd, READ_BYTES)
+            except BlockingIOError:
+                return
+            before = ch.reader.rejected.total()
+            for req in ch.reader.feed(data, self._clock.wall()):
+                self._accept(ch, req)
+            if ch.reader.rejected.total() != before:
+                self._schedule_summary()
             self._arm()
-        except Exception:
-            self._log.exception("timer_reader_failed")
+        except Exception:  # a reader callback must never die: log and keep serving
+            self._log.exception("timer_reader_failed", local_rank=ch.local_rank)
 
-    def _handle_line(self, line: bytes) -> None:
-        try:
-            req = parse_request(line, time.time())
-        except ValueError as exc:
-            self._log.warning("timer_request_malformed", reason=str(exc), line=line[:200].decode(errors="replace"))
+    def _accept(self, ch: _Channel, req: TimerRequest) -> None:
+        owner = None if req.pid == os.getpid() else self._owner(req.pid)
+        if owner is None:
+            ch.reader.reject(Rejection.FOREIGN_PID, f"pid {req.pid} is not a worker of this runner")
             return
-        try:
-            self._accept(req)
-        except Exception:
-            self._log.exception("timer_request_failed", pid=req.pid, scope=req.scope)
-
-    def _accept(self, req: TimerRequest) -> None:
-        if req.pid == os.getpid() or self._owner(req.pid) is None:
-            self._log.warning(
-                "timer_request_rejected", pid=req.pid, scope=req.scope, reason="pid is not a worker of this runner"
+        if owner != ch.local_rank:
+            ch.reader.reject(
+                Rejection.OTHER_RANK, f"pid {req.pid} belongs to local rank {owner}, not channel {ch.local_rank}"
             )
             return
-        self._activity[req.pid] = time.monotonic()
+        self._accepted += 1
+        self._activity[owner] = self._clock.monotonic()
         if req.pid in self._expiring:
             return  # already being reported; its timers go away with it
-        key = (req.pid, req.scope)
+        scopes = self._timers.get(req.pid)
         if req.expiration_time < 0:
-            self._timers.pop(key, None)
+            if scopes is not None and scopes.pop(req.scope, None) is not None:
+                self._scopes[owner] -= 1
+                if not scopes:
+                    del self._timers[req.pid]
             self._log.debug("timer_released", pid=req.pid, scope=req.scope)
             return
-        wall_now = time.time()
-        deadline_mono = asyncio.get_running_loop().time() + (req.expiration_time - wall_now)
-        self._seq += 1
+        if (scopes is None or req.scope not in scopes) and self._scopes[owner] >= self._max_scopes:
+            ch.reader.reject(Rejection.SCOPE_CAP, f"local rank {owner} already holds {self._max_scopes} scopes")
+            return
+        wall_now = self._clock.wall()
         timeout_s = max(0.0, req.expiration_time - wall_now)
-        self._timers[key] = _Timer(deadline_mono, req.expiration_time, timeout_s, req.signal, self._seq)
-        heapq.heappush(self._heap, (deadline_mono, self._seq, key))
+        deadline_mono = self._clock.monotonic() + (req.expiration_time - wall_now)
+        self._seq += 1
+        if scopes is None:
+            scopes = self._timers[req.pid] = {}
+        if req.scope not in scopes:
+            self._scopes[owner] += 1
+        scopes[req.scope] = _Timer(owner, deadline_mono, req.expiration_time, timeout_s, req.signal, self._seq)
+        heapq.heappush(self._heap, (deadline_mono, self._seq, req.pid, req.scope))
         self._log.debug("timer_acquired", pid=req.pid, scope=req.scope, timeout_s=round(timeout_s, 3))
 
+    # -- summaries of refused requests -------------------------------------------------------------
+
+    def _schedule_summary(self) -> None:
+        """Log now if the last summary is old enough, else once at the end of the interval (never per request)."""
+        if self._summary is not None or self._loop is None:
+            return
+        now = self._clock.monotonic()
+        when = self._last_summary + self._summary_interval
+        if now >= when:
+            self._summarize()
+        else:
+            self._summary = self._loop.call_at(when, self._summarize)
+
+    def _summarize(self) -> None:
+        self._summary = None
+        self._last_summary = self._clock.monotonic()
+        for ch in self._channels.values():
+            fresh = ch.reader.rejected - ch.reported
+            if not fresh:
+                continue
+            ch.reported = Counter(ch.reader.rejected)
+            self._log.warning(
+                "timer_requests_rejected", local_rank=ch.local_rank, count=fresh.total(),
+                kinds={str(k): v for k, v in sorted(fresh.items())}, total=ch.reader.rejected.total(),
+                last=ch.reader.last_error[:200],
+            )  # fmt: skip
+
     # -- scheduling expiries -----------------------------------------------------------------------
+
+    def _live(self, seq: int, pid: int, scope: str) -> _Timer | None:
+        timer = self._timers.get(pid, {}).get(scope)
+        return timer if timer is not None and timer.seq == seq else None
 
     def _live_head(self) -> float | None:
         """Earliest live deadline, dropping heap entries of released or replaced timers."""
         while self._heap:
-            when, seq, key = self._heap[0]
-            timer = self._timers.get(key)
-            if timer is not None and timer.seq == seq:
+            when, seq, pid, scope = self._heap[0]
+            if self._live(seq, pid, scope) is not None:
                 return when
             heapq.heappop(self._heap)
         return None
 
+    def _compact(self) -> None:
+        """Rebuild the heap from live timers when stale entries (re-armed or released scopes) pile up."""
+        live = sum(len(s) for s in self._timers.values())
+        if len(self._heap) > 2 * live + _COMPACT_SLACK:
+            self._heap = [
+                (t.deadline_mono, t.seq, pid, scope)
+                for pid, scopes in self._timers.items()
+                for scope, t in scopes.items()
+            ]
+            heapq.heapify(self._heap)
+
     def _arm(self) -> None:
         """Keep exactly one call_at handle, at the earliest deadline (no sooner than the coalescing gap)."""
+        self._compact()
         head = self._live_head()
-        if head is None:
+        if head is None or self._loop is None:
             self._cancel_handle()
             return
         when = max(head, self._last_wake + self._check_interval)
         if self._handle is not None and self._handle.when() <= when:
             return  # fires first; it re-arms
         self._cancel_handle()
-        self._handle = asyncio.get_running_loop().call_at(when, self._on_wake)
+        self._handle = self._loop.call_at(when, self._on_wake)
 
     def _cancel_handle(self) -> None:
         if self._handle is not None:
@@ -314,24 +359,25 @@ class FileTimerServer:
     def _on_wake(self) -> None:
         self._handle = None
         try:
-            loop = asyncio.get_running_loop()
-            now = loop.time()
+            now = self._clock.monotonic()
             due: dict[int, list[tuple[str, _Timer]]] = {}
             while (head := self._live_head()) is not None and head <= now + _EARLY_TOLERANCE_S:
-                _, _, key = heapq.heappop(self._heap)
-                due.setdefault(key[0], []).append((key[1], self._timers[key]))
+                _, seq, pid, scope = heapq.heappop(self._heap)
+                timer = self._live(seq, pid, scope)
+                assert timer is not None
+                due.setdefault(pid, []).append((scope, timer))
             if due:
                 self._last_wake = now  # the coalescing gap starts after a wake-up that expired something
             for pid, timers in due.items():
                 self._drop_pid(pid)
-                self._expiring[pid] = loop.create_task(self._expire(pid, timers))
+                self._expiring[pid] = asyncio.get_running_loop().create_task(self._expire(pid, timers))
             self._arm()
-        except Exception:
+        except Exception:  # a timer callback must never die: log and keep serving
             self._log.exception("timer_wake_failed")
 
     def _drop_pid(self, pid: int) -> None:
-        for key in [k for k in self._timers if k[0] == pid]:
-            del self._timers[key]
+        for timer in self._timers.pop(pid, {}).values():
+            self._scopes[timer.local_rank] -= 1
 
     # -- reporting an expiry ------------------------------------------------------------------------
 
@@ -341,21 +387,22 @@ class FileTimerServer:
         scope, timer = next(((s, t) for s, t in timers if t.signal > 0), timers[0])
         try:
             stacks = await capture_stacks(pid, log=self._log) if self._capture else ""
-            if self._owner(pid) is None:  # exited and reaped meanwhile: the pid may be someone else now
+            if self._owner(pid) != timer.local_rank:  # exited and reaped meanwhile: the pid may be someone else's
                 self._log.info("timer_expired_worker_gone", pid=pid, scope=scope)
                 return
             sig = max(timer.signal, 0)
-            signalled_at = time.time()
+            signalled_at = self._clock.wall()
             if sig and not self._send(pid, sig, scope):
                 return
             self._drop_pid(pid)
-            reason = f"watchdog: scope '{scope}' on pid {pid} expired after {timer.timeout_s:.1f} s"
             self._log.warning(
-                "timer_expired", pid=pid, scope=scope, signal=sig,
+                "timer_expired", local_rank=timer.local_rank, pid=pid, scope=scope, signal=sig,
                 overdue_s=round(signalled_at - timer.deadline_wall, 3), stacks_captured=bool(stacks),
             )  # fmt: skip
-            self._on_expiry(Expiry(pid, scope, timer.deadline_wall, signalled_at, sig, stacks, reason))
-        except Exception:
+            self._on_expiry(
+                Expiry(timer.local_rank, pid, scope, timer.deadline_wall, signalled_at, sig, stacks, timer.timeout_s)
+            )
+        except Exception:  # logged; the worker's exit is still seen by its pidfd
             self._log.exception("timer_expiry_failed", pid=pid, scope=scope)
         finally:
             if self._expiring.get(pid) is asyncio.current_task():

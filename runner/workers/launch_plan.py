@@ -138,8 +138,9 @@ def build_plan(
     run_dir: str,
     base_env: Mapping[str, str],
     extra_env: Mapping[str, str] | None = None,
+    rank_env: Mapping[int, Mapping[str, str]] | None = None,
 ) -> LaunchPlan:
-    """Plan every worker of this node for `attempt`. `extra_env` adds agent-provided variables (timer file...).
+    """Plan every worker of this node for `attempt`. `extra_env` adds agent variables; `rank_env` per local rank.
 
     Each worker gets `base_env` (as torchrun: the agent's environment), then the defaults, then `spec.env`, then
     the contract; the agent's secret sources (`agent_secret_vars`) are removed from the result wherever they came
@@ -156,6 +157,7 @@ def build_plan(
         if spec.watchdog.enabled and spec.watchdog.heartbeat_timeout:
             contract[HEARTBEAT_ENV] = heartbeat_file(log_dir)
         contract.update(extra_env or {})
+        contract.update((rank_env or {}).get(local_rank, {}))  # e.g. the rank's own TORCHELASTIC_TIMER_FILE
         env = dict(base_env)
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
