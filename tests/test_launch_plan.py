@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from runner.config.spec import Entrypoint, JobSpec, Restart
+from runner.config.spec import Auth, Entrypoint, JobSpec, Rendezvous, Restart
 from runner.rendezvous.base import RendezvousResult
-from runner.workers.launch_plan import build_plan, worker_argv
+from runner.workers.launch_plan import agent_secret_vars, build_plan, helper_env, without_agent_secrets, worker_argv
 
 
 def result(group_rank: int = 1, nodes: int = 2, nproc: int = 2) -> RendezvousResult:
@@ -81,3 +81,30 @@ def test_log_paths_and_extra_env():
     assert w.stdout_path.endswith("rank_2/stdout.log") and w.stderr_path.endswith("rank_2/stderr.log")
     assert all(dict(x.env)["TORCHELASTIC_TIMER_FILE"] == "/t/fifo" for x in p.workers)
     assert dict(w.contract)["TORCHELASTIC_TIMER_FILE"] == "/t/fifo"
+
+
+def test_the_etcd_password_variable_reaches_no_worker():
+    """rendezvous.auth.password_env is the agent's secret: removed from every worker, inherited or named in env."""
+    auth = Rendezvous(backend="etcd", auth=Auth(user="root", password_env="ETCD_PW"))
+    base = {"PATH": "/bin", "ETCD_PW": "hunter22", "HF_TOKEN": "hf_x"}
+    for s in (spec(rendezvous=auth), spec(rendezvous=auth, env=(("ETCD_PW", "hunter22"), ("A", "b")))):
+        p = plan(s, base_env=base)
+        for w in p.workers:
+            env = dict(w.env)
+            assert "ETCD_PW" not in env and "hunter22" not in env.values()
+            assert env["HF_TOKEN"] == "hf_x" and env["PATH"] == "/bin"  # the workers' own secrets still reach them
+    assert agent_secret_vars(spec(rendezvous=auth)) == {"ETCD_PW"}
+    assert agent_secret_vars(spec()) == frozenset()
+    assert without_agent_secrets(spec(rendezvous=auth), base) == {"PATH": "/bin", "HF_TOKEN": "hf_x"}
+
+
+def test_without_auth_the_environment_is_inherited_as_torchrun_does():
+    """No password_env: the base environment, secrets included, is the worker's (they may need HF_TOKEN...)."""
+    env = dict(plan(base_env={"PATH": "/bin", "ETCD_PW": "x", "HF_TOKEN": "y"}).workers[0].env)
+    assert env["ETCD_PW"] == "x" and env["HF_TOKEN"] == "y"
+
+
+def test_helper_env_keeps_only_locale_and_path():
+    """A helper (shepherd, py-spy) gets PATH and the locale, nothing else: no credential of any kind."""
+    environ = {"PATH": "/bin", "LANG": "C.UTF-8", "ETCD_PASSWORD": "p", "HF_TOKEN": "t", "HOME": "/h", "LC_ALL": "C"}
+    assert helper_env(environ) == {"PATH": "/bin", "LANG": "C.UTF-8", "LC_ALL": "C"}
