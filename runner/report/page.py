@@ -1,0 +1,222 @@
+"""The run as one self-contained HTML page: inline CSS and SVG, no script, nothing fetched from a network."""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import Any
+
+from runner.report.story import NodeStory, Story
+
+WIDTH = 1180  # px of the timeline
+LABEL = 170  # px of the row labels
+ROW = 22  # px per row
+STATE_COLORS = {
+    "INIT": "#c9ced6", "RENDEZVOUS": "#7aa7e0", "RUNNING": "#5cb85c", "FAILED": "#d9534f",
+    "RESTARTING": "#f0ad4e", "SHUTDOWN": "#6c757d",
+}
+WORKER_COLORS = {"ok": "#5cb85c", "failed": "#d9534f", "stopped": "#9aa3ad"}
+OUTCOME_COLORS = {"succeeded": "#2e7d32", "failed": "#c62828", "error": "#c62828", "stopped": "#ef6c00"}
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#1d232a;background:#fafbfc}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px}
+.meta{color:#5a6470}.meta code{font-size:12px}
+.badge{display:inline-block;padding:1px 10px;border-radius:10px;color:#fff;font-weight:600;font-size:13px}
+.cause{border-left:4px solid #c62828;background:#fff;padding:10px 14px;margin:14px 0;box-shadow:0 1px 2px #0001}
+.cause.recovered{border-color:#ef6c00}
+table{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px #0001}
+th,td{padding:4px 10px;border-bottom:1px solid #e5e8eb;text-align:left;vertical-align:top}
+th{background:#f0f2f4;font-weight:600}
+pre{background:#1f2428;color:#e1e4e8;padding:10px;overflow:auto;max-height:420px;font-size:12px;border-radius:4px}
+details{margin:6px 0} summary{cursor:pointer;font-weight:600}
+.legend span{display:inline-block;margin-right:14px}
+.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-1px;border-radius:2px}
+svg text{font:11px system-ui,sans-serif} svg .lbl{fill:#1d232a} svg .in{fill:#fff}
+"""
+
+
+def esc(value: object) -> str:
+    """Text for HTML, escaped."""
+    return html.escape(str(value), quote=True)
+
+
+def seconds(value: float | None) -> str:
+    """'1.25 s', '-' when unknown."""
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def clock(epoch: float) -> str:
+    """Local date and time of `epoch`."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def render(story: Story) -> str:
+    """The whole page."""
+    outcome = story.outcome()
+    color = OUTCOME_COLORS.get(outcome, "#6c757d")
+    attempts = sum(len(n.attempts()) for n in story.nodes)
+    restarts = [r for n in story.nodes for r in n.restarts()]
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>runner report: {esc(story.job)}</title><style>{CSS}</style></head><body>",
+        f'<h1>{esc(story.job)} <span class="badge" id="outcome" style="background:{color}">{esc(outcome)}</span></h1>',
+        (f'<div class="meta">started {esc(clock(story.start))} · {esc(seconds(story.end - story.start))} · '
+         f'{len(story.nodes)} node(s) · <span id="attempt-count">{attempts}</span> attempt(s) · '
+         f"{len(restarts)} restart(s)</div>"),
+        '<div class="meta">' + "<br>".join(f"{esc(n.node)}: <code>{esc(n.run_dir)}</code>" for n in story.nodes)
+        + "</div>",
+        root_cause(story, outcome),
+        "<h2>Timeline</h2>",
+        legend(),
+        timeline(story),
+        "<h2>Attempts</h2>",
+        attempts_table(story),
+        "<h2>Restarts</h2>",
+        restarts_table(story),
+        "<h2>Failures</h2>",
+        failures_section(story),
+        "<h2>Transitions</h2>",
+        transitions_section(story),
+        "</body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def root_cause(story: Story, outcome: str) -> str:
+    """The box a reader sees first: the failure that explains the run."""
+    found = story.root_cause()
+    if found is None:
+        return '<div class="cause recovered" id="root-cause">No failure recorded.</div>'
+    node, f = found
+    recovered = outcome == "succeeded"
+    title = "Recovered from" if recovered else "Root cause"
+    lines = [f"<b>{title}</b> (node {esc(node)}, attempt {esc(f.get('attempt'))}): {esc(f.get('reason', ''))}"]
+    lines += [f"{key}: {esc(f[key])}" for key in ("error", "hint") if f.get(key)]
+    if f.get("log_dir"):
+        lines.append(f"logs: <code>{esc(f['log_dir'])}</code>")
+    cls = "cause recovered" if recovered else "cause"
+    return f'<div class="{cls}" id="root-cause">' + "<br>".join(lines) + "</div>"
+
+
+def legend() -> str:
+    """Colour keys of the timeline."""
+    items = [f'<span><i style="background:{c}"></i>{esc(s)}</span>' for s, c in STATE_COLORS.items()]
+    items += [f'<span><i style="background:{c}"></i>worker {esc(h)}</span>' for h, c in WORKER_COLORS.items()]
+    return '<div class="legend">' + "".join(items) + "</div>"
+
+
+def timeline(story: Story) -> str:
+    """One SVG: per node a band of states, then one row per local rank with each worker's life."""
+    t0, t1 = story.start, max(story.end, story.start + 1e-3)
+    scale = (WIDTH - LABEL - 10) / (t1 - t0)
+
+    def x(t: float) -> float:
+        return LABEL + (t - t0) * scale
+
+    rows: list[str] = []
+    y = 24
+    for node in story.nodes:
+        rows.append(f'<text class="lbl" x="4" y="{y + 15}" font-weight="bold">node {esc(node.node)}</text>')
+        for seg in node.segments():
+            seg_w = max(1.5, (seg.end - seg.start) * scale)
+            tip = f"{seg.state} · attempt {seg.attempt} · {seconds(seg.end - seg.start)} from {clock(seg.start)}"
+            rows.append(f'<rect class="state" data-state="{esc(seg.state)}" x="{x(seg.start):.1f}" y="{y}" '
+                        f'width="{seg_w:.1f}" height="{ROW - 4}" fill="{STATE_COLORS.get(seg.state, "#999")}">'
+                        f"<title>{esc(tip)}</title></rect>")
+            if seg_w > 8 * len(seg.state):
+                rows.append(f'<text class="in" x="{x(seg.start) + 4:.1f}" y="{y + 13}">{esc(seg.state)}</text>')
+        y += ROW
+        for local_rank in sorted({w.local_rank for w in node.workers}):
+            rows.append(f'<text class="lbl" x="14" y="{y + 13}">local rank {local_rank}</text>')
+            for w in (w for w in node.workers if w.local_rank == local_rank):
+                end = w.end if w.end is not None else story.end
+                width = max(1.5, (end - w.start) * scale)
+                how = w.how if w.exit_code is not None else "stopped"
+                ended = f"exit {w.exit_code}" if w.exit_code is not None else "stopped by the runner"
+                tip = f"rank {w.rank} · pid {w.pid} · attempt {w.attempt} · {ended} · {seconds(end - w.start)}"
+                rows.append(f'<rect class="worker" data-rank="{w.rank}" data-attempt="{w.attempt}" '
+                            f'data-how="{how}" x="{x(w.start):.1f}" y="{y + 2}" width="{width:.1f}" '
+                            f'height="{ROW - 8}" rx="3" fill="{WORKER_COLORS[how]}"><title>{esc(tip)}</title></rect>')
+                label = f"rank {w.rank} · a{w.attempt}" + (f" · exit {w.exit_code}" if how == "failed" else "")
+                if width > 6.5 * len(label):
+                    rows.append(f'<text class="in" x="{x(w.start) + 4:.1f}" y="{y + 13}">{esc(label)}</text>')
+            y += ROW
+        rows += [f'<line x1="{x(r.at):.1f}" x2="{x(r.at):.1f}" y1="20" y2="{y}" stroke="#c62828" '
+                 f'stroke-dasharray="3,3"><title>{esc(f"attempt {r.attempt} ended: {r.cause}")}</title></line>'
+                 for r in node.restarts()]
+        y += 8
+    axis = []
+    span = t1 - t0
+    step = nice_step(span)
+    tick = 0.0
+    while tick <= span + 1e-9:
+        axis.append(f'<line x1="{x(t0 + tick):.1f}" x2="{x(t0 + tick):.1f}" y1="14" y2="{y}" stroke="#0001"/>'
+                    f'<text class="lbl" x="{x(t0 + tick) + 2:.1f}" y="11">+{tick:g} s</text>')
+        tick += step
+    return (f'<svg id="timeline" width="{WIDTH}" height="{y + 4}" viewBox="0 0 {WIDTH} {y + 4}" role="img" '
+            f'aria-label="timeline of the run">' + "".join(axis + rows) + "</svg>")
+
+
+def nice_step(span: float) -> float:
+    """A round tick spacing giving 5 to 12 ticks over `span` seconds."""
+    for step in (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400):
+        if span / step <= 12:
+            return float(step)
+    return span / 10
+
+
+def attempts_table(story: Story) -> str:
+    """node, attempt, start, duration, how it ended."""
+    rows = [('<table id="attempts"><tr><th>node</th><th>attempt</th><th>start</th><th>duration</th>'
+             "<th>workers</th><th>ended by</th></tr>")]
+    for node in story.nodes:
+        for k, start, end, how in node.attempts():
+            workers = [w for w in node.workers if w.attempt == k]
+            summary = ", ".join(f"rank {w.rank} pid {w.pid} {w.how}" for w in workers) or "-"
+            rows.append(f'<tr class="attempt-row" data-node="{esc(node.node)}" data-attempt="{k}"><td>'
+                        f"{esc(node.node)}</td><td>attempt {k}</td><td>+{start - story.start:.2f} s</td>"
+                        f"<td>{esc(seconds(end - start))}</td><td>{esc(summary)}</td><td>{esc(how)}</td></tr>")
+    return "\n".join([*rows, "</table>"])
+
+
+def restarts_table(story: Story) -> str:
+    """Each restart: which attempt ended, why, and how long until workers ran again."""
+    restarts = [r for n in story.nodes for r in n.restarts()]
+    if not restarts:
+        return "<p>None.</p>"
+    rows = [('<table id="restarts"><tr><th>node</th><th>after attempt</th><th>trigger</th><th>cause</th>'
+             "<th>recovery (to RUNNING)</th></tr>")]
+    rows += [f'<tr class="restart-row"><td>{esc(r.node)}</td><td>{r.attempt}</td><td>{esc(r.trigger)}</td>'
+             f"<td>{esc(r.cause)}</td><td>{esc(seconds(r.recovery_s))}</td></tr>" for r in restarts]
+    return "\n".join([*rows, "</table>"])
+
+
+def failures_section(story: Story) -> str:
+    """Every failure with what was captured: error, traceback or stderr tail, stacks of a hung worker."""
+    blocks = [failure_block(node, f) for node in story.nodes for f in node.failures]
+    return "\n".join(blocks) or "<p>None.</p>"
+
+
+def failure_block(node: NodeStory, f: dict[str, Any]) -> str:
+    """One failure."""
+    head = f"node {node.node} · attempt {f.get('attempt')} · {f.get('kind', '?')}: {f.get('reason', '')}"
+    parts = [f'<details class="failure" data-attempt="{esc(f.get("attempt"))}" open><summary>{esc(head)}</summary>']
+    parts += [f"<div>{esc(key)}: {esc(f[key])}</div>" for key in ("error", "hint", "log_dir") if f.get(key)]
+    for key, label in (("traceback", "traceback"), ("stderr_tail", "last lines of stderr"),
+                       ("stacks", "stacks before the kill")):
+        if f.get(key):
+            parts.append(f"<div>{label}:</div><pre>{esc(f[key])}</pre>")
+    parts.append("</details>")
+    return "".join(parts)
+
+
+def transitions_section(story: Story) -> str:
+    """Every transition of every node, folded."""
+    rows = [('<details><summary>all transitions</summary><table id="transitions"><tr><th>node</th><th>time</th>'
+             "<th>from</th><th>to</th><th>trigger</th><th>attempt</th><th>reason</th></tr>")]
+    for node in story.nodes:
+        rows += [f"<tr><td>{esc(node.node)}</td><td>+{t.time - story.start:.3f} s</td><td>{esc(t.src)}</td>"
+                 f"<td>{esc(t.dst)}</td><td>{esc(t.trigger)}</td><td>{t.attempt}</td><td>{esc(t.reason)}</td></tr>"
+                 for t in node.transitions]
+    return "\n".join([*rows, "</table></details>"])
