@@ -6,6 +6,7 @@ from runner.cli.command import Command
 from runner.cli.convert import ConvertCommand
 from runner.cli.graph import GraphCommand
 from runner.cli.plan import PlanCommand
+from runner.cli.report import ReportCommand
 from runner.cli.reset import ResetCommand
 from runner.cli.run import RunCommand
 from runner.cli.runs import RunsCommand
@@ -21,6 +22,7 @@ COMMANDS: tuple[type[Command], ...] = (
     GraphCommand,
     StatusCommand,
     RunsCommand,
+    ReportCommand,
     StopCommand,
     ResetCommand,
     TemplateCommand,
