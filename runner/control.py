@@ -21,7 +21,7 @@ def local_status_path(spec: JobSpec) -> Path:
 def read_status(spec: JobSpec) -> dict[str, Any]:
     """The job's state as a dict: job, status, and each node with its state, attempt, heartbeat and workers."""
     if spec.rendezvous.backend == "etcd":
-        from runner.rendezvous.etcd.backend import read_status as etcd_status
+        from runner.rendezvous.etcd.admin import read_status as etcd_status
 
         return asyncio.run(etcd_status(spec))
     path = local_status_path(spec)
@@ -39,7 +39,7 @@ def read_status(spec: JobSpec) -> dict[str, Any]:
 def request_stop(spec: JobSpec, graceful: bool) -> str:
     """Ask every agent of the job to stop (graceful: let workers finish). Harmless when already stopped."""
     if spec.rendezvous.backend == "etcd":
-        from runner.rendezvous.etcd.backend import request_stop as etcd_stop
+        from runner.rendezvous.etcd.admin import request_stop as etcd_stop
 
         asyncio.run(etcd_stop(spec, graceful))
         return "stop requested for every node (etcd)"
@@ -67,7 +67,7 @@ def reset(spec: JobSpec, force: bool) -> str:
     """Forget an etcd job's shared state (rounds, budget, closed marker) so its name can run again."""
     if spec.rendezvous.backend != "etcd":
         return f"job '{spec.name}' uses the local backend: it keeps no shared state, nothing to reset"
-    from runner.rendezvous.etcd.backend import reset_job
+    from runner.rendezvous.etcd.admin import reset_job
 
     count = asyncio.run(reset_job(spec, force))
     return f"job '{spec.name}': {count} key(s) deleted; the name can run again"

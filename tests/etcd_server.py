@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from runner.rendezvous import ports
 
 HEALTH_TIMEOUT_S = 30.0
 
@@ -36,10 +37,8 @@ def etcd_binary(name: str = "etcd") -> str:
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free on 127.0.0.1 right now (the project's one lookup, runner.rendezvous.ports)."""
+    return ports.free_port("127.0.0.1")
 
 
 @dataclass(frozen=True)

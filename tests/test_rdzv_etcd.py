@@ -13,7 +13,8 @@ import pytest
 from runner.config.spec import TLS, Auth, Entrypoint, JobSpec, Nodes, Rendezvous
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
 from runner.events import MembershipChanged, PeerLost, StopRequested
-from runner.rendezvous.etcd.backend import EtcdRendezvous, read_status, request_stop
+from runner.rendezvous.etcd.admin import read_status, request_stop
+from runner.rendezvous.etcd.backend import EtcdRendezvous
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.etcd.monitor import RoundMonitor
 from tests.etcd_server import EtcdServer, etcd_server, free_port

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import Any
 
 from runner.rendezvous.base import RendezvousResult
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on `host` right now (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from runner.rendezvous.ports import free_port
 
 
 class LocalRendezvous:
@@ -32,9 +25,7 @@ class LocalRendezvous:
 
     async def next_round(self, attempt: int) -> RendezvousResult:
         """Round `attempt`: this node is group rank 0 on a port not used by the previous round."""
-        port = free_port(self.master_addr)
-        while port == self._last_port:
-            port = free_port(self.master_addr)
+        port = free_port(self.master_addr, avoid=(self._last_port,) if self._last_port else ())
         self._last_port = port
         return RendezvousResult(
             round=attempt,

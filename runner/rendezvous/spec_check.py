@@ -1,4 +1,10 @@
-"""Do two nodes run the same job? A digest of the spec minus node-local fields, and a field-level diff."""
+"""Do two nodes run the same job? A digest of the spec minus node-local fields, and a field-level diff.
+
+The shared tree is what the etcd backend stores (key `spec_json`) to name differing fields, so it never holds a
+secret in clear: every env value whose name looks secret (runner.config.redact.is_secret) is replaced by a salted,
+slow digest of it. Two nodes with the same value get the same digest (the mismatch check still works); someone
+reading etcd learns neither the value nor, cheaply, a guess of it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import hashlib
 import json
 from typing import Any
 
+from runner.config.redact import is_secret
 from runner.config.spec import JobSpec
 
 # Fields that legitimately differ between nodes of one job (paths and addresses local to a node).
@@ -18,9 +25,24 @@ NODE_LOCAL_FIELDS: tuple[str, ...] = (
 )
 
 
+# PBKDF2 rounds for a secret's digest: ~25 ms per secret on one core, so guessing a secret from etcd is slow.
+SECRET_DIGEST_ROUNDS = 100_000
+SECRET_DIGEST_PREFIX = "pbkdf2-sha256:"  # noqa: S105 - a label, not a password
+
+
+def secret_digest(job: str, name: str, value: str) -> str:
+    """A stable, salted (job and variable name), slow digest of a secret value: what etcd may see of it."""
+    salt = f"runner-spec-secret:{job}:{name}".encode()
+    digest = hashlib.pbkdf2_hmac("sha256", value.encode("utf-8", "surrogatepass"), salt, SECRET_DIGEST_ROUNDS)
+    return SECRET_DIGEST_PREFIX + digest.hex()[:32]
+
+
 def shared_tree(spec: JobSpec) -> dict[str, Any]:
-    """spec.to_dict() without the node-local fields."""
+    """spec.to_dict() without the node-local fields; secret-looking env values replaced by their digests."""
     tree = spec.to_dict()
+    env = tree.get("env")
+    if isinstance(env, dict):
+        tree["env"] = {k: secret_digest(spec.name, k, str(v)) if is_secret(k) else v for k, v in env.items()}
     for dotted in NODE_LOCAL_FIELDS:
         *parents, leaf = dotted.split(".")
         node: Any = tree

@@ -2,73 +2,63 @@
 
 Key layout: runner.rendezvous.etcd.keys. Round closing: runner.rendezvous.etcd.round.
 While a round runs, one watch turns etcd changes into agent events (PeerLost, MembershipChanged,
-StopRequested): runner.rendezvous.etcd.monitor.
+StopRequested): runner.rendezvous.etcd.monitor. `runner status/stop/reset`: runner.rendezvous.etcd.admin.
+
+etcd that lost the job's data (data dir wiped, cluster replaced: the cluster id changes, the revision goes back,
+or our lease is gone together with the job's epoch key) is noticed within the lease TTL. The node then:
+- while its workers run: gets PeerLost("etcd", ...) on its event queue, so the attempt fails like any lost peer
+  (charged to the restart budget) and the next rendezvous happens in the new etcd;
+- while it waits in next_round: leaves the round it waited for and joins again in the new etcd (join timeout
+  restarted);
+- in every case: re-admits itself first (fresh lease, spec digest and epoch written again or adopted, restart count
+  seeded from what this node knew), so every node meets in the new etcd's round 0 and nobody keeps a stale world.
+
+Side calls (publish, charge_restart, close) return or raise RendezvousError within the connect timeout, whatever
+etcd does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import os
-import socket
-import sys
 import time
-from pathlib import Path
-from typing import Any
+from collections.abc import Awaitable
+from functools import partial
+from typing import Any, TypeVar
 
 import structlog
 
-from runner.config.spec import Auth, JobSpec
-from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
+from runner.config.spec import JobSpec
+from runner.errors import RendezvousError, RendezvousTimeout
+from runner.events import PeerLost
 from runner.rendezvous.base import RendezvousResult
+from runner.rendezvous.etcd.admin import write_control
 from runner.rendezvous.etcd.client import (
-    Credentials,
+    Connection,
     EtcdSession,
+    LeaseNotFound,
+    absent,
     key_range,
     prefix_range,
     put_op,
     range_op,
+    value_is,
 )
-from runner.rendezvous.etcd.keys import JobKeys, dump, load
+from runner.rendezvous.etcd.connect import new_session
+from runner.rendezvous.etcd.keys import JobKeys, check_node_id, dump, load
 from runner.rendezvous.etcd.lease import LeaseKeeper
 from runner.rendezvous.etcd.monitor import RoundMonitor
 from runner.rendezvous.etcd.round import RoundRules, RoundWaiter
+from runner.rendezvous.ports import free_port
 from runner.rendezvous.spec_check import diff_paths, shared_tree, tree_digest
 
+T = TypeVar("T")
 FINAL_STATE_TTL_S = 3600
+LOST_PEER = "etcd"  # the PeerLost.node of a data loss
 
 
-def read_password(auth: Auth) -> str | None:
-    """The etcd password from auth.password_env or auth.password_file (never logged)."""
-    if auth.password_env:
-        value = os.environ.get(auth.password_env)
-        if value is None:
-            msg = f"environment variable {auth.password_env} (rendezvous.auth.password_env) is not set"
-            raise RendezvousError(msg, fix=f"export {auth.password_env}=<etcd password> before starting the runner")
-        return value
-    if auth.password_file:
-        try:
-            return Path(auth.password_file).read_text().rstrip("\r\n")
-        except OSError as exc:
-            msg = f"cannot read rendezvous.auth.password_file '{auth.password_file}': {exc.strerror}"
-            raise RendezvousError(msg, fix="fix the path or its permissions") from exc
-    return None
-
-
-def new_session(spec: JobSpec, log: Any = None) -> EtcdSession:
-    """An unconnected session for the spec's endpoints, TLS and auth."""
-    rdzv = spec.rendezvous
-    creds = Credentials.load(rdzv.tls.ca, rdzv.tls.cert, rdzv.tls.key, rdzv.auth.user, read_password(rdzv.auth))
-    keys = JobKeys(rdzv.prefix, spec.name)
-    return EtcdSession(rdzv.endpoints, creds, connect_timeout=rdzv.connect_timeout, probe_key=keys.control, log=log)
-
-
-def free_port() -> int:
-    """A TCP port free on this machine right now (published as MASTER_PORT candidate)."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
+class DataLost(Exception):
+    """etcd lost the job's data while this node waited in a round (internal: next_round joins again)."""
 
 
 class EtcdRendezvous:
@@ -86,6 +76,10 @@ class EtcdRendezvous:
         self._state: dict[str, Any] = {}
         self._admitted = False  # open() passed the spec and closed-job checks: this node belongs to the job
         self._round_hint = 0  # the round this node expects to be open (checked, not trusted)
+        self._epoch = b""  # the job's epoch token this node was admitted under
+        self._lost: str | None = None  # why etcd's data is considered lost, until this node re-admitted itself
+        self._lost_event = asyncio.Event()
+        self._restarts_known = 0  # the job-wide restart count this node last saw (seeds a recreated job)
 
     @property
     def session(self) -> EtcdSession:
@@ -105,46 +99,102 @@ class EtcdRendezvous:
 
     async def open(self, events: asyncio.Queue[Any]) -> None:
         """Connect, grant the lease, check the spec and that the job is still open."""
+        check_node_id(self._node)
         self._events = events
         self._session = new_session(self._spec, self._log)
+        self._session.identity.on_loss(self._on_data_lost)
         await self._session.connect()
-        self._lease = LeaseKeeper(self._session, self._spec.rendezvous.lease_ttl, self._log)
+        self._lease = LeaseKeeper(self._session, self._spec.rendezvous.lease_ttl, self._log,
+                                  job_intact=self._job_intact, on_data_lost=self._on_data_lost)
         await self._lease.grant()
-        await self._check_spec_and_open()
+        await self._admit()
         self._admitted = True
 
-    async def _check_spec_and_open(self) -> None:
-        """One transaction: store the spec digest (first node) or compare with it, and read the control key."""
+    async def _admit(self) -> None:
+        """Join the job in one transaction; raises when the job is closed or runs another spec.
+
+        The first node stores the spec digest, the spec tree (secrets as digests) and a new epoch; any later node
+        compares the digest and adopts the epoch.
+        """
         tree = shared_tree(self._spec)
         digest, k = tree_digest(tree), self._keys
-        ok, _, (*spec, control) = await self.session.call(lambda c: c.txn(
-            [c.transactions.create(k.spec) == 0],
-            [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), range_op(key_range(k.control))],
-            [range_op(key_range(k.spec)), range_op(key_range(k.spec_json)), range_op(key_range(k.control))]))
-        if not ok and not (spec[0] and spec[0][0].value.decode() == digest):
-            theirs = load(spec[1][0].value) if spec[1] else None
-            fields = diff_paths(tree, theirs) if isinstance(theirs, dict) else ["(unknown: no spec_json stored)"]
-            msg = f"job '{self._spec.name}' already runs with a different spec; differing fields: {', '.join(fields)}"
-            raise RendezvousError(msg, fix="start every node with the same job spec (or give this job another name)")
-        self._raise_if_closed(control)
+        epoch = os.urandom(12).hex().encode()
+        puts = [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), put_op(k.epoch, epoch)]
+        if self._restarts_known:  # the job is recreated after a data loss: keep the budget already spent
+            puts.append(put_op(k.restarts, str(self._restarts_known).encode()))
+        done = await self.session.call(lambda c: c.txn(
+            [absent(k.spec)], [*puts, range_op(key_range(k.control))],
+            [range_op(key_range(k.spec)), range_op(key_range(k.spec_json)), range_op(key_range(k.epoch)),
+             range_op(key_range(k.control)), range_op(prefix_range(k.states, count_only=True))]))
+        if done.succeeded:
+            self._epoch, control = epoch, done.kvs[-1]
+        else:
+            spec, spec_json, stored_epoch, control, _ = done.kvs
+            if not (spec and bytes(spec[0].value) == digest.encode()):
+                raise self._mismatch(tree, spec_json)
+            self._epoch = bytes(stored_epoch[0].value) if stored_epoch else await self._add_epoch(epoch)
+        k.check_open(control[0].value if control else None)
 
-    def _raise_if_closed(self, control_kvs: list[Any]) -> None:
-        control = load(control_kvs[0].value) if control_kvs else None
-        if control:
-            raise JobClosed(self._spec.name, str(control.get("state", "closed")))
+    async def _add_epoch(self, epoch: bytes) -> bytes:
+        """A job created without an epoch key (by an older runner) gets one; the epoch in place."""
+        k = self._keys
+        done = await self.session.call(lambda c: c.txn([absent(k.epoch)], [put_op(k.epoch, epoch)],
+                                                       [range_op(key_range(k.epoch))]))
+        return epoch if done.succeeded else bytes(done.kvs[0][0].value)
+
+    def _mismatch(self, tree: dict[str, Any], spec_json: list[Any]) -> RendezvousError:
+        theirs = load(spec_json[0].value) if spec_json else None
+        fields = diff_paths(tree, theirs) if isinstance(theirs, dict) else ["(unknown: no spec_json stored)"]
+        msg = f"job '{self._spec.name}' already runs with a different spec; differing fields: {', '.join(fields)}"
+        return RendezvousError(msg, fix="start every node with the same job spec; if the run that stored the other "
+                               "spec is over, `runner reset job.yaml` forgets it (or give this job another name)")
+
+    async def _job_intact(self) -> bool:
+        """Whether etcd still holds the job this node was admitted into (its epoch key, unchanged)."""
+        kv = await self.session.call(lambda c: c.get(self._keys.epoch))
+        return kv is not None and bytes(kv.value) == self._epoch
+
+    def _on_data_lost(self, reason: str) -> None:
+        """Etcd lost the job's keys: remember it (the next call re-admits this node) and fail a running attempt."""
+        if not self._admitted or self._lost is not None:
+            return
+        self._lost = reason
+        self._lost_event.set()
+        self._log.warning("etcd_data_lost", reason=reason)
+        if self._monitor is not None and self._events is not None:
+            self._events.put_nowait(PeerLost(LOST_PEER, f"etcd lost the job's keys: {reason}; rendezvous again"))
+
+    async def _recover(self) -> None:
+        """After a data loss: a fresh lease and admission in the new etcd, rounds counted from 0 again."""
+        if self._lost is None:
+            return
+        reason, self._lost = self._lost, None  # a loss seen while re-admitting is handled by the next call
+        self._lost_event.clear()
+        await self._stop_monitor()
+        self.lease.forget_all()
+        await self.lease.grant()
+        self._round_hint = 0
+        await self._admit()
+        self._log.warning("etcd_job_readmitted", reason=reason, restarts=self._restarts_known)
 
     async def next_round(self, attempt: int) -> RendezvousResult:
         """Join the next round and wait for it to close."""
         await self._stop_monitor()
         started = time.monotonic()
         waiter: list[RoundWaiter] = []
-        try:
-            async with asyncio.timeout(self._spec.rendezvous.join_timeout):
-                result, since = await self._join(attempt, waiter)
-        except TimeoutError:
-            joined = waiter[-1].joined_seen if waiter else 0
-            raise RendezvousTimeout(self._spec.name, time.monotonic() - started, joined,
-                                    self._spec.nodes.min) from None
+        while True:
+            await self._recover()
+            try:
+                async with asyncio.timeout(self._spec.rendezvous.join_timeout):
+                    result, since = await self._unless_lost(self._join(attempt, waiter))
+                break
+            except TimeoutError:
+                joined = waiter[-1].joined_seen if waiter else 0
+                raise RendezvousTimeout(self._spec.name, time.monotonic() - started, joined,
+                                        self._spec.nodes.min) from None
+            except DataLost:
+                self._log.warning("rendezvous_again_after_data_loss", attempt=attempt)
+                started, waiter = time.monotonic(), []
         self._result = result
         self._monitor = RoundMonitor(self.session, self._keys, result, self._spec.nodes.max, self._events, self._log,
                                      since=since)
@@ -153,14 +203,31 @@ class EtcdRendezvous:
                        nodes=result.group_world_size, master_addr=result.master_addr, master_port=result.master_port)
         return result
 
+    async def _unless_lost(self, work: Awaitable[T]) -> T:
+        """`work`'s result, or DataLost as soon as etcd's data is found lost (work is then cancelled)."""
+        task = asyncio.ensure_future(work)
+        lost = asyncio.ensure_future(self._lost_event.wait())
+        try:
+            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+        if task.cancelled() or (self._lost is not None and isinstance(task.exception(), RendezvousError)):
+            raise DataLost  # cancelled because of the loss, or failed by it (a write on the forgotten lease)
+        return task.result()
+
     async def _join(self, attempt: int, waiter: list[RoundWaiter]) -> tuple[RendezvousResult, int]:
         """Join the open round; (result, revision from which the round's members are watched)."""
         rules = RoundRules(self._spec.nodes.min, self._spec.nodes.max, self._spec.rendezvous.last_call)
+        last_port = self._result.master_port if self._result is not None else 0
         while True:
             r, previous = await self._open_round()
             join_key = self._keys.join(r, self._node)
-            record: dict[str, Any] = {"addr": self._addr, "nproc": self._spec.nproc_per_node, "port": free_port(),
-                      "joined": time.time(), "attempt": attempt}
+            record: dict[str, Any] = {"addr": self._addr, "nproc": self._spec.nproc_per_node,
+                                      "port": free_port(avoid=(last_port,)), "joined": time.time(),
+                                      "attempt": attempt}
             waiter.append(RoundWaiter(self.session, self._keys, self._node, r, rules, previous, self._log))
             state = self._state_record({**self._state, "state": "RENDEZVOUS", "attempt": attempt, "joining": r})
             # one transaction: live state + join record on the lease, and what the waiter reads first
@@ -173,32 +240,34 @@ class EtcdRendezvous:
                 return self._to_result(r, closed), int(closed.get("rev", 0))
             self._log.info("rendezvous_round_missed", round=r)
             self.lease.forget(join_key)
-            await self.session.call(lambda c, k=join_key: c.delete(k))
+            await self.session.call(partial(Connection.delete, key=join_key))
 
     async def _open_round(self) -> tuple[int, tuple[str, ...]]:
-        """The round open for joining (the current one, or the next, bumped, when it already closed) and the
-        nodes of the round before it. Raises JobClosed when the job is closed.
+        """The round open for joining and the nodes of the round before it; JobClosed when the job is closed.
+
+        The round open for joining is the current one, or the next, bumped, when it already closed.
 
         One transaction when the round hint (0, then the round after the last one joined) is right: it reads
         the control key, the round's result and the previous round's result if the round key holds the hint.
         """
         k, r = self._keys, self._round_hint
         while True:
-            t = self.session.client.transactions
-            guard = _round_is(t, k, r)
+            guard = _round_is(k, r)
             reads = [range_op(key_range(k.control)), range_op(key_range(k.result(r))),
                      range_op(key_range(k.result(r - 1))), range_op(key_range(k.round))]
-            ok, _, kvs = await self.session.call(lambda c, g=guard, q=reads: c.txn([g], q[:3], [q[0], q[3]]))
-            self._raise_if_closed(kvs[0])
-            if not ok:  # the hint was wrong: now we know the round
+            done = await self.session.call(partial(Connection.txn, compare=[guard], success=reads[:3],
+                                                   failure=[reads[0], reads[3]]))
+            kvs = done.kvs
+            k.check_open(kvs[0][0].value if kvs[0] else None)
+            if not done.succeeded:  # the hint was wrong: now we know the round
                 r = int(kvs[1][0].value) if kvs[1] else 0
                 continue
             result, before = kvs[1], kvs[2]
             if not result:
                 record = load(before[0].value) if before and r > 0 else None
                 return r, tuple(record["nodes"]) if record else ()
-            await self.session.call(lambda c, g=guard, r=r: c.transaction(
-                compare=[g], success=[c.transactions.put(k.round, str(r + 1).encode())], failure=[]))
+            bump = put_op(k.round, str(r + 1).encode())
+            await self.session.call(partial(Connection.txn, compare=[guard], success=[bump]))
             r += 1
 
     def _to_result(self, r: int, record: dict[str, Any]) -> RendezvousResult:
@@ -208,33 +277,67 @@ class EtcdRendezvous:
                                 master_addr=str(record["master_addr"]), master_port=int(record["master_port"]),
                                 nodes=nodes, extra={"backend": "etcd"})
 
+    async def _bounded(self, what: str, work: Awaitable[T]) -> T:
+        """`work` within the connect timeout; any failure becomes a RendezvousError.
+
+        Side calls (publish, charge_restart, close) go through here: they never hang and never raise anything else.
+        """
+        limit = self.session.connect_timeout
+        try:
+            async with asyncio.timeout(limit):
+                return await work
+        except RendezvousError:
+            raise
+        except TimeoutError:
+            msg = f"etcd did not answer {what} within {limit:g} s (rendezvous.connect_timeout)"
+            raise RendezvousError(msg, fix="check that etcd is up and reachable from this node") from None
+        except Exception as exc:  # boundary: the agent must get a RendezvousError, whatever failed below
+            self._log.warning("etcd_call_failed", call=what, error=repr(exc))
+            msg = f"etcd {what} failed: {type(exc).__name__}: {exc}"
+            raise RendezvousError(msg) from exc
+
     async def charge_restart(self, max_restarts: int) -> int | None:
         """Charge the failure of the current round once, job-wide; the new count or None when spent."""
+        return await self._bounded("charge_restart", self._charge(max_restarts))
+
+    async def _charge(self, max_restarts: int) -> int | None:
+        await self._recover()
         r = self._result.round if self._result else -1
         k, charge = self._keys, self._keys.restart_charge(r)
         while True:
             _, (marker, total) = await self.session.call(
                 lambda c: c.snapshot([key_range(charge), key_range(k.restarts)]))
             if marker:
-                return load(marker[0].value)["count"]
+                charged = load(marker[0].value)
+                count = charged.get("count") if isinstance(charged, dict) else None
+                self._restarts_known = max(self._restarts_known, count or 0)
+                return int(count) if count is not None else None
             count = int(total[0].value) if total else 0
+            self._restarts_known = max(self._restarts_known, count)
             new = count + 1 if count < max_restarts else None
-            t = self.session.client.transactions
-            guard = t.value(k.restarts) == str(count) if total else t.create(k.restarts) == 0
-            puts = [t.put(charge, dump({"count": new, "by": self._node}))]
+            guard = value_is(k.restarts, str(count).encode()) if total else absent(k.restarts)
+            puts = [put_op(charge, dump({"count": new, "by": self._node}))]
             if new is not None:
-                puts.append(t.put(k.restarts, str(new).encode()))
-            ok, _ = await self.session.call(lambda c, g=guard, p=puts: c.transaction(
-                compare=[c.transactions.create(charge) == 0, g], success=p, failure=[]))
-            if ok:
+                puts.append(put_op(k.restarts, str(new).encode()))
+            done = await self.session.call(partial(Connection.txn, compare=[absent(charge), guard], success=puts))
+            if done.succeeded:
+                self._restarts_known = max(self._restarts_known, new or 0)
                 self._log.info("restart_charged", round=r, count=new, max_restarts=max_restarts)
                 return new
 
     async def publish(self, state: dict[str, Any]) -> None:
-        """Put this node's live state (plus node, round, time) on the lease."""
-        if not self._admitted:
-            return  # refused (other spec, closed job) or never connected: not a node of this job
-        await self.lease.put(self._keys.state(self._node), dump(self._state_record(state)))
+        """Put this node's live state (plus node, round, time) on the lease; bounded by the connect timeout."""
+        await self._bounded("publish", self._publish(state))
+
+    async def _publish(self, state: dict[str, Any]) -> None:
+        record = self._state_record(state)
+        if not self._admitted or self._lost is not None:
+            return  # refused, never connected, or etcd lost the job (re-admission publishes again)
+        try:
+            await self.lease.put(self._keys.state(self._node), dump(record))
+        except LeaseNotFound:
+            if self._lost is None:
+                raise
 
     def _state_record(self, state: dict[str, Any]) -> dict[str, Any]:
         """`state` plus node, round, time; remembered as this node's last state."""
@@ -243,134 +346,42 @@ class EtcdRendezvous:
         return self._state
 
     async def close(self, outcome: str) -> None:
-        """Publish the final state, close the job when this node decides it, revoke the lease."""
-        await self._stop_monitor()
+        """Publish the final state, close the job when this node decides it, revoke the lease.
+
+        Bounded by the connect timeout; etcd unreachable is a RendezvousError (after everything local was
+        released), never a hang.
+        """
         if self._session is None:
             return
         try:
-            final = {**self._state, "state": "SHUTDOWN", "outcome": outcome}
-            with contextlib.suppress(RendezvousError):
-                if not self._admitted:
-                    return
-                await self.publish(final)
-                # Only the job's end closes it. A node stopped by a signal just leaves: the others go on with
-                # the nodes left (elastic), and a scheduler's requeue can rejoin. `runner stop` closes it.
-                if outcome != "stopped" and self._result is not None and self._result.group_rank == 0:
-                    await _write_control(self.session, self._keys, {"state": outcome, "by": self._node})
-                long = await self.session.call(lambda c: c.lease(FINAL_STATE_TTL_S))
-                await self.session.call(lambda c: c.put(self._keys.final(self._node), dump(self._state), lease=long))
+            await self._bounded("close", self._leave(outcome))
         finally:
+            await self._stop_monitor()
             if self._lease is not None:
-                await self._lease.stop(revoke=True)
+                await self._lease.stop(revoke=False)
             await self._session.close()
             self._log.info("rendezvous_closed", outcome=outcome)
 
+    async def _leave(self, outcome: str) -> None:
+        await self._stop_monitor()
+        if not self._admitted or self._lost is not None:
+            return
+        final = {**self._state, "state": "SHUTDOWN", "outcome": outcome}
+        await self._publish(final)
+        # Only the job's end closes it. A node stopped by a signal just leaves: the others go on with
+        # the nodes left (elastic), and a scheduler's requeue can rejoin. `runner stop` closes it.
+        if outcome != "stopped" and self._result is not None and self._result.group_rank == 0:
+            await write_control(self.session, self._keys, {"state": outcome, "by": self._node})
+        long = await self.session.call(lambda c: c.lease_grant(FINAL_STATE_TTL_S))
+        await self.session.call(lambda c: c.put(self._keys.final(self._node), dump(self._state), lease=long))
+        await self.lease.stop(revoke=True)
+
     async def _stop_monitor(self) -> None:
         if self._monitor is not None:
-            await self._monitor.stop()
-            self._monitor = None
+            monitor, self._monitor = self._monitor, None
+            await monitor.stop()
 
 
-def _round_is(t: Any, keys: JobKeys, r: int) -> Any:
+def _round_is(keys: JobKeys, r: int) -> Any:
     """Comparison: the round key says `r` (round 0: the key does not exist yet)."""
-    return t.value(keys.round) == str(r) if r > 0 else t.create(keys.round) == 0
-
-
-async def _write_control(session: EtcdSession, keys: JobKeys, value: dict[str, Any]) -> None:
-    """Set the control key unless a final outcome is already there ('stopping' may be overwritten)."""
-    raw = await session.call(lambda c: c.get(keys.control))
-    current = load(raw.value) if raw else None
-    if current and current.get("state") != "stopping":
-        return
-    t = session.client.transactions
-    guard = t.mod(keys.control) == raw.mod_revision if raw else t.create(keys.control) == 0
-    await session.call(lambda c: c.transaction(compare=[guard], success=[t.put(keys.control, dump(value))],
-                                               failure=[]))
-
-
-def quiet_log() -> Any:
-    """A logger for `runner status` / `runner stop`: warnings to stderr, nothing on stdout (--json stays clean)."""
-    return structlog.wrap_logger(structlog.PrintLogger(sys.stderr),
-                                 wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-
-
-async def read_status(spec: JobSpec) -> dict[str, Any]:
-    """Job status for `runner status`: control, round, master, restarts, each node's last state."""
-    session, keys = new_session(spec, quiet_log()), JobKeys(spec.rendezvous.prefix, spec.name)
-    await session.connect()
-    try:
-        _, (rnd, control, restarts, live, finals) = await session.call(lambda c: c.snapshot(
-            [key_range(keys.round), key_range(keys.control), key_range(keys.restarts),
-             prefix_range(keys.states), prefix_range(keys.finals)]))
-        r = int(rnd[0].value) if rnd else 0
-        result, result_round = None, None
-        for candidate in (r, r - 1):
-            raw = await session.call(lambda c, x=candidate: c.get(keys.result(x))) if candidate >= 0 else None
-            if raw is not None:
-                result, result_round = load(raw.value), candidate
-                break
-    finally:
-        await session.close()
-    return _status_dict(spec, r, result_round, result, control, restarts, live, finals)
-
-
-def _status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[str, Any] | None,
-                 control: list[Any], restarts: list[Any], live: list[Any], finals: list[Any]) -> dict[str, Any]:
-    nodes: dict[str, Any] = {}
-    for kv, is_live in [*((kv, False) for kv in finals), *((kv, True) for kv in live)]:
-        state = load(kv.value) or {}
-        nodes[JobKeys.leaf(kv.key)] = {
-            "node": JobKeys.leaf(kv.key), "state": state.get("state"), "outcome": state.get("outcome"), "attempt": state.get("attempt"),
-            "round": state.get("round"), "heartbeat": state.get("time"), "workers": state.get("workers"),
-            "live": is_live}
-    ctl = load(control[0].value) if control else None
-    live_nodes = any(n["live"] for n in nodes.values())
-    if ctl:
-        status = "stopped" if ctl["state"] == "stopping" and not live_nodes else ctl["state"]
-    elif nodes and not live_nodes:  # every node left without closing the job (each stopped by a signal)
-        outcomes = {n["outcome"] for n in nodes.values()}
-        status = outcomes.pop() if len(outcomes) == 1 and None not in outcomes else "stopped"
-    else:
-        status = "running" if result_round == r else "rendezvous"
-    group = len(result["nodes"]) if result else 0
-    return {"job": spec.name, "status": status, "round": r, "result_round": result_round,
-            "nodes_in_round": list(result["nodes"]) if result else [],
-            "world_size": group * int(result["nproc"]) if result else 0,
-            "master_addr": result["master_addr"] if result else None,
-            "master_port": result["master_port"] if result else None,
-            "restarts": int(restarts[0].value) if restarts else 0, "backend": "etcd",
-            "nodes": [nodes[name] for name in sorted(nodes)]}
-
-
-async def request_stop(spec: JobSpec, graceful: bool) -> None:
-    """Ask every node of the job to stop and close the rendezvous (harmless when repeated)."""
-    session, keys = new_session(spec, quiet_log()), JobKeys(spec.rendezvous.prefix, spec.name)
-    await session.connect()
-    try:
-        t = session.client.transactions
-        value = dump({"state": "stopping", "graceful": graceful, "time": time.time()})
-        await session.call(lambda c: c.transaction(compare=[t.create(keys.control) == 0],
-                                                   success=[t.put(keys.control, value)], failure=[]))
-    finally:
-        await session.close()
-
-
-async def reset_job(spec: JobSpec, force: bool) -> int:
-    """Delete every key of the job (so its name can run again); refuses while a node is live unless `force`.
-
-    Returns the number of keys deleted.
-    """
-    status = await read_status(spec)
-    live = [n["node"] for n in status["nodes"] if n.get("live")]
-    if live and not force:
-        raise RendezvousError(
-            f"job '{spec.name}' still has live node(s): {', '.join(live)}",
-            fix="stop it first (`runner stop job.yaml`), or add --force",
-        )
-    session, keys = new_session(spec, quiet_log()), JobKeys(spec.rendezvous.prefix, spec.name)
-    await session.connect()
-    try:
-        deleted = await session.call(lambda c: c.delete_prefix(keys.root))
-    finally:
-        await session.close()
-    return int(getattr(deleted, "deleted", 0))
+    return value_is(keys.round, str(r).encode()) if r > 0 else absent(keys.round)

@@ -1,8 +1,13 @@
-"""A resilient etcd v3 session over aetcd: endpoints, TLS, user/password auth, reconnects.
+"""A resilient etcd v3 session: endpoints, TLS, user/password auth, reconnects, bounded calls.
 
-aetcd speaks plaintext gRPC only, so `_Client` adds TLS channel credentials. `EtcdSession.call` runs
-one operation and, when the connection fails (etcd restarting, token lost), reconnects with backoff up
-to the connect timeout and runs it again; operations passed to it must be idempotent.
+Only public API of aetcd is used: its `aetcd.rpc` module, which ships etcd's generated protobuf messages and gRPC
+stubs (KV, Lease, Watch, Auth); the calls themselves are made here, on a grpc.aio channel we open (TLS or not).
+tests/test_rdzv_aetcd_contract.py checks every name listed in RPC_SURFACE, so an aetcd upgrade that drops one
+fails there with a clear message. Nothing in this package touches a private name of aetcd or grpc.
+
+`EtcdSession.call` runs one operation and, when the connection fails (etcd restarting, token lost), reconnects
+with backoff and runs it again, all within the connect timeout; operations passed to it must be idempotent. Every
+reply's header goes through a ClusterIdentity, which notices an etcd that lost its data.
 """
 
 from __future__ import annotations
@@ -14,20 +19,66 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aetcd
-import grpc
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type stubs
 import structlog
 from aetcd import rpc
-from aetcd.exceptions import UnauthenticatedError
 
 from runner.errors import RendezvousError
+from runner.rendezvous.etcd.identity import ClusterIdentity
 
 T = TypeVar("T")
 OP_TIMEOUT_S = 5.0
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_MAX_S = 1.0
 CANCEL_TIMEOUT_S = 1.0
-RETRYABLE = (aetcd.ConnectionFailedError, aetcd.ConnectionTimeoutError, UnauthenticatedError)
+
+# The part of aetcd's public `aetcd.rpc` module this package relies on: name -> protobuf fields used
+# (empty for stubs and functions). Checked by tests/test_rdzv_aetcd_contract.py.
+RPC_SURFACE: dict[str, tuple[str, ...]] = {
+    "KVStub": (), "LeaseStub": (), "WatchStub": (), "AuthStub": (),
+    "insecure_channel": (), "secure_channel": (),
+    "AuthenticateRequest": ("name", "password"), "AuthenticateResponse": ("token",),
+    "ResponseHeader": ("cluster_id", "revision"),
+    "KeyValue": ("key", "value", "create_revision", "mod_revision", "lease"),
+    "RangeRequest": ("key", "range_end", "limit", "sort_order", "sort_target", "count_only"),
+    "RangeResponse": ("header", "kvs"),
+    "PutRequest": ("key", "value", "lease"), "PutResponse": ("header",),
+    "DeleteRangeRequest": ("key", "range_end"), "DeleteRangeResponse": ("header", "deleted"),
+    "Compare": ("result", "target", "key", "range_end", "create_revision", "mod_revision", "value"),
+    "RequestOp": ("request_range", "request_put", "request_delete_range"),
+    "ResponseOp": ("response_range",),
+    "TxnRequest": ("compare", "success", "failure"), "TxnResponse": ("header", "succeeded", "responses"),
+    "LeaseGrantRequest": ("TTL",), "LeaseGrantResponse": ("header", "ID", "TTL", "error"),
+    "LeaseKeepAliveRequest": ("ID",), "LeaseKeepAliveResponse": ("header", "TTL"),
+    "LeaseRevokeRequest": ("ID",),
+    "WatchRequest": ("create_request",), "WatchCreateRequest": ("key", "range_end", "start_revision"),
+    "WatchResponse": ("header", "created", "canceled", "compact_revision", "cancel_reason", "events"),
+    "Event": ("type", "kv"),
+}
+
+# gRPC status codes after which a reconnect may help (etcd restarting, leader change, token expired).
+RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                         grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+class Unavailable(Exception):
+    """The connection failed in a way a reconnect may cure (internal to the retry loop)."""
+
+
+class LeaseNotFound(RendezvousError):
+    """A write named a lease etcd does not know (it expired, or etcd lost its data)."""
+
+
+def translate(exc: grpc.aio.AioRpcError) -> Exception:
+    """The exception to raise for a failed RPC: Unavailable (retry), LeaseNotFound, or a RendezvousError."""
+    code, details = exc.code(), exc.details() or ""
+    if code in RETRY_CODES:
+        return Unavailable(f"{code.name}: {details}".rstrip(": "))
+    if code == grpc.StatusCode.NOT_FOUND and "lease" in details:
+        return LeaseNotFound(f"etcd: {details}")
+    return RendezvousError(f"etcd refused the request: {details or code.name}",
+                           fix="check rendezvous.auth (user, password_env/password_file) and the "
+                           "user's permissions on rendezvous.prefix")
 
 
 @dataclass(frozen=True)
@@ -49,6 +100,10 @@ class Endpoint:
             raise RendezvousError(msg, fix="write endpoints as host:port, e.g. 10.0.0.5:2379")
         return cls(host.strip("[]"), int(port), secure)
 
+    def __str__(self) -> str:
+        """host:port."""
+        return f"{self.host}:{self.port}"
+
 
 @dataclass(frozen=True)
 class Credentials:
@@ -64,16 +119,21 @@ class Credentials:
     def load(cls, ca: str | None, cert: str | None, key: str | None, user: str | None,
              password: str | None) -> Credentials:
         """Read the TLS files; a missing file is a RendezvousError naming it."""
-        return cls(_read(ca, "rendezvous.tls.ca"), _read(cert, "rendezvous.tls.cert"),
-                   _read(key, "rendezvous.tls.key"), user, password)
+        return cls(read_tls_file(ca, "rendezvous.tls.ca"), read_tls_file(cert, "rendezvous.tls.cert"),
+                   read_tls_file(key, "rendezvous.tls.key"), user, password)
 
     @property
     def tls(self) -> bool:
         """Whether any TLS material was given."""
         return any((self.ca, self.cert, self.key))
 
+    def __repr__(self) -> str:
+        """Never shows the password or the key."""
+        return f"Credentials(tls={self.tls}, user={self.user!r})"
 
-def _read(path: str | None, field: str) -> bytes | None:
+
+def read_tls_file(path: str | None, field: str) -> bytes | None:
+    """The bytes of a TLS file named in the spec; a RendezvousError naming the field when unreadable."""
     if path is None:
         return None
     try:
@@ -83,99 +143,187 @@ def _read(path: str | None, field: str) -> bytes | None:
         raise RendezvousError(msg, fix=f"fix the path in {field}") from exc
 
 
-class _Client(aetcd.Client):
-    """aetcd.Client that can open a TLS channel (aetcd itself only dials plaintext)."""
+@dataclass(frozen=True)
+class TxnResult:
+    """What a transaction answered: which branch ran, at what revision, and each op's kvs ([] for writes)."""
 
-    def __init__(self, endpoint: Endpoint, creds: Credentials, timeout: float) -> None:
-        super().__init__(host=endpoint.host, port=endpoint.port, username=creds.user,
-                         password=creds.password, timeout=timeout)  # type: ignore[arg-type]
-        self._creds = creds
-        self._secure = creds.tls or endpoint.secure
+    succeeded: bool
+    revision: int
+    kvs: list[list[Any]]  # per op: the range's rpc.KeyValue messages
 
-    async def connect(self) -> None:
-        """Open the channel, authenticate, build the stubs (mirrors aetcd.Client.connect)."""
-        if self._connected.is_set():
-            return
-        target = f"{self._host}:{self._port}"
-        if self._secure:
-            tls = grpc.ssl_channel_credentials(self._creds.ca, self._creds.key, self._creds.cert)
-            self.channel = grpc.aio.secure_channel(target, tls)
+
+class Connection:
+    """One gRPC channel to one endpoint, authenticated: etcd's KV, Lease and Watch calls, each with a timeout."""
+
+    def __init__(self, endpoint: Endpoint, creds: Credentials, identity: ClusterIdentity, timeout: float) -> None:
+        self.endpoint = endpoint
+        self._identity = identity
+        self.timeout = timeout
+        target = str(endpoint)
+        if creds.tls or endpoint.secure:
+            tls = grpc.ssl_channel_credentials(creds.ca, creds.key, creds.cert)
+            self.channel = rpc.secure_channel(target, tls)
         else:
-            self.channel = grpc.aio.insecure_channel(target)
+            self.channel = rpc.insecure_channel(target)
+        self.metadata: tuple[tuple[str, str], ...] = ()
+        self.kv = rpc.KVStub(self.channel)
+        self.leases = rpc.LeaseStub(self.channel)
+        self.watches = rpc.WatchStub(self.channel)
+        self._auth = rpc.AuthStub(self.channel)
+        self._creds = creds
+
+    async def authenticate(self) -> None:
+        """Get a token for user/password, when given."""
+        if self._creds.user is None:
+            return
+        request = rpc.AuthenticateRequest(name=self._creds.user, password=self._creds.password or "")
+        reply = await self._unary(self._auth.Authenticate, request, linearizable=False)
+        self.metadata = (("token", str(reply.token)),)
+
+    async def _unary(self, method: Any, request: Any, *, linearizable: bool = True) -> Any:
+        floor = self._identity.revision if linearizable else None
         try:
-            if self._creds.user is not None:
-                request = rpc.AuthenticateRequest(name=self._creds.user, password=self._creds.password or "")
-                reply = await rpc.AuthStub(self.channel).Authenticate(request, timeout=self._timeout)
-                self.metadata = (("token", reply.token),)
-            self.kvstub = rpc.KVStub(self.channel)
-            self.clusterstub = rpc.ClusterStub(self.channel)
-            self.leasestub = rpc.LeaseStub(self.channel)
-            self.maintenancestub = rpc.MaintenanceStub(self.channel)
-            self._watcher = aetcd.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata)
-            self._connected.set()
+            reply = await method(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
-            await self.channel.close()
-            self._init_channel_attrs()
-            aetcd.exceptions._handle_exception(exc)
+            raise translate(exc) from exc
+        self._identity.check(reply.header, floor)
+        return reply
 
-    async def snapshot(self, ranges: Sequence[rpc.RangeRequest]) -> tuple[int, list[list[Any]]]:
-        """Read several ranges at ONE revision (a compare-less transaction): (revision, kvs per range)."""
-        _, rev, kvs = await self.txn([], [range_op(r) for r in ranges])
-        return rev, kvs
+    async def range(self, request: Any) -> Any:
+        """A RangeResponse."""
+        return await self._unary(self.kv.Range, request)
 
-    async def txn(self, compare: Sequence[Any], success: Sequence[rpc.RequestOp],
-                  failure: Sequence[rpc.RequestOp] = ()) -> tuple[bool, int, list[list[Any]]]:
-        """One transaction of raw ops: (succeeded, revision, kvs per op: the range's kvs, [] for a put).
+    async def get(self, key: bytes) -> Any | None:
+        """The KeyValue at `key`, or None."""
+        reply = await self.range(key_range(key))
+        return reply.kvs[0] if reply.kvs else None
 
-        `compare` holds aetcd comparisons (`client.transactions.create(key) == 0`, ...).
-        """
-        request = rpc.TxnRequest(compare=[c.build_message() for c in compare], success=success, failure=failure)
-        try:
-            reply = await self.kvstub.Txn(request, timeout=self._timeout, metadata=self.metadata)
-        except grpc.aio.AioRpcError as exc:
-            aetcd.exceptions._handle_exception(exc)
+    async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
+        """Put (on `lease` when non-zero); the revision of the write."""
+        reply = await self._unary(self.kv.Put, rpc.PutRequest(key=key, value=value, lease=lease))
+        return int(reply.header.revision)
+
+    async def delete(self, key: bytes, *, prefix: bool = False) -> int:
+        """Delete `key` (every key under it with prefix=True); how many keys were deleted."""
+        request = rpc.DeleteRangeRequest(key=key, range_end=prefix_end(key) if prefix else b"")
+        return int((await self._unary(self.kv.DeleteRange, request)).deleted)
+
+    async def txn(self, compare: Sequence[Any], success: Sequence[Any], failure: Sequence[Any] = ()) -> TxnResult:
+        """One transaction of rpc.Compare / rpc.RequestOp messages."""
+        reply = await self._unary(self.kv.Txn, rpc.TxnRequest(compare=compare, success=success, failure=failure))
         kvs = [list(r.response_range.kvs) if r.HasField("response_range") else [] for r in reply.responses]
-        return reply.succeeded, reply.header.revision, kvs
+        return TxnResult(bool(reply.succeeded), int(reply.header.revision), kvs)
+
+    async def snapshot(self, ranges: Sequence[Any]) -> tuple[int, list[list[Any]]]:
+        """Read several ranges at ONE revision (a compare-less transaction): (revision, kvs per range)."""
+        result = await self.txn([], [range_op(r) for r in ranges])
+        return result.revision, result.kvs
+
+    async def lease_grant(self, ttl: int) -> int:
+        """A new lease of `ttl` seconds; its id."""
+        reply = await self._unary(self.leases.LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl), linearizable=False)
+        if reply.error:
+            msg = f"etcd refused a lease: {reply.error}"
+            raise RendezvousError(msg)
+        return int(reply.ID)
+
+    async def lease_keepalive(self, lease_id: int) -> int:
+        """Refresh a lease once; its TTL now (0 or less: etcd does not know it)."""
+        call = self.leases.LeaseKeepAlive(metadata=self.metadata, timeout=self.timeout)
+        try:
+            await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
+            reply = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc) from exc
+        finally:
+            call.cancel()
+        if reply is grpc.aio.EOF:
+            msg = "lease keep-alive stream ended"
+            raise Unavailable(msg)
+        self._identity.check(reply.header, None)
+        return int(reply.TTL)
+
+    async def lease_revoke(self, lease_id: int) -> None:
+        """Revoke a lease (its keys vanish)."""
+        try:
+            await self._unary(self.leases.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id), linearizable=False)
+        except LeaseNotFound:
+            return
+
+    def watch_stream(self) -> Any:
+        """A new bidirectional Watch stream (write WatchRequests, read WatchResponses)."""
+        return self.watches.Watch(metadata=self.metadata)
+
+    async def close(self) -> None:
+        """Close the channel (in-flight calls end with CANCELLED)."""
+        await self.channel.close()
 
 
 async def cancel_task(task: asyncio.Task[Any]) -> None:
-    """Cancel `task` and wait for it to end, cancelling again if a cancel was swallowed
-    (Python 3.11's asyncio.wait_for, used inside aetcd, can swallow one).
-    """
+    """Cancel `task` and wait for it to end, cancelling again if a cancel was swallowed."""
     while not task.done():
         task.cancel()
         await asyncio.wait({task}, timeout=CANCEL_TIMEOUT_S)
     if not task.cancelled() and task.exception() is not None:
-        structlog.get_logger("runner.rendezvous.etcd.backend").warning("etcd_task_failed", task=task.get_name(),
-                                                                  error=repr(task.exception()))
+        structlog.get_logger("runner.rendezvous.etcd").warning("etcd_task_failed", task=task.get_name(),
+                                                               error=repr(task.exception()))
 
 
 def prefix_end(prefix: bytes) -> bytes:
-    """range_end covering every key that starts with `prefix`."""
-    return bytes(aetcd.utils.prefix_range_end(prefix))
+    r"""range_end covering every key that starts with `prefix` (b"\0": every key, for an all-0xff prefix)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return b"\0"
+    return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
-def range_op(request: rpc.RangeRequest) -> rpc.RequestOp:
-    """A read as a transaction op."""
+def range_op(request: Any) -> Any:
+    """A read (rpc.RangeRequest) as a transaction op."""
     return rpc.RequestOp(request_range=request)
 
 
-def put_op(key: bytes, value: bytes, lease: int = 0) -> rpc.RequestOp:
+def put_op(key: bytes, value: bytes, lease: int = 0) -> Any:
     """A put (on `lease` when non-zero) as a transaction op."""
     return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
 
 
-def key_range(key: bytes) -> rpc.RangeRequest:
+def delete_op(key: bytes) -> Any:
+    """A delete of one key as a transaction op."""
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+
+
+def key_range(key: bytes) -> Any:
     """Range request for one key."""
     return rpc.RangeRequest(key=key)
 
 
-def prefix_range(prefix: bytes, *, first_created: bool = False) -> rpc.RangeRequest:
-    """Range request for a prefix; with first_created, only the key created first."""
+def prefix_range(prefix: bytes, *, first_created: bool = False, count_only: bool = False) -> Any:
+    """Range request for a prefix; with first_created, only the key created first; with count_only, no kvs."""
     if first_created:
         return rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), limit=1,
                                 sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.CREATE)
-    return rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix))
+    return rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=count_only)
+
+
+def absent(key: bytes) -> Any:
+    """Comparison: `key` does not exist."""
+    return rpc.Compare(key=key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
+
+
+def none_under(prefix: bytes) -> Any:
+    """Comparison: no key starts with `prefix` (etcd compares every key of the range; an empty range passes)."""
+    return rpc.Compare(key=prefix, range_end=prefix_end(prefix), target=rpc.Compare.CREATE,
+                       result=rpc.Compare.EQUAL, create_revision=0)
+
+
+def value_is(key: bytes, value: bytes) -> Any:
+    """Comparison: `key` holds `value`."""
+    return rpc.Compare(key=key, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=value)
+
+
+def modified_at(key: bytes, revision: int) -> Any:
+    """Comparison: `key` was last written at `revision`."""
+    return rpc.Compare(key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision)
 
 
 class EtcdSession:
@@ -185,10 +333,11 @@ class EtcdSession:
                  probe_key: bytes, log: Any = None) -> None:
         self._endpoints = [Endpoint.parse(e) for e in endpoints]
         self._creds = creds
-        self._connect_timeout = connect_timeout
+        self.connect_timeout = connect_timeout
         self._probe_key = probe_key
-        self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
-        self._client: _Client | None = None
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd")
+        self.identity = ClusterIdentity()
+        self._client: Connection | None = None
         self._gen = 0
         self._next_endpoint = 0
         self._lock = asyncio.Lock()
@@ -199,12 +348,17 @@ class EtcdSession:
         return self._gen
 
     @property
-    def client(self) -> _Client:
-        """The current client (connect first)."""
+    def client(self) -> Connection:
+        """The current connection (connect first)."""
         if self._client is None:
             msg = "etcd session is not connected"
             raise RendezvousError(msg)
         return self._client
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection is open now."""
+        return self._client is not None
 
     async def connect(self) -> None:
         """Connect to the first endpoint that answers, retrying with backoff up to connect_timeout."""
@@ -212,137 +366,86 @@ class EtcdSession:
             await self._dial()
 
     async def _dial(self) -> None:
-        deadline = time.monotonic() + self._connect_timeout
+        deadline = time.monotonic() + self.connect_timeout
         delay, last = BACKOFF_INITIAL_S, "no attempt"
         while True:
             endpoint = self._endpoints[self._next_endpoint % len(self._endpoints)]
             self._next_endpoint += 1
-            timeout = max(0.5, min(OP_TIMEOUT_S, deadline - time.monotonic()))
-            client = _Client(endpoint, self._creds, timeout)
+            conn = Connection(endpoint, self._creds, self.identity,
+                              max(0.5, min(OP_TIMEOUT_S, deadline - time.monotonic())))
             try:
-                await client.connect()
-                await client.get(self._probe_key)
-            except RETRYABLE as exc:
+                await conn.authenticate()
+                await conn.get(self._probe_key)
+            except Unavailable as exc:
                 last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                await client.close()
-            except aetcd.ClientError as exc:
-                await client.close()
+                await conn.close()
+            except RendezvousError as exc:
+                await conn.close()
                 raise self._refused(exc) from exc
+            except BaseException:  # cancelled (a caller's deadline): do not leak the channel
+                await asyncio.shield(conn.close())
+                raise
             else:
-                client._timeout = OP_TIMEOUT_S
-                self._client, self._gen = client, self._gen + 1
-                self._log.info("etcd_connected", endpoint=f"{endpoint.host}:{endpoint.port}", generation=self._gen)
+                conn.timeout = min(OP_TIMEOUT_S, max(0.5, self.connect_timeout))
+                self._client, self._gen = conn, self._gen + 1
+                self._log.info("etcd_connected", endpoint=str(endpoint), generation=self._gen)
                 return
             if time.monotonic() + delay > deadline:
                 raise self._unreachable(last)
-            self._log.warning("etcd_connect_retry", endpoint=f"{endpoint.host}:{endpoint.port}", error=last)
+            self._log.warning("etcd_connect_retry", endpoint=str(endpoint), error=last)
             await asyncio.sleep(delay)
             delay = min(BACKOFF_MAX_S, delay * 2)
 
     def _unreachable(self, last: str) -> RendezvousError:
-        names = ", ".join(f"{e.host}:{e.port}" for e in self._endpoints)
-        msg = f"cannot reach etcd at {names} within {self._connect_timeout:g} s (last error: {last})"
+        names = ", ".join(map(str, self._endpoints))
+        msg = f"cannot reach etcd at {names} within {self.connect_timeout:g} s (last error: {last})"
         return RendezvousError(msg, fix="start etcd there, or fix rendezvous.endpoints / rendezvous.tls "
                                "(raise rendezvous.connect_timeout if etcd starts slowly)")
 
-    def _refused(self, exc: Exception) -> RendezvousError:
-        msg = f"etcd refused the connection: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        return RendezvousError(msg, fix="check rendezvous.auth (user, password_env/password_file) and the "
+    @staticmethod
+    def _refused(exc: RendezvousError) -> RendezvousError:
+        detail = exc.message.removeprefix("etcd refused the request: ")
+        return RendezvousError(f"etcd refused the connection: {detail}",
+                               fix="check rendezvous.auth (user, password_env/password_file) and the "
                                "user's permissions on rendezvous.prefix")
 
     async def reconnect(self, failed_generation: int) -> None:
-        """Replace the client unless someone already did since `failed_generation`."""
+        """Replace the connection unless someone already did since `failed_generation`."""
         async with self._lock:
-            if self._gen != failed_generation:
+            if self._gen != failed_generation and self._client is not None:
                 return
             old, self._client = self._client, None
             if old is not None:
                 await old.close()
             await self._dial()
 
-    async def call(self, op: Callable[[_Client], Awaitable[T]]) -> T:
-        """Run `op(client)`; on a lost connection reconnect and run it again (op must be idempotent)."""
-        while True:
-            gen = self._gen
-            try:
-                return await op(self.client)
-            except aetcd.ClientError as exc:
-                if not isinstance(exc, RETRYABLE) and gen == self._gen and "cancel" not in str(exc).lower():
-                    raise self._refused(exc) from exc
-                self._log.warning("etcd_call_retry", error=type(exc).__name__)
-                await self.reconnect(gen)
+    async def call(self, op: Callable[[Connection], Awaitable[T]], *, budget: float | None = None) -> T:
+        """Run `op(connection)`; on a lost connection reconnect and run it again (op must be idempotent).
+
+        Returns or raises RendezvousError within `budget` seconds (default: the connect timeout), whatever
+        etcd does: an unreachable etcd is a RendezvousError naming the endpoints, never a hang.
+        """
+        limit = self.connect_timeout if budget is None else budget
+        last = "no attempt"
+        try:
+            async with asyncio.timeout(limit):
+                while True:
+                    gen = self._gen
+                    try:
+                        if self._client is None:
+                            await self.reconnect(gen)
+                        return await op(self.client)
+                    except Unavailable as exc:
+                        last = str(exc)
+                        self._log.warning("etcd_call_retry", error=last)
+                        await self.reconnect(gen)
+        except TimeoutError:
+            raise self._unreachable(last) from None
 
     async def close(self) -> None:
-        """Close the client."""
+        """Close the connection."""
         async with self._lock:
             old, self._client = self._client, None
             self._gen += 1
         if old is not None:
             await old.close()
-
-
-class Watch:
-    """Events of several key ranges in one queue, resumed from the last revision after reconnects."""
-
-    def __init__(self, session: EtcdSession, ranges: Sequence[tuple[bytes, bytes | None]], start_revision: int,
-                 log: Any = None) -> None:
-        self._session = session
-        self._ranges = list(ranges)
-        self._next_revision = start_revision
-        self._queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-        self._reg = 0  # registration number; stale callbacks are ignored
-        self._reg_gen = -1
-        self._ids: list[int] = []
-        self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
-
-    async def start(self) -> Watch:
-        """Register every range (from the start revision)."""
-        await self._register()
-        return self
-
-    async def _register(self) -> None:
-        while True:
-            self._reg += 1
-            reg, gen = self._reg, self._session.generation
-            try:
-                self._ids = [await self._add(reg, key, end) for key, end in self._ranges]
-            except aetcd.RevisionCompactedError as exc:
-                self._log.warning("etcd_watch_compacted", revision=self._next_revision)
-                self._next_revision = exc.compacted_revision
-            except (TimeoutError, aetcd.ClientError, grpc.aio.AioRpcError):
-                await self._session.reconnect(gen)
-            else:
-                self._reg_gen = gen
-                return
-
-    async def _add(self, reg: int, key: bytes, end: bytes | None) -> int:
-        async def deliver(item: Any) -> None:
-            await self._queue.put((reg, item))
-
-        watcher = self._session.client._watcher
-        callback = await watcher.add_callback(key, deliver, range_end=end, start_revision=self._next_revision)
-        return int(callback.watch_id)
-
-    async def next(self) -> aetcd.Event:
-        """The next event (PUT/DELETE) of any range."""
-        while True:
-            reg, item = await self._queue.get()
-            if reg != self._reg:
-                continue
-            if isinstance(item, aetcd.Event):
-                self._next_revision = max(self._next_revision, item.kv.mod_revision + 1)
-                return item
-            self._log.warning("etcd_watch_lost", error=type(item).__name__ if item else "stream_closed")
-            await self._session.reconnect(self._reg_gen)
-            await self._register()
-
-    async def cancel(self) -> None:
-        """Stop receiving events."""
-        self._reg += 1
-        client = self._session._client
-        if client is not None and client._watcher is not None:
-            for watch_id in self._ids:
-                try:  # aetcd's cancel can block behind its request queue: bounded, best effort
-                    await asyncio.wait_for(client._watcher.cancel(watch_id), CANCEL_TIMEOUT_S)
-                except (aetcd.ClientError, grpc.aio.AioRpcError, TimeoutError):
-                    break

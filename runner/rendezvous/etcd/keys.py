@@ -1,10 +1,44 @@
-"""The etcd key layout of one job (see DESIGN.md "etcd v3 key layout"); pure, no I/O."""
+"""The etcd key layout of one job, node-id encoding and the "job closed" check; pure, no I/O.
+
+Node ids are percent-encoded (UTF-8, every byte but [A-Za-z0-9_.~-]) where they become a key's last part,
+so any id works, `/` included; `node_of` decodes them when keys are read back (status, ranks).
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote_from_bytes, unquote_to_bytes
+
+from runner.errors import JobClosed, RendezvousError
+
+# Longest node id accepted (UTF-8 bytes): ids become etcd keys and appear in every round's result.
+MAX_NODE_ID_BYTES = 512
+
+
+def encode_node(node: str) -> str:
+    """`node` as one key component: percent-encoded, never containing '/'.
+
+    Lone surrogates (undecodable bytes of argv or a hostname) round-trip too (UTF-8 with surrogatepass).
+    """
+    return quote_from_bytes(node.encode("utf-8", "surrogatepass"), safe="")
+
+
+def decode_node(part: str) -> str:
+    """Inverse of encode_node."""
+    return unquote_to_bytes(part).decode("utf-8", "surrogatepass")
+
+
+def check_node_id(node: str) -> None:
+    """Refuse a node id that cannot work as a key (empty, or too long); anything else is encoded."""
+    size = len(node.encode("utf-8", "surrogatepass"))
+    if size == 0:
+        msg = "the node id is empty"
+        raise RendezvousError(msg, fix="give each node a non-empty id with --node (or RUNNER_NODE)")
+    if size > MAX_NODE_ID_BYTES:
+        msg = f"the node id is {size} bytes long (at most {MAX_NODE_ID_BYTES})"
+        raise RendezvousError(msg, fix="give this node a shorter id with --node (or RUNNER_NODE)")
 
 
 @dataclass(frozen=True)
@@ -29,8 +63,13 @@ class JobKeys:
 
     @property
     def spec_json(self) -> bytes:
-        """The shared spec tree, to name differing fields."""
+        """The shared spec tree (secret-looking env values as digests), to name differing fields."""
         return self._k("spec_json")
+
+    @property
+    def epoch(self) -> bytes:
+        """A random token written with the spec by the job's first node: gone or changed = etcd lost the job."""
+        return self._k("epoch")
 
     @property
     def round(self) -> bytes:
@@ -57,7 +96,7 @@ class JobKeys:
 
     def join(self, round_: int, node: str) -> bytes:
         """Join record of `node` in round `round_`."""
-        return self._k("rounds", round_, "nodes", node)
+        return self._k("rounds", round_, "nodes", encode_node(node))
 
     def result(self, round_: int) -> bytes:
         """Result of round `round_`, written once."""
@@ -70,7 +109,7 @@ class JobKeys:
 
     def state(self, node: str) -> bytes:
         """Live state of `node` (on its lease)."""
-        return self._k("nodes", node)
+        return self._k("nodes", encode_node(node))
 
     @property
     def finals(self) -> bytes:
@@ -79,12 +118,19 @@ class JobKeys:
 
     def final(self, node: str) -> bytes:
         """Final state of `node` (on a long lease of its own)."""
-        return self._k("final", node)
+        return self._k("final", encode_node(node))
 
     @staticmethod
     def leaf(key: bytes) -> str:
-        """Last path component of a key (a node id for join/state keys)."""
-        return key.decode().rsplit("/", 1)[-1]
+        """Last path component of a key, decoded (the node id of a join, state or final key)."""
+        return decode_node(key.decode().rsplit("/", 1)[-1])
+
+    def check_open(self, raw_control: bytes | None) -> None:
+        """Raise JobClosed when the control key's value says the job is stopped or ended (the one such check)."""
+        control = load(raw_control)
+        if control:
+            state = str(control.get("state", "closed")) if isinstance(control, dict) else "closed"
+            raise JobClosed(self.job, state)
 
 
 def dump(value: Any) -> bytes:

@@ -1,7 +1,9 @@
 """This node's etcd lease: granted once, kept alive in the background, re-granted if it expired.
 
-Keys attached to the lease are remembered (key -> value) so that, when etcd lost the lease (it was down
-longer than the TTL), they are put again on the new lease.
+Keys attached to the lease are remembered (key -> value) so that, when etcd forgot the lease (it was down
+longer than the TTL), they are put again on the new lease. A lease etcd does not know may also mean that etcd
+lost the job's data: before re-granting, the keeper asks `job_intact` (the backend compares the job's epoch key);
+when the job is gone it tells `on_data_lost` and stops, and the backend re-admits the node with a fresh lease.
 """
 
 from __future__ import annotations
@@ -9,81 +11,118 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 import structlog
-from aetcd import rpc
 
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd.client import EtcdSession, cancel_task, put_op, range_op
+from runner.rendezvous.etcd.client import Connection, EtcdSession, LeaseNotFound, cancel_task, put_op, range_op
+
+T = TypeVar("T")
+
+async def _always_intact() -> bool:
+    return True
 
 
 class LeaseKeeper:
     """Owns one lease and the keys put on it."""
 
-    def __init__(self, session: EtcdSession, ttl: float, log: Any = None) -> None:
+    def __init__(self, session: EtcdSession, ttl: float, log: Any = None, *,
+                 job_intact: Callable[[], Awaitable[bool]] = _always_intact,
+                 on_data_lost: Callable[[str], None] | None = None) -> None:
         self._session = session
         self.ttl = max(2, math.ceil(ttl))
         self.lease_id = 0
         self._keys: dict[bytes, bytes] = {}
         self._task: asyncio.Task[None] | None = None
-        self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
+        self._job_intact = job_intact
+        self._on_data_lost = on_data_lost
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd")
 
     async def grant(self) -> int:
         """Grant a fresh lease and start keeping it alive."""
-        lease = await self._session.call(lambda c: c.lease(self.ttl))
-        self.lease_id = int(lease.id)
+        self.lease_id = await self._session.call(lambda c: c.lease_grant(self.ttl))
         self._log.info("etcd_lease_granted", lease=hex(self.lease_id), ttl=self.ttl)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._keep_alive(), name="etcd-lease-keepalive")
         return self.lease_id
 
     async def put(self, key: bytes, value: bytes) -> int:
-        """Put `key` on the lease (remembered for re-grants); the revision of the write."""
+        """Put `key` on the lease (remembered for re-grants); the revision of the write.
+
+        A lease etcd forgot is handled like a failed keep-alive (re-granted, or the data loss reported), then the
+        put is tried once more on the new lease.
+        """
         self._keys[key] = value
-        reply = await self._session.call(lambda c: c.put(key, value, lease=self.lease_id))
-        return int(reply.header.revision)
+        return await self._on_lease(lambda: self._session.call(lambda c: c.put(key, value, lease=self.lease_id)))
 
     async def put_and_read(self, items: dict[bytes, bytes],
-                           reads: Sequence[rpc.RangeRequest] = ()) -> tuple[int, list[list[Any]]]:
-        """Put `items` on the lease and read `reads` in ONE transaction: (revision, kvs per read)."""
+                           reads: Sequence[Any] = ()) -> tuple[int, list[list[Any]]]:
+        """Put `items` on the lease and read `reads` (rpc.RangeRequest) in ONE transaction: (revision, kvs per read).
+
+        A lease etcd forgot is handled as in put().
+        """
         self._keys.update(items)
-        _, rev, kvs = await self._session.call(lambda c: c.txn([], [
-            *(put_op(k, v, self.lease_id) for k, v in items.items()), *map(range_op, reads)]))
-        return rev, kvs[len(items):]
+
+        async def txn() -> tuple[int, list[list[Any]]]:
+            ops = [*(put_op(k, v, self.lease_id) for k, v in items.items()), *map(range_op, reads)]
+            result = await self._session.call(lambda c: c.txn([], ops))
+            return result.revision, result.kvs[len(items):]
+        return await self._on_lease(txn)
+
+    async def _on_lease(self, write: Callable[[], Awaitable[T]]) -> T:
+        """Run `write` (which uses self.lease_id); if etcd forgot the lease, replace it and run it once more.
+
+        LeaseNotFound again when etcd lost the job (the loss has then been reported).
+        """
+        try:
+            return await write()
+        except LeaseNotFound:
+            if not await self._replace_lost_lease():
+                raise
+            return await write()
 
     def forget(self, key: bytes) -> None:
         """Stop re-putting `key` after a re-grant."""
         self._keys.pop(key, None)
 
+    def forget_all(self) -> None:
+        """Stop re-putting every key (the job's data is gone: they belong to an attempt that no longer exists)."""
+        self._keys.clear()
+
     async def _keep_alive(self) -> None:
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
-                reply = await self._session.call(lambda c: c.refresh_lease(self.lease_id))
+                ttl = await self._session.call(lambda c: c.lease_keepalive(self.lease_id))
+                if ttl <= 0:
+                    await self._replace_lost_lease()
             except RendezvousError as exc:
                 self._log.warning("etcd_lease_keepalive_failed", error=exc.message)
-                continue
-            if reply is None or reply.TTL <= 0:
-                await self._regrant()
 
-    async def _regrant(self) -> None:
+    async def _replace_lost_lease(self) -> bool:
+        """Replace the lease etcd forgot: True when re-granted (keys put again), False when the job is gone.
+
+        The job is gone when its epoch key is missing or changed: the data loss is then reported.
+        """
+        if not await self._job_intact():
+            if self._on_data_lost is not None:
+                self._on_data_lost("the job's epoch key is gone or changed (etcd lost or replaced its data)")
+            return False
         old = self.lease_id
-        try:
-            await self.grant()
-            for key, value in list(self._keys.items()):
-                await self._session.call(lambda c, k=key, v=value: c.put(k, v, lease=self.lease_id))
-        except RendezvousError as exc:
-            self._log.warning("etcd_lease_regrant_failed", error=exc.message)
-            return
+        await self.grant()
+        for key, value in list(self._keys.items()):
+            await self._session.call(partial(Connection.put, key=key, value=value, lease=self.lease_id))
         self._log.warning("etcd_lease_expired_regranted", old=hex(old), new=hex(self.lease_id), keys=len(self._keys))
+        return True
 
     async def stop(self, *, revoke: bool) -> None:
-        """Stop the keep-alive; revoke the lease (its keys vanish) when asked."""
+        """Stop the keep-alive; revoke the lease (its keys vanish) when asked (best effort, bounded)."""
         if self._task is not None:
             await cancel_task(self._task)
             self._task = None
         if revoke and self.lease_id:
             with contextlib.suppress(RendezvousError):
-                await self._session.call(lambda c: c.revoke_lease(self.lease_id))
+                await self._session.call(lambda c: c.lease_revoke(self.lease_id))

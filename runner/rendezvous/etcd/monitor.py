@@ -16,14 +16,9 @@ import structlog
 from runner.errors import RendezvousError
 from runner.events import MembershipChanged, PeerLost, StopRequested
 from runner.rendezvous.base import RendezvousResult
-from runner.rendezvous.etcd.client import (
-    EtcdSession,
-    Watch,
-    cancel_task,
-    key_range,
-    prefix_end,
-)
+from runner.rendezvous.etcd.client import EtcdSession, cancel_task, key_range, prefix_end
 from runner.rendezvous.etcd.keys import JobKeys, load
+from runner.rendezvous.etcd.watch import PUT, Event, Watch
 
 RETRY_S = 1.0
 
@@ -44,9 +39,10 @@ class RoundMonitor:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Watch from the revision at which the round's leader saw the joins, so what changed since
-        (a member gone, a FAILED state, a next-round join, a stop) is replayed first, then followed.
-        Every relevant change comes after that revision: a node gone before it is not a member, states
+        """Watch from the revision at which the round's leader saw the joins.
+
+        What changed since (a member gone, a FAILED state, a next-round join, a stop) is replayed first, then
+        followed. Every relevant change comes after that revision: a node gone before it is not a member, states
         name this round and next-round joins exist only once the result was written. O(1) reads per node.
         """
         r, k = self._res.round, self._k
@@ -76,12 +72,12 @@ class RoundMonitor:
         finally:
             await watch.cancel()
 
-    def _dispatch(self, ev: Any) -> None:
-        key, put, r = ev.kv.key, ev.kind == "PUT", self._res.round
+    def _dispatch(self, ev: Event) -> None:
+        key, put, r = ev.key, ev.kind == PUT, self._res.round
         if key == self._k.control and put:
-            self._on_control(load(ev.kv.value))
+            self._on_control(load(ev.value))
         elif key.startswith(self._k.states) and put:
-            self._on_state(JobKeys.leaf(key), load(ev.kv.value))
+            self._on_state(JobKeys.leaf(key), load(ev.value))
         elif key.startswith(self._k.round_nodes(r)) and not put:
             node = JobKeys.leaf(key)
             last = self._states.get(node) or {}

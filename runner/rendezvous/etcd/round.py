@@ -16,17 +16,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from aetcd import rpc
 
-from runner.errors import JobClosed
 from runner.rendezvous.etcd.client import (
     EtcdSession,
-    Watch,
+    absent,
     key_range,
     prefix_end,
     prefix_range,
+    put_op,
+    range_op,
 )
 from runner.rendezvous.etcd.keys import JobKeys, dump, load
+from runner.rendezvous.etcd.watch import DELETE, PUT, Event, Watch
 from runner.rendezvous.ranks import assign_ranks
 
 TERMINAL = "SHUTDOWN"
@@ -75,7 +76,7 @@ class RoundWaiter:
         self.joined_seen = 1
         self._view = 0  # leader: revision up to which its table of joins is complete
 
-    def reads(self) -> list[rpc.RangeRequest]:
+    def reads(self) -> list[Any]:
         """What wait() needs to know first: the round's first joiner, its result, the control key."""
         return [prefix_range(self._k.round_nodes(self._r), first_created=True),
                 key_range(self._k.result(self._r)), key_range(self._k.control)]
@@ -93,18 +94,13 @@ class RoundWaiter:
             first = None
             if result:
                 return dict(load(result[0].value))
-            self._raise_if_closed(control[0].value if control else None)
+            self._k.check_open(control[0].value if control else None)
             leader = JobKeys.leaf(first_kv[0].key) if first_kv else self._node
             if leader == self._node:
                 return await self._lead()
             done = await self._follow(rev, leader)
             if done is not None:
                 return done
-
-    def _raise_if_closed(self, raw: bytes | None) -> None:
-        control = load(raw)
-        if control:
-            raise JobClosed(self._k.job, str(control.get("state", "closed")))
 
     async def _follow(self, rev: int, leader: str) -> dict[str, Any] | None:
         """Result, or None when the leader left (then someone else leads)."""
@@ -114,11 +110,11 @@ class RoundWaiter:
         try:
             while True:
                 ev = await watch.next()
-                if ev.kv.key == self._k.control and ev.kind == "PUT":
-                    self._raise_if_closed(ev.kv.value)
-                elif ev.kv.key == self._k.result(self._r) and ev.kind == "PUT":
-                    return dict(load(ev.kv.value))
-                elif ev.kind == "DELETE":
+                if ev.key == self._k.control and ev.kind == PUT:
+                    self._k.check_open(ev.value)
+                elif ev.key == self._k.result(self._r) and ev.kind == PUT:
+                    return dict(load(ev.value))
+                elif ev.kind == DELETE:
                     return None
         finally:
             await watch.cancel()
@@ -129,7 +125,7 @@ class RoundWaiter:
              key_range(self._k.result(self._r)), key_range(self._k.control)]))
         if result:
             return dict(load(result[0].value))
-        self._raise_if_closed(control[0].value if control else None)
+        self._k.check_open(control[0].value if control else None)
         joined = {JobKeys.leaf(kv.key): kv.value for kv in joins}  # raw: only the master's is decoded
         self._view = rev
         live = {JobKeys.leaf(kv.key): load(kv.value) for kv in states}
@@ -160,32 +156,31 @@ class RoundWaiter:
                 ev = await asyncio.wait_for(watch.next(), wait)
             except TimeoutError:
                 continue
-            self._view = max(self._view, ev.kv.mod_revision)
+            self._view = max(self._view, ev.mod_revision)
             done = self._apply(ev, joined, live)
             if done is not None:
                 return done
 
-    def _apply(self, ev: Any, joined: dict[str, Any], live: dict[str, Any]) -> dict[str, Any] | None:
-        key, put = ev.kv.key, ev.kind == "PUT"
+    def _apply(self, ev: Event, joined: dict[str, Any], live: dict[str, Any]) -> dict[str, Any] | None:
+        key, put = ev.key, ev.kind == PUT
         if key == self._k.control and put:
-            self._raise_if_closed(ev.kv.value)
+            self._k.check_open(ev.value)
         elif key == self._k.result(self._r) and put:
-            return dict(load(ev.kv.value))
+            return dict(load(ev.value))
         elif key.startswith(self._k.round_nodes(self._r)):
-            _set(joined, JobKeys.leaf(key), ev.kv.value if put else None)
+            _set(joined, JobKeys.leaf(key), ev.value if put else None)
         elif key.startswith(self._k.states):
-            _set(live, JobKeys.leaf(key), load(ev.kv.value) if put else None)
+            _set(live, JobKeys.leaf(key), load(ev.value) if put else None)
         return None
 
     async def _write_result(self, joined: dict[str, Any]) -> dict[str, Any]:
         record = {**build_result(joined, self._previous, self._rules.max_nodes), "rev": self._view}
         key = self._k.result(self._r)
-        ok, replies = await self._s.call(lambda c: c.transaction(
-            compare=[c.transactions.create(key) == 0],
-            success=[c.transactions.put(key, dump(record))], failure=[c.transactions.get(key)]))
-        if not ok:
-            record = dict(load(replies[0][0][0]))
-        self._log.info("rendezvous_round_closed", round=self._r, nodes=len(record["nodes"]), written=ok)
+        done = await self._s.call(lambda c: c.txn([absent(key)], [put_op(key, dump(record))],
+                                                   [range_op(key_range(key))]))
+        if not done.succeeded:
+            record = dict(load(done.kvs[0][0].value))
+        self._log.info("rendezvous_round_closed", round=self._r, nodes=len(record["nodes"]), written=done.succeeded)
         return record
 
 

@@ -1,0 +1,149 @@
+"""Watching key ranges: events of several ranges in one queue, resumed from the last revision after reconnects.
+
+One Watch = one gRPC Watch stream carrying one watcher per range, read by one background task. When the stream
+breaks (etcd restarting) the next `next()` reconnects the session and registers every range again from the revision
+after the last event delivered, so nothing is missed or repeated. A compacted start revision restarts the watch
+from the oldest revision etcd still has (logged: changes in between are lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type stubs
+import structlog
+from aetcd import rpc
+
+from runner.rendezvous.etcd.client import CANCEL_TIMEOUT_S, EtcdSession, Unavailable, cancel_task, translate
+
+PUT, DELETE = "PUT", "DELETE"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change of a watched key."""
+
+    kind: str  # PUT or DELETE
+    key: bytes
+    value: bytes  # b"" for a DELETE
+    mod_revision: int
+
+
+class Compacted(Exception):
+    """The start revision was compacted; etcd still has history from `revision`."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(f"revision compacted below {revision}")
+        self.revision = revision
+
+
+class Watch:
+    """Events of several key ranges (key, range_end or None for one key), in revision order."""
+
+    def __init__(self, session: EtcdSession, ranges: Sequence[tuple[bytes, bytes | None]], start_revision: int,
+                 log: Any = None) -> None:
+        self._session = session
+        self._ranges = list(ranges)
+        self._next_revision = max(1, start_revision)
+        self._queue: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
+        self._reg = 0  # registration number; items of an older stream are ignored
+        self._reg_gen = -1
+        self._call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd")
+
+    async def start(self) -> Watch:
+        """Register every range from the start revision (RendezvousError past the connect timeout)."""
+        while True:
+            gen = self._session.generation
+            try:
+                await self._session.call(self._register)
+            except Compacted as exc:
+                self._log.warning("etcd_watch_compacted", revision=self._next_revision, oldest=exc.revision)
+                self._next_revision = exc.revision
+                continue
+            self._reg_gen = gen if gen == self._session.generation else self._session.generation
+            return self
+
+    async def _register(self, conn: Any) -> None:
+        await self._drop_stream()
+        self._reg += 1
+        reg, call = self._reg, conn.watch_stream()
+        try:
+            for key, end in self._ranges:
+                create = rpc.WatchCreateRequest(key=key, range_end=end or b"", start_revision=self._next_revision)
+                await call.write(rpc.WatchRequest(create_request=create))
+            created = 0
+            while created < len(self._ranges):
+                reply = await asyncio.wait_for(call.read(), conn.timeout)
+                _check_created(reply)
+                self._session.identity.check(reply.header, None)
+                created += bool(reply.created)
+                self._deliver(reg, reply)
+        except grpc.aio.AioRpcError as exc:
+            call.cancel()
+            raise translate(exc) from exc
+        except TimeoutError as exc:
+            call.cancel()
+            msg = "watch not created in time"
+            raise Unavailable(msg) from exc
+        except BaseException:
+            call.cancel()
+            raise
+        self._call = call
+        self._reader = asyncio.get_running_loop().create_task(self._read(reg, call), name="etcd-watch-reader")
+
+    def _deliver(self, reg: int, reply: Any) -> None:
+        """Queue the events of one WatchResponse for registration `reg`."""
+        for ev in reply.events:
+            kind = PUT if ev.type == rpc.Event.PUT else DELETE
+            self._queue.put_nowait((reg, Event(kind, bytes(ev.kv.key), bytes(ev.kv.value), int(ev.kv.mod_revision))))
+
+    async def _read(self, reg: int, call: Any) -> None:
+        try:
+            while True:
+                reply = await call.read()
+                if reply is grpc.aio.EOF or reply.canceled or reply.compact_revision:
+                    break
+                self._session.identity.check(reply.header, None)
+                self._deliver(reg, reply)
+        except grpc.aio.AioRpcError:
+            pass  # the stream broke: reported below
+        self._queue.put_nowait((reg, None))
+
+    async def next(self) -> Event:
+        """The next event (PUT/DELETE) of any range."""
+        while True:
+            reg, item = await self._queue.get()
+            if reg != self._reg:
+                continue
+            if item is not None:
+                self._next_revision = max(self._next_revision, item.mod_revision + 1)
+                return item
+            self._log.warning("etcd_watch_lost", resume_from=self._next_revision)
+            await self._session.reconnect(self._reg_gen)
+            await self.start()
+
+    async def _drop_stream(self) -> None:
+        call, reader, self._call, self._reader = self._call, self._reader, None, None
+        if call is not None:
+            call.cancel()
+        if reader is not None:
+            await cancel_task(reader)
+
+    async def cancel(self) -> None:
+        """Stop receiving events (bounded: never waits on etcd)."""
+        self._reg += 1
+        await asyncio.wait_for(self._drop_stream(), CANCEL_TIMEOUT_S * 2)
+
+
+def _check_created(reply: Any) -> None:
+    """Raise for a WatchResponse that ends a watch being created: stream closed, or start revision compacted."""
+    if reply is grpc.aio.EOF:
+        msg = "watch stream ended"
+        raise Unavailable(msg)
+    if reply.compact_revision:
+        raise Compacted(int(reply.compact_revision))
