@@ -14,6 +14,7 @@ from runner.config.redact import (
     NOT_SECRET_NAMES,
     SECRET_PARTS,
     SECRET_WORDS,
+    has_secret,
     is_secret,
     redact,
     redact_argv,
@@ -186,3 +187,12 @@ def test_events_are_redacted_by_key_and_value() -> None:
     assert shown == {"event": "x", "token": MASK, "url": f"https://u:{MASK}@h", "n": 3,
                      "nested": {"password": MASK, "ranks": [0, 1], "args": ["--secret", MASK]}}
     assert redact_data(("a", "b")) == ["a", "b"]
+
+
+@pytest.mark.parametrize(("key", "value", "secret"), [
+    ("HF_TOKEN", "x", True), ("CACHE", "redis://:pw@h", True), ("CONN", "Server=s;Password=p", True),
+    ("CACHE", "redis://h:6379", False), ("OMP_NUM_THREADS", "4", False), ("HF_TOKEN", MASK, False),
+])
+def test_has_secret_says_what_must_not_be_stored_in_clear(key: str, value: str, secret: bool) -> None:
+    """By name or by value; a value that is already the mask holds nothing."""
+    assert has_secret(key, value) is secret

@@ -63,6 +63,14 @@ def redact(key: str, value: str) -> str:
     return MASK if is_secret(key) else redact_value(value)
 
 
+def has_secret(key: str, value: str) -> bool:
+    """True when `value`, under the name `key`, is or holds a secret: what must never be stored or shown in clear.
+
+    The test for code that keeps env values somewhere (etcd's spec tree): store a digest instead when it is true.
+    """
+    return redact(key, value) != value
+
+
 def redact_value(value: str) -> str:
     """`value` with every URL password and every secret-looking `key=value` pair's value masked."""
     if "=" not in value and "://" not in value:
