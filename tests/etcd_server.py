@@ -171,6 +171,12 @@ class EtcdServer:
         self.stop()
         self.start()
 
+    def restart_empty(self) -> None:
+        """Stop, delete the data dir, start again on the same ports: an etcd that lost every key and lease."""
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.start()
+
 
 @contextmanager
 def etcd_server(tmp: Path, *, tls: bool = False) -> Iterator[EtcdServer]:
