@@ -1,13 +1,18 @@
-"""HeartbeatMonitor with real files and a real event loop (generous timeouts, no tight timing)."""
+"""HeartbeatMonitor with real files on an autojump clock: silence is timed on the monotonic clock, never
+by comparing a file's mtime with the wall clock."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 
-from runner.watchdog.heartbeat import ENV_VAR, HeartbeatMonitor, beat
+from runner.watchdog.clock import AutojumpClock
+from runner.watchdog.heartbeat import ENV_VAR, HeartbeatMonitor, beat, signature
+
+DAY_NS = 86400 * 10**9
 
 
 def test_beat_touches_the_file_named_in_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,45 +26,133 @@ def test_beat_touches_the_file_named_in_the_environment(tmp_path: Path, monkeypa
     assert target.exists()
 
 
-def test_silent_worker_is_reported_and_beating_worker_is_not(tmp_path: Path) -> None:
-    """Of two watched workers, only the one that stops touching its file is reported, once."""
-    silent: list[tuple[int, float]] = []
+def test_signature_changes_on_touch_rewrite_and_replace(tmp_path: Path) -> None:
+    """A touch (new mtime), a write (new size) and an atomic replace (new inode) are all changes."""
+    path = tmp_path / "hb"
+    assert signature(path) is None
+    path.write_text("a")
+    first = signature(path)
+    os.utime(path, ns=(1, 1))
+    second = signature(path)
+    path.write_text("ab")
+    third = signature(path)
+    (tmp_path / "new").write_text("ab")
+    os.utime(tmp_path / "new", ns=(1, 1))
+    os.replace(tmp_path / "new", path)
+    assert len({first, second, third, signature(path)}) == 4
+
+
+class Beater:
+    """Stands for a worker: changes its file every `every` virtual seconds, each time with a distinct mtime.
+
+    The mtime is set explicitly (a touch within the same file-system tick would not change it, and virtual
+    time runs far faster than real time); `skew_ns` makes the mtimes look hours in the past or future.
+    """
+
+    def __init__(self, path: Path, every: float, skew_ns: int = 0) -> None:
+        self.path, self.every, self.skew_ns, self.beats = path, every, skew_ns, 0
+
+    async def run(self, count: int) -> None:
+        for _ in range(count):
+            self.path.touch()
+            self.beats += 1
+            stamp = 1_700_000_000 * 10**9 + self.beats * 10**6 + self.skew_ns
+            os.utime(self.path, ns=(stamp, stamp))
+            await asyncio.sleep(self.every)
+
+
+def test_a_silent_worker_is_reported_after_the_timeout_and_a_beating_one_never(tmp_path: Path) -> None:
+    """Of two watched workers, only the one whose file stops changing is reported, once, not before 10 s."""
+    clock = AutojumpClock()
+    silent: list[tuple[int, float, float]] = []
 
     async def main() -> None:
-        reported = asyncio.Event()
-        monitor = HeartbeatMonitor(1.0, lambda rank, s: (silent.append((rank, s)), reported.set()))
+        monitor = HeartbeatMonitor(10.0, lambda r, s: silent.append((r, s, clock.monotonic())), clock=clock)
         alive, quiet = tmp_path / "alive", tmp_path / "quiet"
         monitor.watch(0, alive)
         monitor.watch(1, quiet)
-        quiet.touch()
+        beater = asyncio.create_task(Beater(alive, 1.0).run(1000))
+        await Beater(quiet, 1.0).run(3)  # beats at 0, 1, 2, then silence
+        await asyncio.sleep(9.9 - 3)
+        assert silent == []
+        await asyncio.sleep(600)
+        beater.cancel()
+        monitor.clear()
 
-        async def keep_beating() -> None:
-            while True:
-                beat(str(alive))
-                await asyncio.sleep(0.05)
-
-        beater = asyncio.create_task(keep_beating())
-        try:
-            await asyncio.wait_for(reported.wait(), 30)
-            await asyncio.sleep(1.5)  # past rank 0's deadline too, had it been silent
-        finally:
-            beater.cancel()
-            monitor.clear()
-
-    asyncio.run(main())
-    assert [rank for rank, _ in silent] == [1]
-    assert silent[0][1] >= 1.0
+    clock.run(main())
+    ((rank, silent_s, at),) = silent
+    assert rank == 1
+    assert 10.0 <= silent_s <= 10.0 + 2.5 + 1e-6  # never early; at most one check interval (timeout/4) late
+    assert 12.0 <= at <= 2 + 10 + 2.5 + 1e-6
 
 
-def test_clear_stops_reporting(tmp_path: Path) -> None:
-    """After clear() a worker that was watched is never reported."""
+@pytest.mark.parametrize("skew_ns", [-DAY_NS, DAY_NS])
+def test_wall_clock_steps_in_mtimes_neither_hide_a_hang_nor_fake_one(tmp_path: Path, skew_ns: int) -> None:
+    """mtimes a day in the past (clock stepped back) or future (stepped forward): a live worker stays alive,
+    a hung one is still reported after the timeout. Comparing mtime with time.time() gets one of them wrong."""
+    clock = AutojumpClock()
     silent: list[int] = []
 
     async def main() -> None:
-        monitor = HeartbeatMonitor(0.2, lambda rank, s: silent.append(rank))
+        monitor = HeartbeatMonitor(5.0, lambda r, s: silent.append(r), clock=clock)
+        live, hung = tmp_path / "live", tmp_path / "hung"
+        monitor.watch(0, live)
+        monitor.watch(1, hung)
+        hung_beat = asyncio.create_task(Beater(hung, 1.0, skew_ns).run(1))
+        await Beater(live, 1.0, skew_ns).run(60)
+        await hung_beat
+        monitor.clear()
+
+    clock.run(main())
+    assert silent == [1]
+
+
+def test_a_file_that_appears_late_counts_and_a_missing_one_is_silent(tmp_path: Path) -> None:
+    """No file yet: silence counts from watch(); its creation is a sign of life."""
+    clock = AutojumpClock()
+    silent: list[tuple[int, float]] = []
+
+    async def main() -> None:
+        monitor = HeartbeatMonitor(4.0, lambda r, s: silent.append((r, clock.monotonic())), clock=clock)
+        monitor.watch(0, tmp_path / "late")
+        monitor.watch(1, tmp_path / "never")
+        await asyncio.sleep(3)
+        (tmp_path / "late").touch()
+        await asyncio.sleep(30)
+
+    clock.run(main())
+    assert [r for r, _ in silent] == [1, 0]
+    assert 4.0 <= silent[0][1] <= 5.0 + 1e-6
+    assert 7.0 <= silent[1][1] <= 3 + 1 + 4 + 1 + 1e-6
+
+
+def test_alive_credits_other_signs_of_life(tmp_path: Path) -> None:
+    """alive(rank, at) (e.g. a timer request) postpones the report like a beat does."""
+    clock = AutojumpClock()
+    silent: list[float] = []
+
+    async def main() -> None:
+        monitor = HeartbeatMonitor(4.0, lambda r, s: silent.append(clock.monotonic()), clock=clock)
+        monitor.watch(0, tmp_path / "never")
+        await asyncio.sleep(3)
+        monitor.alive(0, clock.monotonic())
+        await asyncio.sleep(30)
+
+    clock.run(main())
+    assert len(silent) == 1
+    assert 7.0 <= silent[0] <= 8.0 + 1e-6
+
+
+def test_clear_stops_reporting(tmp_path: Path) -> None:
+    """After clear() a worker that was watched is never reported, and nothing stays scheduled."""
+    clock = AutojumpClock()
+    silent: list[int] = []
+
+    async def main() -> None:
+        monitor = HeartbeatMonitor(0.2, lambda rank, s: silent.append(rank), clock=clock)
         monitor.watch(0, tmp_path / "never")
         monitor.clear()
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(60)
 
-    asyncio.run(main())
+    clock.run(main())
     assert silent == []
