@@ -11,6 +11,7 @@ from typing import Any
 
 from runner.config.spec import JobSpec
 from runner.errors import RunnerError
+from runner.workers import procs
 
 
 def local_status_path(spec: JobSpec) -> Path:
@@ -31,7 +32,7 @@ def read_status(spec: JobSpec) -> dict[str, Any]:
         raise RunnerError(
             f"no status for job '{spec.name}' at {path}", fix="run the job first (or check logs.dir)"
         ) from e
-    running = node.get("state") != "SHUTDOWN" and _alive(node.get("agent_pid"))
+    running = node.get("state") != "SHUTDOWN" and is_agent(node)
     status = "running" if running else (node.get("outcome") or "unknown (agent gone)")
     return {"job": spec.name, "status": status, "backend": "local", "nodes": [node]}
 
@@ -47,20 +48,73 @@ def request_stop(spec: JobSpec, graceful: bool) -> str:
     node = status["nodes"][0]
     if status["status"] != "running":
         return f"job '{spec.name}' is not running ({status['status']}): nothing to stop"
-    os.kill(int(node["agent_pid"]), signal.SIGUSR2 if graceful else signal.SIGTERM)
+    sig = signal.SIGUSR2 if graceful else signal.SIGTERM
+    if not signal_agent(node, sig):
+        return f"job '{spec.name}' is not running (its agent, pid {node.get('agent_pid')}, is gone): nothing to stop"
     return f"{'graceful ' if graceful else ''}stop sent to the agent (pid {node['agent_pid']})"
 
 
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int):
+AGENT_FILES = ("agent.jsonl", "transitions.jsonl")  # the agent holds these open in its run dir until it ends
+
+
+def agent_identity() -> dict[str, Any]:
+    """What status.json may record so `runner stop` can tell this agent from a later process with the same pid."""
+    st = procs.read_stat(os.getpid())
+    return {"agent_pid": os.getpid(), "agent_start_time": st.start_time if st is not None else None}
+
+
+def holds_run_file(pid: int, run_dir: str) -> bool:
+    """True if process `pid` has one of the agent's files of `run_dir` open (only the agent of that run does)."""
+    wanted = {os.path.join(run_dir, name) for name in AGENT_FILES}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _proven(pid: int, node: dict[str, Any]) -> bool:
+    """`pid` is the agent `node` describes: same start time, or it holds that run's own files open."""
+    start = node.get("agent_start_time")
+    if isinstance(start, int):
+        st = procs.read_stat(pid)
+        return st is not None and st.start_time == start
+    run_dir = node.get("run_dir")
+    return isinstance(run_dir, str) and holds_run_file(pid, run_dir)
+
+
+def is_agent(node: dict[str, Any]) -> bool:
+    """True if the agent a status.json describes still runs (not merely some process with its old pid)."""
+    pid = node.get("agent_pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    fd = procs.pidfd(pid)
+    if fd is None:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return _proven(pid, node) and procs.exists(fd)
+    finally:
+        os.close(fd)
+
+
+def signal_agent(node: dict[str, Any], sig: int) -> bool:
+    """Send `sig` to the agent a status.json describes, through a pidfd, only once proven to be it; False if not."""
+    pid = node.get("agent_pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
-    except PermissionError:
-        return True
-    return True
+    fd = procs.pidfd(pid)
+    if fd is None:
+        return False
+    try:
+        return _proven(pid, node) and procs.send(fd, sig)
+    finally:
+        os.close(fd)
 
 
 def reset(spec: JobSpec, force: bool) -> str:

@@ -1,26 +1,44 @@
 """Where the agent handles signals.
 
-Which ones stop the job, which one stops it gracefully, and what a second stop signal means. Everything a signal does becomes a StopRequested event on the agent's queue.
+Which ones stop the job (`shutdown.signals_to_handle`: SIGTERM, SIGINT, SIGHUP and SIGQUIT by default, as torchrun's
+--signals-to-handle), which one stops it gracefully, and what a second stop signal means. Everything a signal does
+becomes a StopRequested event on the agent's queue, carrying the signal so SHUTDOWN can forward it to the workers
+(a worker gets SIGINT as KeyboardInterrupt, as under torchrun).
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from runner.events import Event, StopRequested
+from runner.events import StopRequested
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DEFAULT_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 GRACEFUL_SIGNAL = signal.SIGUSR2  # `runner stop --graceful` on one node: let workers finish
+TORCHELASTIC_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+
+
+def stop_signals(names: Iterable[str] = DEFAULT_STOP_SIGNALS) -> tuple[signal.Signals, ...]:
+    """The stop signals named (SIGxxx names, as the spec normalises them), in order, without duplicates."""
+    return tuple(dict.fromkeys(signal.Signals[name] for name in names))
+
+
+def torchelastic_env(names: Iterable[str] = DEFAULT_STOP_SIGNALS) -> dict[str, str]:
+    """TORCHELASTIC_SIGNALS_TO_HANDLE for the workers' environment: 'SIGTERM,SIGINT,SIGHUP,SIGQUIT'."""
+    return {TORCHELASTIC_ENV: ",".join(s.name for s in stop_signals(names))}
 
 
 def install(
-    events: asyncio.Queue[Event],
+    events: asyncio.Queue[StopRequested] | asyncio.Queue[object],
     hurry: asyncio.Event,
     on_hurry: Callable[[str], None] | None = None,
-) -> None:
-    """Stop signals put a StopRequested on `events`; a second non-graceful one also sets `hurry` (kill now)."""
+    names: Iterable[str] = DEFAULT_STOP_SIGNALS,
+) -> tuple[signal.Signals, ...]:
+    """Stop signals put a StopRequested on `events`; a second non-graceful one also sets `hurry` (kill now).
+
+    `names`: the spec's shutdown.signals_to_handle. Returns every signal handled (the stop ones, then the graceful).
+    """
     loop = asyncio.get_running_loop()
     seen: list[int] = []
 
@@ -33,5 +51,7 @@ def install(
         seen.append(signum)
         events.put_nowait(StopRequested(signum=signum, graceful=graceful))
 
-    for sig in (*STOP_SIGNALS, GRACEFUL_SIGNAL):
+    handled = (*(s for s in stop_signals(names) if s != GRACEFUL_SIGNAL), GRACEFUL_SIGNAL)
+    for sig in handled:
         loop.add_signal_handler(sig, on_signal, sig)
+    return handled

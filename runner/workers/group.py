@@ -1,8 +1,11 @@
 """WorkerGroup: spawn a LaunchPlan's workers, notice exits at once (pidfd), tee their output, stop them.
 
-Every worker runs in its own session (so its own process group); a shepherd process (runner.workers.shepherd_main)
-SIGKILLs those groups if the agent dies, whatever kills it. No preexec_fn: running Python between fork and
-exec is unsafe once the agent has threads (grpc's, with the etcd backend) and forbids the fast vfork path.
+Every worker runs in its own session (so its own process group), carries the job's tag in its environment and,
+where the machine allows, runs in its own cgroup (runner.workers.shepherd). A worker is never reaped before
+everything it started is gone: until then its pid, process-group id and session id cannot be given to another
+process, so signalling them reaches only ours. Its exit is read without reaping (waitid WNOWAIT on its pidfd).
+No preexec_fn: running Python between fork and exec is unsafe once the agent has threads (grpc's, with the etcd
+backend) and forbids the fast vfork path.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -21,71 +23,62 @@ from typing import IO, Any
 import structlog
 
 from runner.events import WorkerExited
+from runner.workers import procs
+from runner.workers.cgroup import JobCgroup
 from runner.workers.launch_plan import LaunchPlan, WorkerPlan
-from runner.workers.tee import Tee
+from runner.workers.shepherd import TAG_VAR, Shepherd
+from runner.workers.tee import Console, Tee
+
+KILL_TIMEOUT_S = 10.0  # after SIGKILL: how long to wait before reporting a process that does not die
+_POLL_S = 0.02
+CONSOLE_DRAIN_S = 2.0  # at most, for the console to take the workers' last lines
+
+__all__ = ["KILL_TIMEOUT_S", "Shepherd", "Worker", "WorkerGroup", "exit_code", "signal_number"]  # Shepherd: moved
 
 
 @dataclass
 class Worker:
-    """One running (or finished) worker process."""
+    """One running (or finished) worker process; `pidfd` names it for good, `reaped` once it is collected."""
 
     plan: WorkerPlan
     attempt: int
     proc: subprocess.Popen[bytes]
-    started_at: float
+    pidfd: int
     exited: asyncio.Future[int]
+    tag: str
+    cgroup: Path | None = None
     tees: list[Tee] = field(default_factory=list)
+    reaped: bool = False
 
     @property
     def pid(self) -> int:
-        """The worker's pid (also its process group id)."""
+        """The worker's pid (also its process group and session id)."""
         return self.proc.pid
 
+    def send_signal(self, sig: int) -> bool:
+        """Signal this worker only (through its pidfd); False once it is reaped or gone."""
+        return not self.reaped and procs.send(self.pidfd, sig)
 
-class Shepherd:
-    """The agent's side of runner.workers.shepherd_main: tells it which process groups to kill if the agent dies."""
 
-    def __init__(self) -> None:
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._closed = False
+def signal_number(sig: int | str) -> signal.Signals:
+    """A signal given as number or name ('SIGTERM', 'TERM') as a Signals member."""
+    if isinstance(sig, str):
+        name = sig.strip().upper()
+        return signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+    return signal.Signals(sig)
 
-    def _pipe(self) -> IO[bytes] | None:
-        if self._closed:
-            return None
-        if self._proc is None:
-            script = Path(__file__).with_name("shepherd_main.py")
-            self._proc = subprocess.Popen(
-                [sys.executable, "-S", "-I", str(script)], stdin=subprocess.PIPE, start_new_session=True
-            )
-        assert self._proc.stdin is not None
-        return self._proc.stdin
 
-    def watch(self, pgid: int) -> None:
-        """Kill group `pgid` if the agent dies."""
-        self._send(f"+ {pgid}\n")
-
-    def forget(self, pgid: int) -> None:
-        """Group `pgid` is gone; never kill it."""
-        self._send(f"- {pgid}\n")
-
-    def _send(self, line: str) -> None:
-        pipe = self._pipe()
-        if pipe is not None:
-            pipe.write(line.encode())
-            pipe.flush()
-
-    def close(self) -> None:
-        """Stop the shepherd (after every group was forgotten) and reap it; later calls do nothing."""
-        self._closed = True
-        if self._proc is not None:
-            assert self._proc.stdin is not None
-            self._proc.stdin.close()
-            self._proc.wait()
-            self._proc = None
+def exit_code(result: os.waitid_result) -> int:
+    """Exit code as Popen reports it: negative -N when killed by signal N."""
+    return result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
 
 
 class WorkerGroup:
-    """The workers of one node. Exits are reported as WorkerExited events on `events`."""
+    """The workers of one node. Exits are reported as WorkerExited events on `events`.
+
+    `unkillable` lists the processes a stop left behind because SIGKILL did not take effect within `kill_timeout`
+    seconds (uninterruptible sleep, a frozen cgroup): pid, state, wchan and command line of each.
+    """
 
     def __init__(
         self,
@@ -95,13 +88,17 @@ class WorkerGroup:
         tee: bool,
         prefix: str,
         log: Any = None,
+        kill_timeout: float = KILL_TIMEOUT_S,
     ) -> None:
         self.events = events
         self.shepherd = shepherd
         self.tee = tee
         self.prefix = prefix
         self.log = log or structlog.get_logger()
+        self.kill_timeout = kill_timeout
         self.workers: dict[int, Worker] = {}  # by local rank
+        self.stuck: list[Worker] = []  # stopped but not dead: never reaped by us, still watched by the shepherd
+        self.unkillable: list[dict[str, object]] = []
 
     def start(self, plan: LaunchPlan) -> None:
         """Spawn every worker of `plan`."""
@@ -109,8 +106,11 @@ class WorkerGroup:
             self.start_one(wp, plan)
 
     def start_one(self, wp: WorkerPlan, plan: LaunchPlan) -> Worker:
-        """Spawn (or replace) the worker of `wp.local_rank`."""
+        """Spawn (or replace: stop the old one first) the worker of `wp.local_rank`."""
         Path(wp.log_dir).mkdir(parents=True, exist_ok=True)
+        tag = self.shepherd.worker_tag(plan.attempt, wp.local_rank)
+        cgroup = self.shepherd.worker_cgroup(plan.attempt, wp.local_rank)
+        argv = list(wp.argv) if cgroup is None else JobCgroup.enter(cgroup, list(wp.argv))
         stdout: Any
         stderr: Any
         if self.tee:
@@ -120,8 +120,8 @@ class WorkerGroup:
             stderr = Path(wp.stderr_path).open("ab")  # noqa: SIM115
         try:
             proc = subprocess.Popen(
-                list(wp.argv),
-                env=dict(wp.env),
+                argv,
+                env={**dict(wp.env), TAG_VAR: tag},
                 cwd=wp.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=stdout,
@@ -132,91 +132,192 @@ class WorkerGroup:
             if not self.tee:
                 stdout.close()
                 stderr.close()
+        pidfd = os.pidfd_open(proc.pid)  # not reaped by anyone but us: the pid is still this process's
         self.shepherd.watch(proc.pid)
         loop = asyncio.get_running_loop()
-        worker = Worker(wp, plan.attempt, proc, time.monotonic(), loop.create_future())
+        worker = Worker(wp, plan.attempt, proc, pidfd, loop.create_future(), tag, cgroup)
         if self.tee:
             label = self.prefix.format(node=plan.node, rank=wp.rank, local_rank=wp.local_rank, attempt=plan.attempt)
-            assert proc.stdout is not None
-            assert proc.stderr is not None
-            worker.tees = [
-                Tee(proc.stdout, wp.stdout_path, sys.stdout, label),
-                Tee(proc.stderr, wp.stderr_path, sys.stderr, label),
-            ]
-        self._watch_exit(worker)
+            worker.tees = [_tee(proc.stdout, wp.stdout_path, sys.stdout, label),
+                           _tee(proc.stderr, wp.stderr_path, sys.stderr, label)]
+        loop.add_reader(pidfd, self._on_exit, worker)
         self.workers[wp.local_rank] = worker
         self.log.info("worker_started", rank=wp.rank, local_rank=wp.local_rank, pid=proc.pid)
         return worker
 
-    def _watch_exit(self, worker: Worker) -> None:
-        loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(worker.pid)
-
-        def on_exit() -> None:
-            code = worker.proc.poll()
-            if code is None:
-                return  # spurious wake-up
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-            for tee in worker.tees:
-                tee.finish()
-            if not worker.exited.done():
-                worker.exited.set_result(code)
-            self.events.put_nowait(
-                WorkerExited(worker.plan.local_rank, worker.plan.rank, worker.pid, code, worker.attempt)
-            )
-
-        loop.add_reader(pidfd, on_exit)
+    def _on_exit(self, worker: Worker) -> None:
+        """The pidfd is readable: read the exit status but leave the worker unreaped (its ids stay ours)."""
+        try:
+            result = os.waitid(os.P_PIDFD, worker.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            result = None
+        if result is None:
+            return  # spurious wake-up
+        asyncio.get_running_loop().remove_reader(worker.pidfd)
+        code = exit_code(result)
+        for tee in worker.tees:
+            tee.finish()
+        if not worker.exited.done():
+            worker.exited.set_result(code)
+        self.events.put_nowait(
+            WorkerExited(worker.plan.local_rank, worker.plan.rank, worker.pid, code, worker.attempt)
+        )
 
     def running(self) -> list[Worker]:
         """Workers that have not exited yet."""
         return [w for w in self.workers.values() if not w.exited.done()]
 
-    def exit_codes(self) -> dict[int, int | None]:
-        """Exit code by global rank (None while running)."""
-        return {w.plan.rank: (w.exited.result() if w.exited.done() else None) for w in self.workers.values()}
-
     def owner(self, pid: int) -> int | None:
-        """Local rank of the worker that `pid` is, or descends from (same process group), else None."""
-        try:
-            pgid = os.getpgid(pid)
-        except OSError:
+        """Local rank of the running worker that `pid` is or descends from (its group, session or tag), else None."""
+        st = procs.read_stat(pid)
+        if st is None:
             return None
-        for w in self.workers.values():
-            if not w.exited.done() and pgid == w.pid:
+        for w in self.running():
+            if w.pid in (st.pgid, st.sid) or procs.environ_has(pid, f"{TAG_VAR}={w.tag}".encode()):
                 return w.plan.local_rank
         return None
 
-    async def stop(self, signame: str, grace: float, hurry: asyncio.Event | None = None) -> None:
-        """Signal every live group, wait up to `grace` s (less if `hurry` is set), then SIGKILL what is left."""
+    async def stop(self, sig: int | str, grace: float, hurry: asyncio.Event | None = None) -> None:
+        """Send `sig` to every live worker's group, grace, then SIGKILL all that is left of them, and reap.
+
+        The grace lasts `grace` s, less if `hurry` is set. SIGKILL reaches the workers' children too, wherever they
+        went (cgroup, session, tag). Returns after at most grace + kill_timeout seconds even if a process will not
+        die (see `unkillable`).
+        """
         live = self.running()
         if live:
-            sig = signal.Signals[signame]
-            self.log.info("workers_stopping", signal=signame, grace_s=grace, ranks=[w.plan.rank for w in live])
+            signum = signal_number(sig)
+            self.log.info("workers_stopping", signal=signum.name, grace_s=grace, ranks=[w.plan.rank for w in live])
             for w in live:
-                _killpg(w.pid, sig)
+                self._signal_group(w, signum)
             await self._wait(live, grace, hurry)
             left = self.running()
             if left:
                 self.log.warning("workers_killed", signal="SIGKILL", after_s=grace, ranks=[w.plan.rank for w in left])
-            for w in left:
-                _killpg(w.pid, signal.SIGKILL)
-            await self._wait(left, None, None)
-        self.reap()
+        await self._finish([w for w in self.workers.values() if not w.reaped])
+        Console.drain_all(CONSOLE_DRAIN_S)
 
-    async def stop_one(self, local_rank: int, signame: str, grace: float) -> None:
-        """Stop one worker (its whole group) the same way."""
+    async def stop_one(self, local_rank: int, sig: int | str, grace: float) -> None:
+        """Stop one worker (its whole group, its children) the same way."""
         w = self.workers.get(local_rank)
-        if w is None:
+        if w is None or w.reaped:
             return
         if not w.exited.done():
-            _killpg(w.pid, signal.Signals[signame])
+            self._signal_group(w, signal_number(sig))
             await self._wait([w], grace, None)
-            if not w.exited.done():
-                _killpg(w.pid, signal.SIGKILL)
-                await self._wait([w], None, None)
-        _killpg(w.pid, signal.SIGKILL)
+        await self._finish([w])
+
+    @staticmethod
+    def _signal_group(w: Worker, sig: int) -> None:
+        """Signal the worker's process group. Safe: w is not reaped, so its id is still its group's."""
+        if not w.reaped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(w.pid, sig)
+
+    def _kill(self, workers: list[Worker]) -> dict[int, int]:
+        """SIGKILL everything of `workers`: cgroup, group, and (without cgroup) session members and tagged processes.
+
+        Returns {pid: pidfd} of the processes found outside the groups (the caller waits for them and closes them).
+        """
+        for w in workers:
+            if w.cgroup is not None:
+                JobCgroup.kill(w.cgroup)
+            self._signal_group(w, signal.SIGKILL)
+        loose = [w for w in workers if w.cgroup is None and not w.reaped]
+        if not loose:
+            return {}
+        matchers = [procs.in_session(w.pid, w.pidfd) for w in loose]
+        tags = [f"{TAG_VAR}={w.tag}".encode() for w in loose]
+
+        def ours(pid: int) -> bool:
+            return any(m(pid) for m in matchers) or any(procs.environ_has(pid, t) for t in tags)
+
+        return procs.signal_matching(ours, signal.SIGKILL, skip=frozenset(self._own_pids()))
+
+    def _own_pids(self) -> set[int]:
+        """Pids never to sweep: the guard."""
+        return {self.shepherd.pid} if self.shepherd.pid is not None else set()
+
+    async def _finish(self, workers: list[Worker]) -> None:
+        """SIGKILL what is left of `workers`, wait (bounded) until it is gone, reap; report what will not die."""
+        if not workers:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.kill_timeout
+        loose = self._kill(workers)
+        try:
+            await self._wait(workers, self.kill_timeout, None)
+            while loop.time() < deadline and self._left(workers, loose):
+                await asyncio.sleep(_POLL_S)
+                for pid, fd in self._kill(workers).items():  # whatever forked meanwhile
+                    if pid in loose:
+                        os.close(fd)
+                    else:
+                        loose[pid] = fd
+            self._reap_children(loose)
+            stuck = self._left(workers, loose)
+        finally:
+            procs.close_all(loose)
+        for w in workers:
+            if w.exited.done():
+                self._reap(w)
+            elif w not in self.stuck:
+                self.stuck.append(w)
+        if stuck:
+            report = [procs.describe(pid) for pid in stuck]
+            self.unkillable.extend(report)
+            self.log.error("workers_unkillable", after_s=self.kill_timeout, processes=report,
+                           detail="SIGKILL did not take effect (uninterruptible sleep?); left behind")
+
+    @staticmethod
+    def _left(workers: list[Worker], loose: dict[int, int]) -> list[int]:
+        """Pids of `workers` and `loose` that still run (a worker's cgroup counts while populated)."""
+        left = [w.pid for w in workers if not w.exited.done()]
+        for w in workers:
+            if w.cgroup is not None and JobCgroup.populated(w.cgroup):
+                left += [p for p in JobCgroup.procs(w.cgroup) if p != w.pid and p not in left]
+        left += [pid for pid, fd in loose.items() if not procs.exited(fd)]
+        return left
+
+    @staticmethod
+    def _reap_children(loose: dict[int, int]) -> None:
+        """Collect the killed processes that were our children (orphans that reparented to us, the subreaper)."""
+        me = os.getpid()
+        for pid, fd in loose.items():
+            st = procs.read_stat(pid)
+            if st is not None and st.ppid == me and procs.exited(fd):
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
+
+    def _reap(self, w: Worker) -> None:
+        """Collect an exited worker whose processes are gone; only now may its ids go to another process."""
+        if w.reaped:
+            return
         self.shepherd.forget(w.pid)
+        try:
+            result = os.waitid(os.P_PIDFD, w.pidfd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            result = None
+        if result is not None:
+            w.proc.returncode = exit_code(result)
+        w.reaped = True
+        os.close(w.pidfd)
+        if w.cgroup is not None:
+            JobCgroup.remove_child(w.cgroup)
+        if w in self.stuck:
+            self.stuck.remove(w)
+
+    def collect(self) -> int:
+        """Reap the stuck workers that have died since (e.g. an uninterruptible sleep ended); how many."""
+        done = [w for w in self.stuck if procs.exited(w.pidfd)]
+        for w in done:
+            with contextlib.suppress(ChildProcessError):
+                result = os.waitid(os.P_PIDFD, w.pidfd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                if result is not None and not w.exited.done():
+                    w.exited.set_result(exit_code(result))
+            asyncio.get_running_loop().remove_reader(w.pidfd)
+            self._reap(w)
+        return len(done)
 
     async def _wait(self, workers: list[Worker], timeout: float | None, hurry: asyncio.Event | None) -> None:
         """Until every worker in `workers` exited, `timeout` passed, or `hurry` was set. Never cancels `exited`."""
@@ -239,19 +340,26 @@ class WorkerGroup:
                 hurry_task.cancel()
 
     def kill_all(self) -> None:
-        """Last resort (the agent itself is failing): SIGKILL every group at once, then forget them."""
-        for w in self.workers.values():
-            _killpg(w.pid, signal.SIGKILL)
-            self.shepherd.forget(w.pid)
+        """Last resort (the agent itself is failing, no loop to wait in): SIGKILL everything of every worker.
 
-    def reap(self) -> None:
-        """Kill anything left in the workers' process groups (e.g. leaked grandchildren) and forget the groups."""
-        for w in self.workers.values():
-            if w.exited.done():
-                _killpg(w.pid, signal.SIGKILL)
-                self.shepherd.forget(w.pid)
+        Waits up to kill_timeout for it to die and reaps what died; never longer: the guard still knows the rest.
+        """
+        workers = [w for w in self.workers.values() if not w.reaped]
+        if not workers:
+            return
+        loose = self._kill(workers)
+        try:
+            procs.wait_exited([w.pidfd for w in workers] + list(loose.values()), self.kill_timeout)
+            self._reap_children(loose)
+        finally:
+            procs.close_all(loose)
+        for w in workers:
+            if procs.exited(w.pidfd):
+                with contextlib.suppress(RuntimeError, ValueError):
+                    asyncio.get_running_loop().remove_reader(w.pidfd)
+                self._reap(w)
 
 
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
+def _tee(pipe: IO[bytes] | None, log_path: str, console: IO[str], label: str) -> Tee:
+    assert pipe is not None
+    return Tee(pipe, log_path, console, label)

@@ -1,30 +1,83 @@
-"""Guard process: kills the workers' process groups if the agent dies, even by SIGKILL.
+"""Guard process: kills every process of the job if the agent dies, even by SIGKILL.
 
-Run as `python -S -I shepherd.py` with a pipe from the agent on stdin. The agent writes `+PGID` when it
-starts a worker and `-PGID` once that group is gone. When the pipe reaches EOF (the agent exited, however
-it exited) every group still listed is SIGKILLed: the workers and their own children alike.
+Started by runner.workers.shepherd as `python -S -I -c <import this, run main()> <job tag> [<job cgroup>]` with a
+pipe from the agent on stdin (standard library only: no site-packages are loaded).
+The agent writes `+ PID START` when it starts a worker (START: its start time in /proc/PID/stat) and `- PID` once
+that worker's processes are gone and it is about to reap it. The guard holds a pidfd on every listed worker, so it
+never signals a process that merely got a recycled pid. When the pipe reaches EOF (the agent exited or closed it,
+however it exited) the guard kills, each through a pidfd and only once proven ours:
+
+- everything in the job's cgroup (`cgroup.kill`), when the agent made one;
+- every process in a listed worker's process group or session, while that worker is not reaped (so its id is
+  still its own);
+- every process whose environment carries the job's tag (a worker's child that called setsid() keeps it);
+- the listed workers themselves.
+It ignores the signals a terminal or a scheduler sends to a process group, so only SIGKILL ends it early (and the
+agent notices that at once through a pidfd and starts another).
 """
 
 import os
 import signal
 import sys
+import time
+from pathlib import Path
+
+from runner.workers import procs
+from runner.workers.cgroup import JobCgroup
+
+ROUNDS = 20  # kill passes at most: a process forked during one pass is found by the next
+CGROUP_WAIT_S = 10.0
 
 
 def main() -> None:
-    """Track process groups from stdin; kill the remaining ones at EOF."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+    """Track workers from stdin; at EOF kill what is left of the job."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    groups: set[int] = set()
-    for line in sys.stdin:
-        op, _, num = line.strip().partition(" ")
-        if not num.isdigit():
-            continue
-        (groups.add if op == "+" else groups.discard)(int(num))
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
+    tag = sys.argv[1].encode()
+    cgroup = Path(sys.argv[2]) if len(sys.argv) > 2 else None
+    leaders: dict[int, int] = {}  # worker pid -> pidfd
+    for line in sys.stdin.buffer:
+        words = line.split()
+        if len(words) == 3 and words[0] == b"+" and words[1].isdigit() and words[2].isdigit():
+            pid = int(words[1])
+            fd = procs.pidfd(pid)
+            st = procs.read_stat(pid)
+            if fd is not None and (st is None or st.start_time != int(words[2]) or not procs.exists(fd)):
+                os.close(fd)  # not the process the agent started: never ours to kill
+                fd = None
+            if fd is not None:
+                old = leaders.pop(pid, None)
+                if old is not None:
+                    os.close(old)
+                leaders[pid] = fd
+        elif len(words) == 2 and words[0] == b"-" and words[1].isdigit():
+            fd = leaders.pop(int(words[1]), None)
+            if fd is not None:
+                os.close(fd)
+    kill_job(leaders, tag, cgroup)
+
+
+def kill_job(leaders: dict[int, int], tag: bytes, cgroup: Path | None) -> None:
+    """SIGKILL every process of the job that can be proven ours, until a pass finds none; remove the cgroup."""
+    if cgroup is not None:
+        JobCgroup.kill(cgroup)
+    for _ in range(ROUNDS):
+        hit: dict[int, int] = {}
+        for pid, fd in leaders.items():
+            hit |= procs.signal_matching(procs.in_session(pid, fd), signal.SIGKILL)
+        if tag:
+            hit |= procs.signal_matching(procs.tagged(tag), signal.SIGKILL)
+        for fd in leaders.values():
+            procs.send(fd, signal.SIGKILL)
+        procs.close_all(hit)
+        if not hit:
+            break
+    if cgroup is not None:
+        cg = JobCgroup(cgroup)
+        deadline = time.monotonic() + CGROUP_WAIT_S
+        while JobCgroup.populated(cg.path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        cg.remove()
 
 
 if __name__ == "__main__":

@@ -1,24 +1,114 @@
-"""Tee: copy a worker's pipe to its log file (as is) and to the console (line by line, prefixed)."""
+"""Tee: copy a worker's pipe to its log file (as is) and to the console (line by line, prefixed).
+
+The log file is the record and is always written. The console is best effort: it may go away (`runner job.yaml |
+head`, a closed terminal: EPIPE, EIO) or stop reading (a paused pager). Console writes happen on one thread per
+console with a bounded backlog, so the agent's loop never blocks on them; the first write error ends the echo for
+good (the job and its log files go on), and a backlog that overflows drops lines and says how many.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
+import threading
+from collections import deque
 from typing import IO
 
 _CHUNK = 65536
+BACKLOG_BYTES = 4 << 20  # console output waiting to be written, at most; beyond it lines are dropped
+
+
+class Console:
+    """One output stream (a file descriptor) written from its own thread; never raises, never blocks the caller."""
+
+    _by_fd: dict[int, Console] = {}  # noqa: RUF012 - one Console per descriptor, shared by every tee
+    _lock = threading.Lock()
+
+    def __init__(self, fd: int, backlog: int = BACKLOG_BYTES) -> None:
+        self.fd = fd
+        self.backlog = backlog
+        self.gone: str = ""  # why echoing stopped ('' while it works)
+        self.dropped = 0  # lines dropped because the backlog was full
+        self._queue: deque[bytes] = deque()
+        self._size = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def of(cls, stream: IO[str]) -> Console | None:
+        """The Console of `stream` (sys.stdout, sys.stderr), or None if it has no file descriptor."""
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return None
+        with cls._lock:
+            console = cls._by_fd.get(fd)
+            if console is None or console.gone:
+                console = cls._by_fd[fd] = cls(fd)
+            return console
+
+    def write(self, data: bytes) -> None:
+        """Queue `data` (whole lines) for the console; dropped when the console is gone or the backlog is full."""
+        if self.gone or not data:
+            return
+        with self._cond:
+            if self._size + len(data) > self.backlog:
+                self.dropped += data.count(b"\n")
+                return
+            self._queue.append(data)
+            self._size += len(data)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"console-{self.fd}", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                data = self._queue.popleft()
+                self._size -= len(data)
+                if self.dropped:
+                    note = f"[runner] {self.dropped} console line(s) dropped: the console did not keep up\n"
+                    data = note.encode() + data
+                    self.dropped = 0
+                self._cond.notify_all()
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self.fd, view) :]
+            except OSError as e:  # EPIPE, EIO, EBADF...: the console went away; the log files go on
+                with self._cond:
+                    self.gone = os.strerror(e.errno) if e.errno else str(e)
+                    self._queue.clear()
+                    self._size = 0
+                    self._cond.notify_all()
+                return
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to `timeout` s for the backlog to be handed to the console; True if it was."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._queue or bool(self.gone), timeout) and not self._queue
+
+    @classmethod
+    def drain_all(cls, timeout: float) -> None:
+        """Give every console up to `timeout` s in all to write its backlog (before the agent exits)."""
+        with cls._lock:
+            consoles = list(cls._by_fd.values())
+        for console in consoles:
+            console.drain(timeout / max(1, len(consoles)))
 
 
 class Tee:
-    """Reads `pipe` whenever it is readable; never blocks the agent's loop."""
+    """Reads `pipe` whenever it is readable; never blocks the agent's loop, never fails because of the console."""
 
     def __init__(self, pipe: IO[bytes], log_path: str, console: IO[str], label: str) -> None:
         self.fd = pipe.fileno()
         self._pipe = pipe
         os.set_blocking(self.fd, False)
         self._file = open(log_path, "ab")  # noqa: SIM115 - closed at EOF
-        self._console = console.buffer if hasattr(console, "buffer") else None
+        self._console = Console.of(console)
         self._label = label.encode()
         self._partial = b""
         self._loop = asyncio.get_running_loop()
@@ -41,15 +131,12 @@ class Tee:
 
     def _write(self, data: bytes) -> None:
         self._file.write(data)
-        if self._console is None:
+        if self._console is None or self._console.gone:
             return
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         if lines:
-            out = b"".join(self._label + line + b"\n" for line in lines)
-            with contextlib.suppress(OSError):
-                self._console.write(out)
-                self._console.flush()
+            self._console.write(b"".join(self._label + line + b"\n" for line in lines))
 
     def finish(self) -> None:
         """Read what the pipe holds now (the worker has exited; descendants may still write until EOF)."""
@@ -63,8 +150,6 @@ class Tee:
         self.closed = True
         self._loop.remove_reader(self.fd)
         if self._partial and self._console is not None:
-            with contextlib.suppress(OSError):
-                self._console.write(self._label + self._partial + b"\n")
-                self._console.flush()
+            self._console.write(self._label + self._partial + b"\n")
         self._file.close()
         self._pipe.close()
