@@ -1,9 +1,10 @@
 """Do two nodes run the same job? A digest of the spec minus node-local fields, and a field-level diff.
 
 The shared tree is what the etcd backend stores (key `spec_json`) to name differing fields, so it never holds a
-secret in clear: every env value whose name looks secret (runner.config.redact.is_secret) is replaced by a salted,
-slow digest of it. Two nodes with the same value get the same digest (the mismatch check still works); someone
-reading etcd learns neither the value nor, cheaply, a guess of it.
+secret in clear: every env value that is or holds a secret, by its name or its content
+(runner.config.redact.has_secret), is replaced by a salted, slow digest of it. Two nodes with the same value get
+the same digest (the mismatch check still works); someone reading etcd learns neither the value nor, cheaply, a
+guess of it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from runner.config.redact import is_secret
+from runner.config.redact import has_secret
 from runner.config.spec import JobSpec
 
 # Fields that legitimately differ between nodes of one job (paths and addresses local to a node).
@@ -42,7 +43,8 @@ def shared_tree(spec: JobSpec) -> dict[str, Any]:
     tree = spec.to_dict()
     env = tree.get("env")
     if isinstance(env, dict):
-        tree["env"] = {k: secret_digest(spec.name, k, str(v)) if is_secret(k) else v for k, v in env.items()}
+        tree["env"] = {k: secret_digest(spec.name, k, str(v)) if has_secret(k, str(v)) else v
+                       for k, v in env.items()}
     for dotted in NODE_LOCAL_FIELDS:
         *parents, leaf = dotted.split(".")
         node: Any = tree
