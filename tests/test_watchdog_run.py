@@ -85,3 +85,28 @@ shutdown: {grace_period: 2s}
     assert res.returncode == 1
     assert transitions(tmp_path, "slow")[-1] == ("RUNNING", "deadline_reached", "SHUTDOWN")
     assert "max_run_time (1 s) reached" in res.stderr
+
+
+def test_each_rank_has_its_own_channel_and_cannot_arm_another_ranks_timer(tmp_path):
+    """Every rank's TORCHELASTIC_TIMER_FILE is its own FIFO; a request written on another rank's FIFO is
+    refused (counted in a summary) instead of killing anyone."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"""
+name: spoof
+entrypoint: {{script: {ROOT / 'tests/workers/timer_worker.py'}, args: ["spoof", "1.5"]}}
+nproc_per_node: 2
+watchdog: {{enabled: true}}
+restart: {{max_restarts: 0}}
+""")
+    res = run(tmp_path, spec)
+    assert res.returncode == 0, res.stderr
+    assert transitions(tmp_path, "spoof")[-1] == ("RUNNING", "workers_succeeded", "SHUTDOWN")
+    files = {
+        int(p.parent.name.removeprefix("rank_")): p.read_text().split("timer file ", 1)[1].split()[0]
+        for p in tmp_path.glob("runner-logs/spoof/*/attempt_0/rank_*/stdout.log")
+    }
+    assert sorted(files) == [0, 1]
+    assert files[0] != files[1]
+    assert all(f.endswith(f"/timer/rank_{r}.fifo") for r, f in files.items())
+    assert "timer_requests_rejected" in res.stderr
+    assert "other_rank" in res.stderr

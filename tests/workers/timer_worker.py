@@ -9,6 +9,9 @@ Waits for a line on stdin before sending anything (so the test can register the 
   report    acquire 'probe' (signal 0, deadline now+SECONDS), print "acquired", then hang
   latency   install a SIGTERM handler that prints the delivery time, acquire 'train_step'
             (SIGTERM, now+SECONDS), print "deadline <t>", then hang until signalled
+  spoof     (under the runner, LOCAL_RANK set) print "timer file <path>", arm 'spoof' (SIGKILL, already
+            expired) in its own name on the NEXT local rank's FIFO, arm 'own' (report only, now+60) on its
+            own, sleep SECONDS and exit 0: a server that accepts the spoof kills it
 """
 
 from __future__ import annotations
@@ -31,6 +34,17 @@ def stuck_in_collective() -> None:
 def on_term(signum: int, frame: FrameType | None) -> None:
     print(f"signalled {time.time()!r}", flush=True)
     os._exit(0)
+
+
+def spoof(path: str, seconds: float) -> None:
+    """Write on another rank's channel, then live: see the module docstring."""
+    rank, size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    print(f"timer file {path}", flush=True)
+    other = path.replace(f"rank_{rank}.fifo", f"rank_{(rank + 1) % size}.fifo")
+    FileTimerClient(other, signal=signal.SIGKILL).acquire("spoof", time.time() - 1)
+    FileTimerClient(path, signal=0).acquire("own", time.time() + 60)
+    time.sleep(seconds)
+    raise SystemExit(0)
 
 
 def main() -> None:
@@ -58,6 +72,8 @@ def main() -> None:
         deadline = time.time() + seconds
         killer.acquire("train_step", deadline)
         print(f"deadline {deadline!r}", flush=True)
+    elif mode == "spoof":
+        spoof(path, seconds)
     else:
         raise SystemExit(f"unknown mode {mode}")
     stuck_in_collective()
