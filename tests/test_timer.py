@@ -299,14 +299,13 @@ def test_nothing_happens_before_the_deadline_and_the_expiry_comes_after_it(tmp_p
         await asyncio.sleep(0.2)
         (expiry,) = fake.expiries
         assert (expiry.local_rank, expiry.pid, expiry.scope, expiry.signal) == (0, worker.pid, "step", 15)
-        assert 30 <= fake.clock.monotonic() - start
+        assert fake.clock.monotonic() - start >= 30
         assert 0 <= expiry.signalled_at - expiry.deadline <= 0.1 + 1e-6
         assert expiry.timeout_s == pytest.approx(30, abs=0.01)
 
-    started = time.monotonic()
     fake.run(body)
     assert worker.wait(WAIT_S) == -signal.SIGTERM
-    assert time.monotonic() - started < 20  # 30 virtual seconds, not 30 real ones
+    assert fake.clock.jumps > 0  # idle time was skipped, not slept
 
 
 def test_released_and_rearmed_scopes(tmp_path: Path, sleepers) -> None:
