@@ -2,6 +2,8 @@
 
 `$${` is a literal `${`. `${VAR:-default}` uses the default when VAR is unset or empty (as in a shell).
 An unquoted value is re-read after substitution, so `nproc_per_node: ${NPROC:-2}` is the integer 2.
+All substitutions of one document together may add at most MAX_EXPANDED_CHARS characters: a line of many
+`${BIG}` cannot blow up memory.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from runner.config.limits import MAX_EXPANDED_CHARS
 from runner.config.yaml_source import Document, Path, resolve_plain
 from runner.errors import SpecProblem
 
@@ -24,8 +27,24 @@ class UnresolvedError(Exception):
         self.message, self.fix = message, fix
 
 
-def substitute(text: str, environ: Mapping[str, str]) -> str:
-    """Expand one string; raises UnresolvedError for an unset variable without default or a malformed `${`."""
+class Budget:
+    """Characters that substitutions may still add (shared by every string of one document)."""
+
+    def __init__(self, chars: int = MAX_EXPANDED_CHARS) -> None:
+        self.chars = chars
+
+    def spend(self, added: int) -> None:
+        """Take `added` characters; UnresolvedError once the budget is spent."""
+        self.chars -= added
+        if self.chars < 0:
+            raise UnresolvedError(f"${{...}} substitutions add more than {MAX_EXPANDED_CHARS} characters",
+                                  "use fewer or shorter variables")
+
+
+def substitute(text: str, environ: Mapping[str, str], budget: Budget | None = None) -> str:
+    """Expand one string; raises UnresolvedError for an unset variable without default, a malformed `${`, or
+    substitutions past `budget`."""
+    budget = budget or Budget()
 
     def replace(match: re.Match[str]) -> str:
         token = match.group(0)
@@ -42,7 +61,9 @@ def substitute(text: str, environ: Mapping[str, str]) -> str:
                 raise UnresolvedError(
                     f"environment variable {name} is not set", f"set {name} or write ${{{name}:-default}}"
                 )
+            budget.spend(len(default))
             return default
+        budget.spend(len(value))
         return value
 
     return _TOKEN.sub(replace, text)
@@ -51,23 +72,34 @@ def substitute(text: str, environ: Mapping[str, str]) -> str:
 def interpolate(doc: Document, environ: Mapping[str, str]) -> list[SpecProblem]:
     """Substitute in place through `doc.data`; returns one problem per string that could not be expanded."""
     problems: list[SpecProblem] = []
-    doc.data = _walk(doc.data, (), doc, environ, problems)
+    doc.data = _Expander(doc, environ, problems).walk(doc.data, ())
     return problems
 
 
-def _walk(value: Any, path: Path, doc: Document, environ: Mapping[str, str], problems: list[SpecProblem]) -> Any:
-    if isinstance(value, dict):
-        return {k: _walk(v, (*path, k), doc, environ, problems) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_walk(v, (*path, i), doc, environ, problems) for i, v in enumerate(value)]
-    if not isinstance(value, str) or "${" not in value:
-        return value
-    try:
-        expanded = substitute(value, environ)
-    except UnresolvedError as err:
-        problems.append(doc.problem(path, err.message, err.fix))
-        return value
-    if path in doc.plain:
-        doc.plain[path] = expanded
-        return resolve_plain(expanded)
-    return expanded
+class _Expander:
+    """One pass over the data (depth bounded by the parser), substituting in every string."""
+
+    def __init__(self, doc: Document, environ: Mapping[str, str], problems: list[SpecProblem]) -> None:
+        self.doc, self.environ, self.problems, self.budget = doc, environ, problems, Budget()
+
+    def walk(self, value: Any, path: Path) -> Any:
+        """`value` with every string expanded (new containers)."""
+        if isinstance(value, dict):
+            return {k: self.walk(v, (*path, k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.walk(v, (*path, i)) for i, v in enumerate(value)]
+        if not isinstance(value, str) or "${" not in value:
+            return value
+        try:
+            expanded = substitute(value, self.environ, self.budget)
+        except UnresolvedError as err:
+            self.problems.append(self.doc.problem(path, err.message, err.fix))
+            return value
+        if path not in self.doc.plain:
+            return expanded
+        self.doc.plain[path] = expanded
+        try:
+            return resolve_plain(expanded)
+        except ValueError as err:
+            self.problems.append(self.doc.problem(path, f"after substitution: {err}", "quote the value"))
+            return expanded

@@ -6,6 +6,8 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
+_MAX_SUGGEST = 100  # longer words are no typo of a field name; difflib's cost grows with the length
+
 _TYPE_NOUNS = {
     "string": "a string",
     "integer": "an integer",
@@ -70,6 +72,8 @@ def join_or(items: Iterable[str]) -> str:
 def suggest(word: str, choices: Iterable[str]) -> str | None:
     """The closest choice to `word` (difflib, case-insensitive), or None when nothing is close."""
     choices = list(choices)
+    if len(word) > _MAX_SUGGEST:
+        return None
     lowered = {c.lower(): c for c in choices}
     found = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
     return lowered[found[0]] if found else None

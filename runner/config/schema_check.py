@@ -6,19 +6,21 @@ jsonschema is imported lazily (it costs ~100 ms) so `import runner.config` stays
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
 
 from runner.config import valid_cache
+from runner.config.limits import MAX_PROBLEMS
 from runner.config.problems import describe, did_you_mean, join_or, type_fix, type_noun
-from runner.config.yaml_source import Document, Path, dotted
+from runner.config.yaml_source import Document, Path, dotted, shown
 from runner.errors import SpecProblem
 
-_HERE = FilePath(__file__).resolve().parent
-# The repository's schemas/ folder first (source of truth), then a copy shipped as package data.
-SCHEMA_LOCATIONS = (_HERE.parents[1] / "schemas" / "job.schema.json", _HERE.parent / "job.schema.json")
+# Package data, so an installed wheel has it too; schemas/job.schema.json is the same file for editors
+# (tests/test_config_schema.py checks they are byte-identical).
+SCHEMA_FILE = FilePath(__file__).resolve().parent.parent / "job.schema.json"
 
 _FORBIDDEN = {
     ("rendezvous.auth", "password"): (
@@ -34,12 +36,8 @@ _REQUIRED_FIXES = {
 
 @functools.cache
 def load_schema_text() -> str:
-    """The job schema's text (schemas/job.schema.json), read once."""
-    for location in SCHEMA_LOCATIONS:
-        if location.is_file():
-            return location.read_text(encoding="utf-8")
-    msg = f"job.schema.json not found (looked in {', '.join(map(str, SCHEMA_LOCATIONS))})"
-    raise FileNotFoundError(msg)
+    """The job schema's text (runner/job.schema.json), read once."""
+    return SCHEMA_FILE.read_text(encoding="utf-8")
 
 
 @functools.cache
@@ -59,20 +57,43 @@ def _validator() -> Any:
 def schema_problems(doc: Document, skip: frozenset[str] = frozenset()) -> list[SpecProblem]:
     """Every schema violation in `doc.data`, except at the dotted paths in `skip` (already reported).
 
-    Validation is a pure function of (schema, data): a document that passed once is remembered by its hash
-    in the user's cache dir, which spares the next run jsonschema's ~100 ms import (see valid_cache).
+    Validation is a pure function of (schema, data): with RUNNER_CACHE_DIR set, a document that passed once
+    is remembered by the hash of its typed content, which spares the next run jsonschema's ~100 ms import
+    (see valid_cache). At most MAX_PROBLEMS problems are collected.
     """
-    key = valid_cache.key(load_schema_text(), doc.data)
-    if not skip and valid_cache.seen(key):
+    key = None if skip else valid_cache.key(load_schema_text(), doc.data)
+    if valid_cache.seen(key):
         return []
-    problems: list[SpecProblem] = []
+    found: dict[SpecProblem, None] = {}  # ordered set: de-duplication stays linear
     for error in _validator().iter_errors(doc.data):
         for problem in _explain(_Error.of(error), doc):
-            if problem.path not in skip and problem not in problems:
-                problems.append(problem)
-    if not problems and not skip:
+            if problem.path not in skip:
+                found[problem] = None
+        if len(found) >= MAX_PROBLEMS:
+            break
+    if not found:
         valid_cache.remember(key)
-    return problems
+    return list(found)
+
+
+def invalid_parts(data: dict[str, Any]) -> tuple[set[Path], set[str]] | None:
+    """What to drop from `data` so that it passes the schema, for one round (for salvage, not for users).
+
+    (paths to drop, required top-level keys missing), or None when data passes. A path inside a list stands
+    for the whole list, so that the indexes of what remains do not move.
+    """
+    drop: set[Path] = set()
+    missing: set[str] = set()
+    for error in itertools.islice(_validator().iter_errors(data), MAX_PROBLEMS):
+        path: Path = tuple(error.absolute_path)
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            known = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
+            drop |= {(*path, key) for key in error.instance if key not in known}
+        elif path:
+            drop.add(path)
+        elif error.validator == "required":
+            missing |= {key for key in error.validator_value if key not in data}
+    return None if not drop and not missing else (drop, missing)
 
 
 @dataclass(frozen=True)
@@ -177,9 +198,11 @@ def _unknown_keys(error: _Error, doc: Document, path: Path) -> list[SpecProblem]
     for key in error.instance:
         if key in allowed:
             continue
-        message, fix = _FORBIDDEN.get((dotted(path), key), (f"unknown key '{key}'", did_you_mean(key, allowed)))
+        message, fix = _FORBIDDEN.get((dotted(path), key), (f"unknown key '{shown(key)}'", did_you_mean(key, allowed)))
         line, column = doc.where((*path, key), key=True)
         problems.append(SpecProblem(dotted(path), message, fix, line, column))
+        if len(problems) >= MAX_PROBLEMS:
+            break
     return problems
 
 
@@ -202,7 +225,9 @@ def _type(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
 def _enum(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
     allowed = [str(v) for v in error.value]
     message = f"{describe(error.instance)} is not one of: {', '.join(allowed)}"
-    return [doc.problem(path, message, did_you_mean(str(error.instance), allowed, "values"))]
+    fix = did_you_mean(error.instance, allowed, "values") if isinstance(error.instance, str) else (
+        f"allowed values: {', '.join(allowed)}")
+    return [doc.problem(path, message, fix)]
 
 
 def _const(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
@@ -230,12 +255,12 @@ def _pattern(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
 def _pattern_key(error: _Error, doc: Document, path: Path) -> SpecProblem:
     hint = error.schema.get("x-hint", f"a key matching {error.schema.get('pattern')}")
     line, column = doc.where((*path, error.instance), key=True)
-    message = f"key '{error.instance}' is not {hint}"
+    message = f"key '{shown(str(error.instance))}' is not {hint}"
     return SpecProblem(dotted(path), message, error.schema.get("x-fix", ""), line, column)
 
 
 def _generic(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
-    return [doc.problem(path, error.message, "")]
+    return [doc.problem(path, shown(error.message, 200), "")]
 
 
 _HANDLERS = {

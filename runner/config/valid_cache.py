@@ -1,48 +1,111 @@
-"""Remember documents that passed schema validation, keyed by sha256(runner version, schema, data).
+"""Optionally remember documents that passed schema validation, so jsonschema (~100 ms to import) can be skipped.
 
-A hit proves the same data passed the same schema before, so validating again would change nothing. Only
-successes are stored (an empty marker file); any I/O problem just means no cache. RUNNER_NO_CACHE=1 turns it
-off; the folder is $XDG_CACHE_HOME/runner/valid (default ~/.cache/runner/valid).
+Off unless RUNNER_CACHE_DIR names a folder: validating a spec writes nothing anywhere by default. When on,
+a pass is an empty marker file named sha256(runner version, schema, data) in that folder.
+
+The data is hashed in a typed, length-prefixed encoding: the integer 1, the number 1.0, the string "1" and
+true are four different documents, a string can never pass for a list, and a value of any other type (which
+a spec cannot hold) is never cached. The folder must be the user's own and writable by no one else, and
+markers are only trusted as regular files owned by the user; anything else (or any I/O error) means no
+cache, never an error.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from runner import __version__
 
+ENV = "RUNNER_CACHE_DIR"
+
 
 def folder() -> Path | None:
     """Where markers live, or None when caching is off."""
-    if os.environ.get("RUNNER_NO_CACHE"):
+    where = os.environ.get(ENV, "")
+    return Path(where) if where else None
+
+
+def key(schema_text: str, data: Any) -> str | None:
+    """The hash naming (runner version, schema, data); None for data that is not plain spec data."""
+    parts: list[str] = []
+    if not _encode(data, parts):
         return None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "runner" / "valid"
+    digest = hashlib.sha256()
+    for part in (__version__, schema_text):
+        digest.update(f"{len(part)}:{part};".encode("utf-8", "surrogatepass"))
+    for part in parts:
+        digest.update(part.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
 
 
-def key(schema_text: str, data: Any) -> str:
-    """The hash naming (schema, data)."""
-    blob = json.dumps(data, sort_keys=True, default=repr, separators=(",", ":"))
-    return hashlib.sha256(f"{__version__}\\0{schema_text}\\0{blob}".encode()).hexdigest()
+def _encode(value: Any, out: list[str]) -> bool:
+    """Append a typed encoding of `value` to `out`; False for a type a spec cannot hold."""
+    if isinstance(value, str):
+        out.append(f"s{len(value)}:{value}")
+    elif isinstance(value, bool):  # before int: True is an int too
+        out.append("T" if value else "F")
+    elif isinstance(value, int):
+        out.append(f"i{value};")
+    elif isinstance(value, float):
+        out.append(f"f{value.hex()};")
+    elif value is None:
+        out.append("n")
+    elif isinstance(value, list):
+        out.append(f"l{len(value)}[")
+        if not all(_encode(item, out) for item in value):
+            return False
+    elif isinstance(value, dict):
+        out.append(f"d{len(value)}{{")
+        for name in value:
+            if not isinstance(name, str):
+                return False
+            out.append(f"s{len(name)}:{name}")
+            if not _encode(value[name], out):
+                return False
+    else:
+        return False
+    return True
 
 
-def seen(k: str) -> bool:
-    """True if this (schema, data) passed before."""
-    where = folder()
-    return where is not None and (where / k).is_file()
+def seen(k: str | None) -> bool:
+    """True if this (schema, data) passed before (and the cache folder and marker can be trusted)."""
+    where = _trusted_folder()
+    if k is None or where is None:
+        return False
+    try:
+        info = os.stat(where / k, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
 
 
-def remember(k: str) -> None:
+def remember(k: str | None) -> None:
     """Record a pass; best effort."""
     where = folder()
-    if where is None:
+    if k is None or where is None:
         return
     try:
-        where.mkdir(parents=True, exist_ok=True)
-        (where / k).touch()
+        where.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if _trusted_folder() is None:
+            return
+        fd = os.open(where / k, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        os.close(fd)
     except OSError:
         pass
+
+
+def _trusted_folder() -> Path | None:
+    """The folder, if it is a real directory owned by this user that nobody else can write to."""
+    where = folder()
+    if where is None:
+        return None
+    try:
+        info = os.stat(where, follow_symlinks=False)
+    except OSError:
+        return None
+    private = not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return where if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and private else None

@@ -1,27 +1,42 @@
-"""YAML text -> plain data plus the line:column of every key and value.
+"""YAML text -> plain data plus the line:column of every key and value, at a bounded cost.
 
-We compose the node tree (safe: no Python objects are ever built) and walk it ourselves, so that every
-problem found later can name its line, duplicate keys are caught, and YAML 1.1 surprises are defused:
+We never let PyYAML build Python objects or nodes by itself. libyaml (C) turns the text into events, which
+cost the same at any depth; our own loop composes the node tree from them (no recursion: libyaml's composer
+recurses in C and crashes the interpreter on deep nesting), stopping at MAX_DEPTH levels and MAX_VALUES
+nodes. Walking the tree into plain data counts every value again, aliases and merge keys included, so a
+"billion laughs" document is refused after MAX_VALUES values instead of being expanded.
+
+While walking, every problem gets its line, duplicate keys are caught, and YAML 1.1 surprises are defused:
 `nodes: 1:4` stays the string "1:4" (PyYAML would read the sexagesimal integer 64), `on:` as a key stays "on".
+Only plain scalar tags are accepted (str, int, float, bool, null; dates stay text); anything else
+(`!!binary`, `!!set`, `!custom`, a tag whose value does not convert such as `!!int abc`) is a problem.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import yaml
 
+from runner.config.limits import MAX_DEPTH, MAX_VALUES
 from runner.errors import SpecProblem
 
 Path = tuple[str | int, ...]
 Mark = tuple[int, int]  # 1-based line, column
 
 _Loader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_MAP_TAG = "tag:yaml.org,2002:map"
-_SEQ_TAG = "tag:yaml.org,2002:seq"
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-_KEEP_TEXT_TAGS = {"tag:yaml.org,2002:timestamp"}
+_TAG = "tag:yaml.org,2002:"
+_MAP_TAG, _SEQ_TAG, _MERGE_TAG = _TAG + "map", _TAG + "seq", _TAG + "merge"
+_STR_TAG, _INT_TAG, _FLOAT_TAG = _TAG + "str", _TAG + "int", _TAG + "float"
+_KEEP_TEXT_TAGS = {_TAG + "timestamp"}
+_CONVERTED_TAGS = {_INT_TAG, _FLOAT_TAG, _TAG + "bool", _TAG + "null"}
+_MAX_INT_CHARS = 32  # longer than any 64-bit integer in any YAML notation (0b needs 66: refused as too long)
+# Not printable in YAML 1.2 (5.1), plus a byte order mark past the start and lone surrogates.
+_BAD_CHAR = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff\ufeff\ufffe\uffff]")
+_RESOLVER = yaml.resolver.Resolver()  # type: ignore[no-untyped-call]
+_CONSTRUCTOR = yaml.constructor.SafeConstructor()
 
 
 @dataclass
@@ -33,6 +48,7 @@ class Document:
     keys: dict[Path, Mark] = field(default_factory=dict)
     plain: dict[Path, str] = field(default_factory=dict)
     containers: set[Path] = field(default_factory=set)
+    reported: set[Path] = field(default_factory=set)  # paths that `problem` was called for
 
     def where(self, path: Path, *, key: bool = False) -> Mark | tuple[None, None]:
         """Line/column of `path`, else of its nearest ancestor that exists.
@@ -51,6 +67,7 @@ class Document:
     def problem(self, path: Path, message: str, fix: str = "", *, key: bool = False) -> SpecProblem:
         """A SpecProblem located at `path`."""
         line, column = self.where(path, key=key)
+        self.reported.add(path)
         return SpecProblem(dotted(path), message, fix, line, column)
 
 
@@ -62,30 +79,148 @@ def dotted(path: Path) -> str:
     return out
 
 
-def _mark(node: yaml.Node) -> Mark:
+def shown(text: str, limit: int = 40) -> str:
+    """`text` cut to `limit` characters for a message."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _mark(node: yaml.Node | yaml.Event) -> Mark:
     return (node.start_mark.line + 1, node.start_mark.column + 1)
 
 
 def resolve_plain(text: str) -> Any:
-    """The value of an unquoted scalar, as YAML would read it, but with no sexagesimal numbers or dates."""
-    tag: str = yaml.resolver.Resolver().resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
+    """The value of an unquoted scalar, as YAML would read it, but with no sexagesimal numbers or dates.
+
+    ValueError when it does not convert (an integer too long to be one).
+    """
+    tag: str = _RESOLVER.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
     return _construct(yaml.ScalarNode(tag, text, style=None))
 
 
+def tag_name(tag: str) -> str:
+    """'tag:yaml.org,2002:binary' -> '!!binary'; other tags as written (cut for a message)."""
+    return "!!" + tag.removeprefix(_TAG) if tag.startswith(_TAG) else shown(tag)
+
+
 def _construct(node: yaml.ScalarNode) -> Any:
-    if node.tag in _KEEP_TEXT_TAGS or (":" in node.value and node.tag.endswith((":int", ":float"))):
-        return node.value
-    return yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+    """The Python value of a scalar; ValueError for a tag we do not take or a value that does not convert."""
+    tag, text = node.tag, node.value
+    if tag == _STR_TAG or tag in _KEEP_TEXT_TAGS or (":" in text and tag in (_INT_TAG, _FLOAT_TAG)):
+        return text
+    if tag not in _CONVERTED_TAGS:
+        raise ValueError(f"unsupported YAML tag {tag_name(tag)}")
+    if tag == _INT_TAG and len(text) > _MAX_INT_CHARS:
+        raise ValueError(f"the integer {shown(text)} does not fit in 64 bits")
+    short = tag.removeprefix(_TAG)
+    try:
+        return _CONSTRUCTOR.construct_object(node, deep=True)
+    except (ValueError, KeyError, TypeError, yaml.YAMLError):
+        raise ValueError(f"'{shown(text)}' is not a valid !!{short}") from None
+    finally:
+        _CONSTRUCTOR.constructed_objects.clear()
+
+
+class _RefusedError(Exception):
+    """The document is refused as a whole (too deep, too many values); carries the one problem."""
+
+    def __init__(self, problem: SpecProblem) -> None:
+        super().__init__(problem.message)
+        self.problem = problem
+
+
+def _too_many(mark: Mark) -> _RefusedError:
+    return _RefusedError(SpecProblem(
+        "", f"the document has more than {MAX_VALUES} values once aliases and merge keys are expanded",
+        "a job spec needs far fewer: remove repeated aliases (*name) and '<<' merges", *mark))
+
+
+def _too_deep(mark: Mark) -> _RefusedError:
+    return _RefusedError(SpecProblem("", f"nested deeper than {MAX_DEPTH} levels", "flatten the document "
+                                     "(a job spec is at most 4 levels deep)", *mark))
+
+
+class _Composer:
+    """Events -> node tree, iteratively; anchors become usable once their node is complete (no cycles)."""
+
+    def __init__(self) -> None:
+        self.anchors: dict[str, yaml.Node] = {}
+        self.stack: list[tuple[yaml.Node, list[yaml.Node], str | None]] = []
+        self.roots: list[yaml.Node] = []
+        self.count = 0
+
+    def compose(self, text: str) -> yaml.Node | None:
+        """The single document's root node (None for an empty stream)."""
+        for event in yaml.parse(text, Loader=_Loader):
+            if isinstance(event, yaml.DocumentStartEvent) and self.roots:
+                raise yaml.composer.ComposerError("expected a single document in the stream",
+                                                  self.roots[0].start_mark, "but found another document",
+                                                  event.start_mark)
+            self.event(event)
+        return self.roots[0] if self.roots else None
+
+    def event(self, event: yaml.Event) -> None:
+        """Take one event."""
+        if isinstance(event, yaml.AliasEvent):
+            node = self.anchors.get(event.anchor)
+            if node is None:
+                raise yaml.composer.ComposerError(None, None, f"found undefined alias {shown(event.anchor)!r}",
+                                                  event.start_mark)
+            self.attach(node, None)
+        elif isinstance(event, yaml.ScalarEvent):
+            tag = event.tag
+            if tag is None or tag == "!":
+                tag = _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit)  # type: ignore[no-untyped-call]
+            node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
+            self.attach(node, event.anchor)
+        elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            if len(self.stack) >= MAX_DEPTH:
+                raise _too_deep(_mark(event))
+            self.count += 1
+            if self.count > MAX_VALUES:
+                raise _too_many(_mark(event))
+            kind = yaml.SequenceNode if isinstance(event, yaml.SequenceStartEvent) else yaml.MappingNode
+            tag = event.tag
+            if tag is None or tag == "!":
+                tag = _RESOLVER.resolve(kind, None, event.implicit)  # type: ignore[no-untyped-call]
+            self.stack.append((kind(tag, [], event.start_mark, None, flow_style=event.flow_style), [],
+                               event.anchor))
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            node, children, anchor = self.stack.pop()
+            node.end_mark = event.end_mark
+            if isinstance(node, yaml.MappingNode):
+                node.value = list(zip(children[::2], children[1::2], strict=True))
+            else:
+                node.value = children
+            self.count -= 1  # counted at the start
+            self.attach(node, anchor)
+
+    def attach(self, node: yaml.Node, anchor: str | None) -> None:
+        """Add a finished node to the open collection (or as the root); remember its anchor."""
+        self.count += 1
+        if self.count > MAX_VALUES:
+            raise _too_many(_mark(node))
+        if anchor is not None:
+            self.anchors[anchor] = node
+        if self.stack:
+            self.stack[-1][1].append(node)
+        else:
+            self.roots.append(node)
 
 
 class _Walker:
-    """Turns a composed node tree into plain data, recording positions and problems."""
+    """Turns a composed node tree into plain data, recording positions and problems, within MAX_VALUES values."""
 
     def __init__(self) -> None:
         self.doc = Document()
         self.problems: list[SpecProblem] = []
+        self.budget = MAX_VALUES
 
     def walk(self, node: yaml.Node, path: Path) -> Any:
+        self.budget -= 1
+        if self.budget < 0:
+            raise _too_many(_mark(node))
+        if len(path) > MAX_DEPTH:  # aliases can nest deeper than the text does
+            raise _too_deep(_mark(node))
         self.doc.values[path] = _mark(node)
         if isinstance(node, yaml.MappingNode):
             self.doc.containers.add(path)
@@ -98,15 +233,15 @@ class _Walker:
 
     def _check_tag(self, node: yaml.Node, tag: str, path: Path) -> None:
         if node.tag != tag:
-            self.problems.append(self.doc.problem(path, f"unsupported YAML tag {node.tag}", "remove the tag"))
+            self.problems.append(self.doc.problem(path, f"unsupported YAML tag {tag_name(node.tag)}", "remove the tag"))
 
     def _scalar(self, node: yaml.ScalarNode, path: Path) -> Any:
         if not node.style:  # plain (the C parser says "", the Python one None)
             self.doc.plain[path] = node.value
         try:
             return _construct(node)
-        except yaml.YAMLError:
-            self.problems.append(self.doc.problem(path, f"unsupported YAML tag {node.tag}", "remove the tag"))
+        except ValueError as err:
+            self.problems.append(self.doc.problem(path, str(err), "remove the tag or quote the value"))
             return node.value
 
     def _mapping(self, node: yaml.MappingNode, path: Path) -> dict[str, Any]:
@@ -118,14 +253,15 @@ class _Walker:
                 merged = {**self._merge(value_node, path), **merged}
                 continue
             if not isinstance(key_node, yaml.ScalarNode):
-                self.problems.append(SpecProblem(dotted(path), "keys must be plain strings", "", *_mark(key_node)))
+                self.problems.append(SpecProblem(dotted(path), "keys must be plain strings",
+                                                 "write `key: value` with a plain word as the key", *_mark(key_node)))
                 continue
             key = key_node.value
             sub = (*path, key)
             if key in out:
                 first = self.doc.keys[sub][0]
                 self.problems.append(
-                    SpecProblem(dotted(sub), f"duplicate key '{key}' (first at line {first})",
+                    SpecProblem(dotted(sub), f"duplicate key '{shown(key)}' (first at line {first})",
                                 "remove one of them", *_mark(key_node))
                 )
                 continue
@@ -139,26 +275,37 @@ class _Walker:
         result: dict[str, Any] = {}
         for source in reversed(sources):
             if not isinstance(source, yaml.MappingNode):
-                self.problems.append(SpecProblem(dotted(path), "'<<' needs a mapping", "", *_mark(source)))
+                self.problems.append(SpecProblem(dotted(path), "'<<' needs a mapping (or a list of mappings)",
+                                                 "merge an anchored mapping: <<: *defaults", *_mark(source)))
                 continue
+            self.budget -= 1
             result.update(self._mapping(source, path))
         return result
 
 
 def parse_yaml(text: str) -> tuple[Document, list[SpecProblem]]:
-    """Parse one YAML document. Syntax errors come back as problems, never as exceptions."""
+    """Parse one YAML document. Every problem comes back as a SpecProblem, never as an exception."""
+    text = text.removeprefix("\ufeff")
+    bad = _BAD_CHAR.search(text)
+    if bad is not None:
+        return Document(), [_bad_character(text, bad.start())]
     try:
-        root = yaml.compose(text, Loader=_Loader)
+        root = _Composer().compose(text)
+    except _RefusedError as err:
+        return Document(), [err.problem]
     except yaml.MarkedYAMLError as err:
         return Document(), [_syntax_problem(err, text)]
     except yaml.YAMLError as err:
-        return Document(), [SpecProblem("", f"YAML error: {err}", "check the file is valid YAML")]
+        return Document(), [SpecProblem("", f"YAML error: {shown(str(err), 200)}", "check the file is valid YAML")]
     if root is None:
         return Document(), [SpecProblem("", "the file is empty", _STARTER, 1, 1)]
     walker = _Walker()
-    walker.doc.data = walker.walk(root, ())
+    try:
+        walker.doc.data = walker.walk(root, ())
+    except _RefusedError as err:
+        return Document(), [err.problem]
     if not isinstance(walker.doc.data, dict):
-        found = "a list" if isinstance(walker.doc.data, list) else f"{walker.doc.data!r}"
+        found = "a list" if isinstance(walker.doc.data, list) else f"{shown(repr(walker.doc.data))}"
         return walker.doc, [SpecProblem("", f"the top level must be a mapping of keys, found {found}", _STARTER,
                                         *_mark(root))]
     return walker.doc, walker.problems
@@ -167,15 +314,32 @@ def parse_yaml(text: str) -> tuple[Document, list[SpecProblem]]:
 _STARTER = "start with `name: my-job` and `entrypoint: train.py` (one key per line)"
 
 
+def _bad_character(text: str, index: int) -> SpecProblem:
+    line = text.count("\n", 0, index) + 1
+    column = index - text.rfind("\n", 0, index)
+    char = ord(text[index])
+    if char == 0:
+        what, fix = "a NUL character", "remove it: no value in a spec can contain a NUL byte"
+    elif char == 0xFEFF:
+        what, fix = "a byte order mark (U+FEFF) past the start of the file", "remove it"
+    elif 0xD800 <= char <= 0xDFFF:
+        what, fix = f"a lone surrogate (U+{char:04X})", "remove it"
+    else:
+        what, fix = f"the control character U+{char:04X}", "remove it (inside double quotes, write an escape: \\t)"
+    return SpecProblem("", f"{what} is not allowed in YAML", fix, line, column)
+
+
 def _syntax_problem(err: yaml.MarkedYAMLError, text: str) -> SpecProblem:
     mark = err.problem_mark or err.context_mark
-    what = " ".join(part for part in (err.context, err.problem) if part)
+    what = shown(" ".join(part for part in (err.context, err.problem) if part), 200)
     fix = "check indentation, colons and quotes on this line and the one before"
     lines = text.splitlines()
     if mark and mark.line < len(lines) and "\t" in lines[mark.line]:
         fix = "indent with spaces, not tabs"
     elif mark and mark.line < len(lines) and "${" in lines[mark.line]:
         fix = "quote a value that uses ${...} inside { } or [ ]: key: '${VAR}'"
+    elif "undefined alias" in what:
+        fix = "define the anchor (&name) before its alias (*name); an alias cannot sit inside its own anchor"
     elif "expected a single document" in what:
         fix = "keep one document per file (remove the extra '---')"
     line, column = (mark.line + 1, mark.column + 1) if mark else (None, None)
