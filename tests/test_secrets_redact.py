@@ -196,3 +196,17 @@ def test_events_are_redacted_by_key_and_value() -> None:
 def test_has_secret_says_what_must_not_be_stored_in_clear(key: str, value: str, secret: bool) -> None:
     """By name or by value; a value that is already the mask holds nothing."""
     assert has_secret(key, value) is secret
+
+
+@given(
+    hidden=st.dictionaries(secret_names(), secrets, min_size=1, max_size=5),
+    shown=st.dictionaries(st.sampled_from(ORDINARY), st.text(string.ascii_letters + string.digits + "/:._-", max_size=20),
+                          max_size=5),
+)
+def test_spec_json_never_holds_a_secret_named_value(hidden: dict[str, str], shown: dict[str, str]) -> None:
+    """Whatever the mix of secret and ordinary variables, spec.json masks the first and keeps the second verbatim."""
+    assume(not set(hidden) & set(shown))
+    disk = spec_for_disk(JobSpec(name="j", entrypoint=Entrypoint(script="t.py"),
+                                 env=tuple({**hidden, **shown}.items())))
+    assert {k: v for k, v in disk["env"].items() if k in shown} == shown
+    assert all(disk["env"][k] == MASK for k in hidden)
