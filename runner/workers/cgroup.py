@@ -48,7 +48,7 @@ class JobCgroup:
         self.path = path
 
     @classmethod
-    def create(cls, label: str) -> JobCgroup | None:
+    def create(cls, label: str = "") -> JobCgroup | None:
         """Make the job's cgroup, or None where cgroup v2 is missing, read-only, or lacks cgroup.kill."""
         if os.environ.get("RUNNER_CGROUP", "").lower() in ("0", "off", "no", "false"):
             return None
@@ -56,7 +56,7 @@ class JobCgroup:
             base = own_cgroup_dir(_read(Path("/proc/self/mountinfo")), _read(Path("/proc/self/cgroup")))
             if base is None or not (base / "cgroup.procs").exists():
                 return None
-            path = base / f"runner-{label}-{os.getpid()}-{os.urandom(3).hex()}"
+            path = base / f"runner-{label or os.getpid()}-{os.urandom(3).hex()}"
             path.mkdir()
         except OSError:
             return None

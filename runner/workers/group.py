@@ -232,11 +232,12 @@ class WorkerGroup:
         def ours(pid: int) -> bool:
             return any(m(pid) for m in matchers) or any(procs.environ_has(pid, t) for t in tags)
 
-        return procs.signal_matching(ours, signal.SIGKILL, skip=frozenset(self._own_pids()))
+        return procs.signal_matching(ours, signal.SIGKILL, skip=frozenset(self._not_loose()))
 
-    def _own_pids(self) -> set[int]:
-        """Pids never to sweep: the guard."""
-        return {self.shepherd.pid} if self.shepherd.pid is not None else set()
+    def _not_loose(self) -> set[int]:
+        """Pids a sweep leaves alone: the guard, and the workers themselves (each is killed and reaped on its own)."""
+        own = {w.pid for w in self.workers.values()} | {w.pid for w in self.stuck}
+        return own | ({self.shepherd.pid} if self.shepherd.pid is not None else set())
 
     async def _finish(self, workers: list[Worker]) -> None:
         """SIGKILL what is left of `workers`, wait (bounded) until it is gone, reap; report what will not die."""

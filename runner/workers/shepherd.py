@@ -22,6 +22,7 @@ import structlog
 
 from runner.workers import procs
 from runner.workers.cgroup import JobCgroup
+from runner.workers.launch_plan import HELPER_ENV_KEEP
 
 TAG_VAR = "RUNNER_WORKER_TAG"
 _ROOT = str(Path(__file__).resolve().parents[2])  # where `import runner` works from
@@ -63,7 +64,7 @@ class Shepherd:
         if self.agent:
             procs.set_child_subreaper()
         if self.want_cgroup:
-            self.cgroup = JobCgroup.create(str(os.getpid()))
+            self.cgroup = JobCgroup.create()
         self._spawn()
 
     def worker_tag(self, attempt: int, local_rank: int) -> str:
@@ -80,7 +81,8 @@ class Shepherd:
         argv = [sys.executable, "-S", "-I", "-c", _BOOT, _ROOT, self.tag]
         if self.cgroup is not None:
             argv.append(str(self.cgroup.path))
-        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True)
+        env = {k: os.environ[k] for k in HELPER_ENV_KEEP if k in os.environ}  # no secret of the agent's
+        self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, start_new_session=True, env=env)
         self._fd = os.pidfd_open(self._proc.pid)
         try:
             self._loop = asyncio.get_running_loop()
