@@ -7,12 +7,14 @@ cross-field rules live in `checks.py`.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import string
 from typing import Any
 
 from runner.config.durations import parse_duration
+from runner.config.limits import MAX_PREFIX_WIDTH
 from runner.config.problems import did_you_mean
 from runner.config.spec import (
     TLS,
@@ -31,11 +33,11 @@ from runner.config.spec import (
     Slurm,
     Watchdog,
 )
-from runner.config.yaml_source import Document, Path
+from runner.config.yaml_source import Document, Path, shown
 from runner.errors import SpecProblem
 
 PREFIX_FIELDS = ("node", "rank", "local_rank", "attempt")
-_SAMPLE = {"node": 0, "rank": 0, "local_rank": 0, "attempt": 0}
+_SAMPLE: dict[str, str | int] = {"node": "node-0", "rank": 0, "local_rank": 0, "attempt": 0}  # console's types
 UNHANDLEABLE = {  # signals shutdown.signals_to_handle refuses, and why
     "SIGKILL": "no process can catch it",
     "SIGSTOP": "no process can catch it",
@@ -142,7 +144,11 @@ class Builder:
             return Nodes(int(raw), int(raw))
         if isinstance(raw, str):
             low, _, high = raw.partition(":")
-            return Nodes(int(low), int(high or low))
+            try:
+                return Nodes(int(low), int(high or low))
+            except ValueError:  # more digits than int() takes
+                self.fail(("nodes",), f"'{shown(raw)}' is not a usable number of nodes", "e.g. nodes: 1:4")
+                return Nodes()
         return Nodes(int(raw["min"]), int(raw["max"]))
 
     def rendezvous(self, raw: dict[str, Any]) -> Rendezvous:
@@ -228,7 +234,7 @@ class Builder:
             else:
                 word = raw.strip().upper()
                 hint = did_you_mean(word if word.startswith("SIG") else "SIG" + word, names, "signals")
-            self.fail(where, f"unknown signal {raw!r}", hint)
+            self.fail(where, f"unknown signal {shown(repr(raw))}", hint)
             return "SIGTERM"
 
     def logs(self, raw: dict[str, Any]) -> Logs:
@@ -244,23 +250,35 @@ class Builder:
         )
 
     def check_prefix(self, prefix: str) -> None:
-        """Every {field} must be one of PREFIX_FIELDS and the whole must format."""
+        """The prefix must format as the console will format it.
+
+        {node} is text; {rank}, {local_rank}, {attempt} are integers; each may have a conversion and a format
+        spec no wider than MAX_PREFIX_WIDTH (a huge width would pad every console line).
+        """
         where: Path = ("logs", "prefix")
         allowed = ", ".join("{" + f + "}" for f in PREFIX_FIELDS)
         try:
-            fields = [name for _, name, _, _ in string.Formatter().parse(prefix) if name is not None]
+            fields = [(name, spec or "") for _, name, spec, _ in string.Formatter().parse(prefix) if name is not None]
         except ValueError as err:
-            self.fail(where, f"invalid prefix {prefix!r}: {err}", f"use fields {allowed}; write {{{{ for a literal {{")
+            self.fail(where, f"invalid prefix {shown(prefix)!r}: {err}",
+                      f"use fields {allowed}; write {{{{ for a literal {{")
             return
-        unknown = [name for name in fields if name not in PREFIX_FIELDS]
-        for name in unknown:
-            hint = did_you_mean(name, PREFIX_FIELDS, "fields")
-            self.fail(where, f"unknown field {{{name}}} in prefix {prefix!r}", f"{hint} (fields: {allowed})")
-        if not unknown:
-            try:
-                prefix.format(**_SAMPLE)
-            except (ValueError, IndexError, KeyError) as err:
-                self.fail(where, f"invalid prefix {prefix!r}: {err}", f"use plain fields such as {allowed}")
+        before = len(self.problems)
+        for name, spec in fields:
+            if name not in PREFIX_FIELDS:
+                hint = did_you_mean(name, PREFIX_FIELDS, "fields") if name else "name the field"
+                self.fail(where, f"unknown field {{{shown(name)}}} in prefix {shown(prefix)!r}",
+                          f"{hint} (fields: {allowed})")
+            elif "{" in spec or any(int(n) > MAX_PREFIX_WIDTH for n in re.findall(r"[0-9]+", spec)):
+                self.fail(where, f"format spec ':{shown(spec)}' of {{{name}}} is too wide or nested",
+                          f"keep widths at most {MAX_PREFIX_WIDTH}, e.g. {{rank:>3}}")
+        if len(self.problems) > before:
+            return
+        try:
+            prefix.format(**_SAMPLE)
+        except (ValueError, IndexError, KeyError, TypeError, AttributeError) as err:
+            self.fail(where, f"invalid prefix {shown(prefix)!r}: {shown(str(err), 100)}",
+                      f"{{node}} is text, the others are integers; use plain fields such as {allowed}")
 
     def watchdog(self, raw: dict[str, Any]) -> Watchdog:
         """Durations in seconds; null stays None (off)."""

@@ -1,4 +1,4 @@
-"""Render the spec reference table (README "Job spec") from schemas/job.schema.json, so docs can't drift."""
+"""Render the spec reference table (README "Job spec") from the job schema, so docs can't drift."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "job.schema.json"
+SCHEMA = Path(__file__).resolve().parents[1] / "job.schema.json"  # schemas/job.schema.json links to it
 
 
 def rows(node: dict[str, Any], path: str = "") -> list[str]:
