@@ -1,4 +1,5 @@
-"""etcd faults and security with real runner processes: etcd down at start, etcd restarted mid-run, TLS + auth."""
+"""etcd faults and security with real runner processes: etcd down at start, restarted mid-run (with and without its
+data), gone when the workers finish; node ids with slashes; TLS + auth."""
 
 from __future__ import annotations
 
@@ -99,3 +100,52 @@ def test_wrong_password_is_a_clear_error(tmp_path: Path, secure_etcd: EtcdServer
         assert SECRET not in out
     finally:
         c.close()
+
+
+def test_etcd_wiped_mid_run_both_nodes_restart_together(cluster: Cluster, etcd: EtcdServer) -> None:
+    """etcd restarted on an EMPTY data dir while workers run: both agents see the job's keys gone (PeerLost 'etcd'),
+    fail the attempt, and meet in a new one in the new etcd, on a fresh MASTER_PORT; the job then succeeds."""
+    cluster.write(spec_text(cluster.endpoint, args=probe_args(cluster.out, "--sleep", "6")))
+    a, b = cluster.start("a"), cluster.start("b")
+    wait_for(lambda: len(cluster.worker_files()) == 2, what="both workers started")
+    wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
+    etcd.restart_empty()
+    assert cluster.wait_all() == {"a": 0, "b": 0}, a.output() + b.output()
+    for node in (a, b):
+        report = node.report()
+        assert report["outcome"] == "succeeded" and report["attempts"] == 2, node.edges()
+        assert ("RUNNING", "peer_lost", "FAILED") in node.edges()
+        assert "etcd lost the job's keys" in report["failures"][0]["reason"], report["failures"]
+    ports = {int(w["env"]["TORCHELASTIC_RESTART_COUNT"]): set() for w in cluster.worker_files()}
+    for w in cluster.worker_files():
+        ports[int(w["env"]["TORCHELASTIC_RESTART_COUNT"])].add(w["env"]["MASTER_PORT"])
+    assert sorted(ports) == [0, 1] and len(cluster.worker_files()) == 4
+    assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1], ports  # one world each, fresh port
+    status = cluster.status()
+    assert status["status"] == "succeeded" and status["restarts"] == 1, status
+
+
+def test_node_ids_with_slashes_run_and_show_in_status(cluster: Cluster) -> None:
+    """`--node rack1/a` and `--node rack1/b` (ids that used to wait out the join timeout) run the job; status shows
+    the ids as given."""
+    cluster.write(spec_text(cluster.endpoint, args=probe_args(cluster.out)))
+    cluster.start("rack1/a"), cluster.start("rack1/b")
+    assert cluster.wait_all() == {"rack1/a": 0, "rack1/b": 0}, cluster.nodes["rack1/a"].output()
+    assert [n["node"] for n in cluster.status()["nodes"]] == ["rack1/a", "rack1/b"]
+
+
+def test_etcd_gone_when_workers_finish_exits_0_with_a_report(cluster: Cluster, etcd: EtcdServer) -> None:
+    """etcd killed (past the connect timeout) while the workers run to success: each agent still exits 0, writes
+    report.json with outcome succeeded, and warns that etcd could not be told."""
+    text = spec_text(cluster.endpoint, args=probe_args(cluster.out, "--sleep", "5"))
+    cluster.write(text.replace("connect_timeout: 20s", "connect_timeout: 2s"))
+    a, b = cluster.start("a"), cluster.start("b")
+    wait_for(lambda: len(cluster.worker_files()) == 2, what="both workers started")
+    wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
+    etcd.kill()
+    assert cluster.wait_all(60) == {"a": 0, "b": 0}, a.output() + b.output()
+    for node in (a, b):
+        assert node.report()["outcome"] == "succeeded"
+        out = node.output()
+        assert "warning" in out and f"cannot reach etcd at {cluster.endpoint} within 2 s" in out, out
+        assert "Traceback" not in node.output()
