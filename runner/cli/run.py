@@ -36,8 +36,10 @@ class RunCommand(Command):
         import asyncio
 
         from runner import agent, logs
+        from runner.config.preflight import require
 
         spec = load(args.spec)
+        require(spec, args.spec)  # what the spec needs from this machine: exit 2 before anything is created
         logs.configure(spec.logs.format, verbosity="quiet" if args.quiet else "verbose" if args.verbose else "normal")
         ctx = asyncio.run(agent.run(spec, node=args.node, advertise_addr=args.advertise_addr))
         print_summary(ctx)

@@ -1,10 +1,16 @@
-"""`runner validate job.yaml`: check a spec and report every problem at once (exit 2)."""
+"""`runner validate job.yaml`: check a spec and report every problem at once (exit 2).
+
+What depends on this machine (the script exists, the program is on PATH, logs.dir is writable...) is
+printed as a warning and does not change the exit code: the spec may be meant for another machine. `runner
+run` refuses the same findings (runner/config/preflight.py).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from runner.cli.command import Command, add_spec_argument, load
+from runner.cli.command import Command, add_spec_argument
 
 
 class ValidateCommand(Command):
@@ -18,7 +24,14 @@ class ValidateCommand(Command):
         add_spec_argument(parser)
 
     def run(self, args: argparse.Namespace) -> int:
-        """0 and one line when the spec is valid; a SpecError (exit 2) otherwise."""
-        spec = load(args.spec)
+        """0 and one line when the spec is valid (warnings on stderr); a SpecError (exit 2) otherwise."""
+        from runner.config.loader import load_spec_document
+        from runner.config.preflight import preflight
+
+        spec, doc = load_spec_document(args.spec)
+        for problem in preflight(spec, doc):
+            where = ":".join(str(part) for part in (args.spec, problem.line, problem.column) if part is not None)
+            fix = f" — {problem.fix}" if problem.fix else ""
+            print(f"{where}: warning: {problem.path}: {problem.message}{fix}", file=sys.stderr)
         print(f"{args.spec}: ok (job '{spec.name}', {spec.nodes.min}-{spec.nodes.max} node(s) x {spec.nproc_per_node})")
         return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import cast
 
+from runner.config.limits import MAX_ARG_BYTES, MAX_WORLD_SIZE
 from runner.config.spec import JobSpec
 from runner.config.yaml_source import Document, Path
 from runner.errors import SpecProblem
@@ -71,7 +72,19 @@ def _positive(spec: JobSpec) -> Iterator[Found]:
                "etcd leases count whole seconds; use 1s or more")
 
 
-CHECKS: tuple[Check, ...] = (_nodes, _entrypoint, _backoff, _security, _positive)
+def _os_limits(spec: JobSpec) -> Iterator[Found]:
+    world = spec.nodes.max * spec.nproc_per_node
+    if world > MAX_WORLD_SIZE:
+        yield (("nproc_per_node",), f"nodes.max x nproc_per_node is {world} workers; torch.distributed counts ranks "
+               f"in a C int (at most {MAX_WORLD_SIZE})", "lower nodes.max or nproc_per_node")
+    for key, value in spec.env:
+        size = len(key.encode()) + 1 + len(value.encode("utf-8", "surrogatepass"))
+        if size >= MAX_ARG_BYTES:
+            yield (("env", key), f"{key}=... is {size} bytes; execve refuses an environment string of "
+                   f"{MAX_ARG_BYTES} bytes or more (Linux MAX_ARG_STRLEN)", "shorten the value or pass a file path")
+
+
+CHECKS: tuple[Check, ...] = (_nodes, _entrypoint, _backoff, _security, _positive, _os_limits)
 
 
 def semantic_problems(spec: JobSpec, doc: Document) -> list[SpecProblem]:
