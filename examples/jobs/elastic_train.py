@@ -1,11 +1,17 @@
-"""Elastic DDP: fit y = 3x + 1, checkpointing every --every steps; resumes from the checkpoint on every start.
+"""Elastic DDP: fit y = 3x + 1, checkpointing every --every steps; every restart resumes from the checkpoint.
 
 The world size may differ between attempts (nodes come and go); the global batch is split across ranks,
-so the training is the same whatever the world size. Rank 0 writes the checkpoint (a path every node sees).
+so the training is the same whatever the world size. Rank 0 reads and writes the checkpoint and the others get
+its step (and, through DDP, its weights).
+
+Where: --checkpoint PATH (a path every node sees, for several machines), else inside this run's run dir, so the
+example writes nothing into the source tree. A new run starts fresh: a checkpoint is read only on a restart
+(TORCHELASTIC_RESTART_COUNT > 0) or with --resume / ELASTIC_RESUME=1 (to continue an earlier run's PATH).
 """
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -26,6 +32,14 @@ def load(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     return int(state["step"])
 
 
+def default_checkpoint() -> Path:
+    """<run dir>/elastic-checkpoint.pt (the runner's error file is <run dir>/attempt_K/rank_R/error.json)."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        return Path(error_file).parents[2] / "elastic-checkpoint.pt"
+    return Path(tempfile.gettempdir()) / f"elastic-checkpoint-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}.pt"
+
+
 def save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
     """Write atomically: a crash mid-write never leaves a torn checkpoint."""
     tmp = path.with_suffix(".tmp")
@@ -38,15 +52,22 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--every", type=int, default=10)
-    p.add_argument("--checkpoint", default="elastic-checkpoint.pt")
+    p.add_argument("--checkpoint", default="", help="default: inside the run dir")
+    p.add_argument("--resume", action="store_true", help="read the checkpoint on the first attempt too")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    path = Path(args.checkpoint)
+    path = Path(args.checkpoint) if args.checkpoint else default_checkpoint()
     net = torch.nn.Linear(1, 1)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    start = load(path, net, opt)
-    model = DDP(net)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    step = torch.zeros(1, dtype=torch.long)
+    resume = args.resume or os.environ.get("ELASTIC_RESUME") == "1"
+    if rank == 0 and (restarted or resume):
+        step[0] = load(path, net, opt)
+    dist.broadcast(step, src=0)
+    start = int(step.item())
+    model = DDP(net)  # broadcasts rank 0's weights to every rank
     print(f"rank {rank}/{world}: resuming at step {start} "
           f"(restart {os.environ['TORCHELASTIC_RESTART_COUNT']})", flush=True)
     per_rank = GLOBAL_BATCH // world
