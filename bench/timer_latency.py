@@ -86,7 +86,7 @@ async def ours(run_dir: Path, runs: int, delay: float, *, stacks: bool) -> list[
     server = FileTimerServer(run_dir, owner=owned.get, on_expiry=lambda e: None, capture_stacks=stacks, log=_Quiet())
     await server.start()
     try:
-        return [await one_latency(server.path, d, owned) for d in delays(delay, runs)]
+        return [await one_latency(server.channel(0), d, owned) for d in delays(delay, runs)]
     finally:
         await server.stop()
 
@@ -114,13 +114,13 @@ async def idle_cpu_ours(run_dir: Path, seconds: float) -> float:
     owned: dict[int, int] = {}
     server = FileTimerServer(run_dir, owner=owned.get, on_expiry=lambda e: None, log=_Quiet())
     await server.start()
-    worker = await spawn([str(WORKER), "hang", "3600"], server.path)
+    worker = await spawn([str(WORKER), "hang", "3600"], server.channel(0))
     try:
         owned[worker.pid] = 0
         assert worker.stdin is not None
         worker.stdin.write(b"go\n")
         await readline(worker)
-        while server.last_activity(worker.pid) is None:
+        while server.last_activity(0) is None:
             await asyncio.sleep(0.05)
         before = _cpu_self()
         await asyncio.sleep(seconds)

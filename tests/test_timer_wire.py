@@ -98,7 +98,7 @@ class TestLineSplitter:
 
     def test_oversized_line_in_one_read_is_dropped(self) -> None:
         """An over-long complete line is counted as dropped and the next line survives."""
-        assert LineSplitter().feed(b"x" * (MAX_LINE + 1) + b"\nok\n") == ([Line(b"ok")], 1)
+        assert LineSplitter().feed(b"x" * (MAX_LINE + 1) + b"\nok\n") == ([Line(None, b"x" * MAX_LINE), Line(b"ok")], 1)
 
     def test_oversized_line_over_many_reads_is_dropped_up_to_its_newline(self) -> None:
         """An over-long line arriving in pieces is dropped once, without buffering it; its end is offered alone."""
@@ -123,6 +123,16 @@ class TestRequestReader:
         assert reader.feed(b'{"version": 1, "pid": 7', NOW) == []
         assert reader.feed(torch_line() + b"\n", NOW) == [TimerRequest(42, "a.py#step", NOW + 1.5, 9)]
         assert reader.rejected == {Rejection.FRAGMENT: 1}
+
+    def test_fragment_and_request_in_one_read_still_give_the_request(self) -> None:
+        """A fragment and the next request can arrive in the same read: the request is found at its start."""
+        reader = RequestReader()
+        raw = b'{"version": 1, "pid": 7' + torch_line() + b"\n" + b"z" * (2 * MAX_LINE) + torch_line(scope="b") + b"\n"
+        assert reader.feed(raw, NOW) == [
+            TimerRequest(42, "a.py#step", NOW + 1.5, 9),
+            TimerRequest(42, "b", NOW + 1.5, 9),
+        ]
+        assert reader.rejected == {Rejection.FRAGMENT: 1, Rejection.TOO_LONG: 1}
 
     def test_request_split_over_two_reads_is_one_request(self) -> None:
         """A request split by a read boundary is joined, not counted as a fragment."""
@@ -230,12 +240,13 @@ def test_valid_requests_survive_any_read_boundaries(lines: list[bytes], data: st
     assert rejected == 0
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=3 * MAX_LINE), requests)
-def test_a_fragment_never_costs_the_next_atomic_request(fragment: bytes, raw: bytes) -> None:
-    """Whatever a broken writer left without a newline, the next whole request is parsed."""
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=3 * MAX_LINE), requests, st.booleans())
+def test_a_fragment_never_costs_the_next_atomic_request(fragment: bytes, raw: bytes, one_read: bool) -> None:
+    """Whatever a broken writer left without a newline, the next whole request is parsed, whether it arrives
+    in the same read as the fragment or in the next one."""
     assume(b"\n" not in fragment)
     assume(not fragment.lstrip(b" \t\r").startswith(b"{"))  # only then could fragment+request be one object
-    reader = RequestReader()
-    got, _ = outcomes(reader, [fragment, raw + b"\n"])
+    chunks = [fragment + raw + b"\n"] if one_read else [fragment, raw + b"\n"]
+    got, _ = outcomes(RequestReader(), chunks)
     assert got == [parse_request(raw, NOW)]

@@ -7,9 +7,10 @@ request and writes FileTimerRequest.to_json() plus a newline in one write() of a
 
 Such a write is atomic: it reaches the reader whole or not at all, never interleaved with another writer's
 bytes. A writer that breaks the rule (a line without its newline, a line over PIPE_BUF) must not cost the
-next valid request: `LineSplitter` keeps at most PIPE_BUF bytes of a partial line and, when that partial
-line and the next chunk do not parse together, `RequestReader` tries the chunk alone (resynchronisation)
-and counts the orphan fragment as a rejection.
+next valid request: `LineSplitter` keeps at most PIPE_BUF bytes of a partial line and, when a line does
+not parse, `RequestReader` tries the part after the read boundary and the part from the last
+`{"version"` (where every FileTimerRequest.to_json() begins): a fragment and the next request may arrive
+in one read or in two. The orphan fragment is counted as a rejection.
 
 Every input ends as a `TimerRequest` or as one counted `Rejection` kind; nothing here raises on input.
 """
@@ -28,6 +29,7 @@ WIRE_VERSION = 1
 MAX_LINE = select.PIPE_BUF  # the client refuses to send more; longer lines are discarded
 MAX_HORIZON_S = 366 * 24 * 3600.0  # a deadline further ahead than this is treated as garbage
 MAX_SCOPE_CHARS = 1024
+REQUEST_START = b'{"version"'  # how FileTimerRequest.to_json() begins
 _VALID_SIGNALS = frozenset(int(s) for s in signal.valid_signals())
 
 
@@ -131,8 +133,8 @@ class Line:
     """A complete line. `tail` is set when the line began with bytes buffered from an earlier read.
 
     Such a line is either one request split over two reads (parse `data`) or an orphan fragment followed by a
-    whole request (parse `tail`, the part that came with the newline). `data` is None when the buffered part
-    was over-long and already dropped.
+    whole request (parse `tail`, the part that came with the newline). `data` is None when the line was
+    over-long and dropped; `tail` then holds its last PIPE_BUF bytes at most, where a request may still end it.
     """
 
     data: bytes | None
@@ -165,17 +167,18 @@ class LineSplitter:
         for i, chunk in enumerate(complete):
             if i == 0 and self._discarding:  # the end of an over-long line (counted when it overflowed)
                 self._discarding = False
-                lines.append(Line(None, chunk))
+                lines.append(Line(None, chunk[-self._limit :]))
             elif i == 0 and self._buf:
                 joined = bytes(self._buf) + chunk
                 self._buf.clear()
                 if len(joined) > self._limit:
                     dropped += 1
-                    lines.append(Line(None, chunk))
+                    lines.append(Line(None, chunk[-self._limit :]))
                 else:
                     lines.append(Line(joined, chunk))
-            elif len(chunk) > self._limit:
+            elif len(chunk) > self._limit:  # dropped, but a request may end it (after a fragment in the same read)
                 dropped += 1
+                lines.append(Line(None, chunk[-self._limit :]))
             else:
                 lines.append(Line(chunk))
         if rest and not self._discarding:
@@ -223,23 +226,39 @@ class RequestReader:
         return out
 
     def _parse(self, line: Line, now: float) -> TimerRequest | None:
-        """A request from the whole line, else from its tail (the buffered bytes then were a fragment)."""
+        """A request from the whole line, else from its last request-shaped suffix (the rest was a fragment)."""
         whole: RequestError | None = None
         if line.data is not None:
             try:
                 return parse_request(line.data, now)
             except RequestError as exc:
                 whole = exc
-        if line.tail is None:
-            if whole is not None:
-                self.reject(whole.kind, str(whole))
-            return None
-        try:
-            request = parse_request(line.tail, now)
-        except RequestError:
-            if whole is not None:  # neither the whole line nor its tail parses: one bad line
-                self.reject(whole.kind, str(whole))
-            return None  # else: the end of an over-long line, already counted
-        if whole is not None:
-            self.reject(Rejection.FRAGMENT, "bytes without a newline before a request (a writer broke the protocol)")
-        return request
+        for candidate in _suffixes(line):
+            try:
+                request = parse_request(candidate, now)
+            except RequestError:
+                continue
+            if whole is not None:  # (a dropped over-long start was counted when it was dropped)
+                self.reject(Rejection.FRAGMENT, "bytes without a newline before a request (a writer broke the rule)")
+            return request
+        if whole is not None:  # else: the end of an over-long line, already counted
+            self.reject(whole.kind, str(whole))
+        return None
+
+
+def _suffixes(line: Line) -> list[bytes]:
+    """Where a whole request may start inside a line that does not parse.
+
+    After the read boundary (`tail`), and at the last b'{"version"' (torch's to_json starts with it and cannot
+    contain it elsewhere: quotes inside strings are escaped). A fragment and the request after it can arrive in
+    one read, or in two.
+    """
+    out: list[bytes] = []
+    if line.tail is not None:
+        out.append(line.tail)
+    text = line.tail if line.data is None else line.data
+    assert text is not None
+    start = text.rfind(REQUEST_START)
+    if start > 0 and text[start:] not in out:
+        out.append(text[start:])
+    return out
