@@ -173,7 +173,7 @@ class WorkerGroup:
         if st is None:
             return None
         for w in self.running():
-            if w.pid in (st.pgid, st.sid) or procs.environ_has(pid, f"{TAG_VAR}={w.tag}".encode()):
+            if w.pid in (st.pgid, st.sid) or procs.environ_has(pid, procs.tag_entry(w.tag)):
                 return w.plan.local_rank
         return None
 
@@ -227,7 +227,7 @@ class WorkerGroup:
         if not loose:
             return {}
         matchers = [procs.in_session(w.pid, w.pidfd) for w in loose]
-        tags = [f"{TAG_VAR}={w.tag}".encode() for w in loose]
+        tags = [procs.tag_entry(w.tag) for w in loose]
 
         def ours(pid: int) -> bool:
             return any(m(pid) for m in matchers) or any(procs.environ_has(pid, t) for t in tags)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 PR_SET_CHILD_SUBREAPER = 36
+TAG_VAR = "RUNNER_WORKER_TAG"  # every worker's environment carries its tag; its descendants inherit it
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,14 @@ def in_session(leader: int, leader_fd: int) -> Callable[[int], bool]:
     return match
 
 
-def tagged(entry: bytes) -> Callable[[int], bool]:
-    """Match processes whose environment carries `entry` (a worker's tag, or its job-wide prefix)."""
+def tag_entry(tag: str) -> bytes:
+    """The environment entry (or entry prefix, for a job-wide tag) a tagged process carries."""
+    return f"{TAG_VAR}={tag}".encode()
+
+
+def tagged(tag: str) -> Callable[[int], bool]:
+    """Match processes whose environment carries `tag` (a worker's, or the job-wide prefix of all of them)."""
+    entry = tag_entry(tag)
     return lambda pid: environ_has(pid, entry)
 
 

@@ -24,7 +24,7 @@ from runner.workers import procs
 from runner.workers.cgroup import JobCgroup
 from runner.workers.launch_plan import HELPER_ENV_KEEP
 
-TAG_VAR = "RUNNER_WORKER_TAG"
+TAG_VAR = procs.TAG_VAR
 _ROOT = str(Path(__file__).resolve().parents[2])  # where `import runner` works from
 _BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from runner.workers.shepherd_main import main; main()"
 

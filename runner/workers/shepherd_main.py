@@ -33,7 +33,7 @@ def main() -> None:
     """Track workers from stdin; at EOF kill what is left of the job."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    tag = sys.argv[1].encode()
+    tag = sys.argv[1]
     cgroup = Path(sys.argv[2]) if len(sys.argv) > 2 else None
     leaders: dict[int, int] = {}  # worker pid -> pidfd
     for line in sys.stdin.buffer:
@@ -57,7 +57,7 @@ def main() -> None:
     kill_job(leaders, tag, cgroup)
 
 
-def kill_job(leaders: dict[int, int], tag: bytes, cgroup: Path | None) -> None:
+def kill_job(leaders: dict[int, int], tag: str, cgroup: Path | None) -> None:
     """SIGKILL every process of the job that can be proven ours, until a pass finds none; remove the cgroup."""
     if cgroup is not None:
         JobCgroup.kill(cgroup)
