@@ -165,17 +165,23 @@ async def main(args: argparse.Namespace) -> None:
     full = sum(int(r[1]) for r in results)
     cpu = (cpu_after.ru_utime + cpu_after.ru_stime) - (cpu_before.ru_utime + cpu_before.ru_stime)
     summaries = [c for c in capture.calls if c.kwargs.get("event") == "timer_requests_rejected"]
-    print(f"flood: {args.writers} writer processes, {args.rate:.0f} req/s for {args.seconds:.0f} s, "
-          f"every {args.junk_every}th write abusive")
-    print(f"  written {sent} ({sent / elapsed:.0f}/s), pipe full {full}; accepted {stats.accepted}, "
-          f"rejected {sum(stats.rejected.values())} {stats.rejected}")
+    print(
+        f"flood: {args.writers} writer processes, {args.rate:.0f} req/s for {args.seconds:.0f} s, "
+        f"every {args.junk_every}th write abusive"
+    )
+    print(
+        f"  written {sent} ({sent / elapsed:.0f}/s), pipe full {full}; accepted {stats.accepted}, "
+        f"rejected {sum(stats.rejected.values())} {stats.rejected}"
+    )
     print(f"  rejection log lines: {len(summaries)} (periodic summaries, one line per channel; none per request)")
     print(f"  agent CPU during the flood: {cpu:.2f} s over {elapsed:.1f} s")
     if baseline:
         print(f"exit -> notice, ms, idle:  {ms(baseline)}")
     print(f"exit -> notice, ms, flood: {ms(flood)}")
-    print(f"agent RSS KiB: before {rss_before}, max during {max(rss)}, after {rss_after} "
-          f"(after - before {rss_after - rss_before:+d})")
+    print(
+        f"agent RSS KiB: before {rss_before}, max during {max(rss)}, after {rss_after} "
+        f"(after - before {rss_after - rss_before:+d})"
+    )
     print(f"server after: timers {stats.timers}, heap entries {stats.heap}, buffered bytes {stats.buffered}")
 
 

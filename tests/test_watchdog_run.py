@@ -17,8 +17,13 @@ pytestmark = pytest.mark.integration
 def run(tmp_path: Path, spec: Path) -> subprocess.CompletedProcess[str]:
     """Run a spec through the CLI with logs in tmp_path."""
     return subprocess.run(
-        [sys.executable, "-m", "runner", str(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=180,
-        check=False, env=dict(os.environ, ROOT=str(ROOT)),
+        [sys.executable, "-m", "runner", str(spec)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        env=dict(os.environ, ROOT=str(ROOT)),
     )
 
 
@@ -40,14 +45,20 @@ def test_expiry_fails_the_attempt_and_the_job_recovers(tmp_path):
     failure = json.loads(next(tmp_path.glob("runner-logs/watchdog/*/attempt_0/failure.json")).read_text())
     assert failure["kind"] == "watchdog" and failure["rank"] == 1
     assert "train_step" in failure["stacks"]  # py-spy saw where it hung
-    assert "train_step (hang.py" in next(tmp_path.glob("runner-logs/watchdog/*/attempt_0/rank_1/stacks.txt")).read_text()
+    assert (
+        "train_step (hang.py" in next(tmp_path.glob("runner-logs/watchdog/*/attempt_0/rank_1/stacks.txt")).read_text()
+    )
 
 
 def test_scopes_released_in_time_are_not_failures(tmp_path):
     """Every scope released before its deadline: one attempt, no failure."""
     spec = tmp_path / "job.yaml"
-    spec.write_text((EXAMPLES / "watchdog.yaml").read_text().replace('"--hang-attempts", "1"', '"--hang-attempts", "0"')
-                    .replace("script: hang.py", f"script: {EXAMPLES / 'hang.py'}"))
+    spec.write_text(
+        (EXAMPLES / "watchdog.yaml")
+        .read_text()
+        .replace('"--hang-attempts", "1"', '"--hang-attempts", "0"')
+        .replace("script: hang.py", f"script: {EXAMPLES / 'hang.py'}")
+    )
     res = run(tmp_path, spec)
     assert res.returncode == 0, res.stderr
     assert transitions(tmp_path, "watchdog")[-1] == ("RUNNING", "workers_succeeded", "SHUTDOWN")
@@ -59,7 +70,7 @@ def test_silent_heartbeat_is_a_hang(tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text(f"""
 name: hb
-entrypoint: {{script: {ROOT / 'tests/workers/heartbeat_worker.py'}, args: ["5"]}}
+entrypoint: {{script: {ROOT / "tests/workers/heartbeat_worker.py"}, args: ["5"]}}
 nproc_per_node: 1
 watchdog: {{enabled: true, heartbeat_timeout: 1s}}
 restart: {{max_restarts: 0}}
@@ -93,7 +104,7 @@ def test_each_rank_has_its_own_channel_and_cannot_arm_another_ranks_timer(tmp_pa
     spec = tmp_path / "job.yaml"
     spec.write_text(f"""
 name: spoof
-entrypoint: {{script: {ROOT / 'tests/workers/timer_worker.py'}, args: ["spoof", "1.5"]}}
+entrypoint: {{script: {ROOT / "tests/workers/timer_worker.py"}, args: ["spoof", "1.5"]}}
 nproc_per_node: 2
 watchdog: {{enabled: true}}
 restart: {{max_restarts: 0}}
