@@ -75,13 +75,15 @@ def _positive(spec: JobSpec) -> Iterator[Found]:
 def _os_limits(spec: JobSpec) -> Iterator[Found]:
     world = spec.nodes.max * spec.nproc_per_node
     if world > MAX_WORLD_SIZE:
-        yield (("nproc_per_node",), f"nodes.max x nproc_per_node is {world} workers; torch.distributed counts ranks "
-               f"in a C int (at most {MAX_WORLD_SIZE})", "lower nodes.max or nproc_per_node")
+        message = (f"nodes.max x nproc_per_node is {world} workers; torch.distributed counts ranks in a C int "
+                   f"(at most {MAX_WORLD_SIZE})")
+        yield ("nproc_per_node",), message, "lower nodes.max or nproc_per_node"
     for key, value in spec.env:
         size = len(key.encode()) + 1 + len(value.encode("utf-8", "surrogatepass"))
         if size >= MAX_ARG_BYTES:
-            yield (("env", key), f"{key}=... is {size} bytes; execve refuses an environment string of "
-                   f"{MAX_ARG_BYTES} bytes or more (Linux MAX_ARG_STRLEN)", "shorten the value or pass a file path")
+            message = (f"{key}=... is {size} bytes; execve refuses an environment string of {MAX_ARG_BYTES} bytes "
+                       "or more (Linux MAX_ARG_STRLEN)")
+            yield ("env", key), message, "shorten the value or pass a file path"
 
 
 CHECKS: tuple[Check, ...] = (_nodes, _entrypoint, _backoff, _security, _positive, _os_limits)

@@ -42,8 +42,11 @@ class Budget:
 
 
 def substitute(text: str, environ: Mapping[str, str], budget: Budget | None = None) -> str:
-    """Expand one string; raises UnresolvedError for an unset variable without default, a malformed `${`, or
-    substitutions past `budget`."""
+    """Expand one string.
+
+    Raises UnresolvedError for an unset variable without default, a malformed `${`, or substitutions past
+    `budget`.
+    """
     budget = budget or Budget()
 
     def replace(match: re.Match[str]) -> str:
@@ -95,8 +98,10 @@ class _Expander:
         except UnresolvedError as err:
             self.problems.append(self.doc.problem(path, err.message, err.fix))
             return value
-        if path not in self.doc.plain:
-            return expanded
+        return self.reread(expanded, path) if path in self.doc.plain else expanded
+
+    def reread(self, expanded: str, path: Path) -> Any:
+        """An unquoted value after substitution, read again as YAML would (`${N:-2}` -> 2)."""
         self.doc.plain[path] = expanded
         try:
             return resolve_plain(expanded)

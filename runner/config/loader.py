@@ -1,5 +1,4 @@
-"""Load a job spec: file -> YAML -> ${VAR} interpolation -> value rules -> JSON Schema -> JobSpec -> cross-field
-checks.
+"""Load a job spec: file -> YAML -> ${VAR} -> value rules -> JSON Schema -> JobSpec -> cross-field checks.
 
 Every problem found is reported at once in one SpecError (cross-field problems too, even when the schema also
 fails: see salvage); nothing here raises anything else for any input. Each stage is bounded (runner/config/

@@ -30,7 +30,9 @@ FDS_OF_AGENT = 64  # the agent's own: logs, etcd channels, timer, shepherd pipe,
 CONTRACT_ENV_BYTES = 4096  # RANK, WORLD_SIZE, MASTER_ADDR, ... that the agent adds to each worker's environment
 
 
-def preflight(spec: JobSpec, doc: Document | None = None, environ: Mapping[str, str] | None = None) -> list[SpecProblem]:
+def preflight(
+    spec: JobSpec, doc: Document | None = None, environ: Mapping[str, str] | None = None
+) -> list[SpecProblem]:
     """Every finding, located in `doc` when given."""
     env = os.environ if environ is None else environ
     found = [*_entrypoint(spec, env), *_logs(spec), *_rendezvous(spec, env), *_metrics(spec), *_limits(spec, env)]
@@ -55,8 +57,8 @@ def _entrypoint(spec: JobSpec, env: Mapping[str, str]) -> Iterator[Finding]:
         top = ep.module.split(".", 1)[0]
         local = os.path.isdir(os.path.join(spec.cwd, top)) or os.path.isfile(os.path.join(spec.cwd, top + ".py"))
         if not local and _find_module(top) is None:
-            yield (("entrypoint", "module"), f"module {top} is neither in {spec.cwd} nor installed for {sys.executable}",
-                   "install it, or set cwd to the folder that holds it")
+            message = f"module {top} is neither in {spec.cwd} nor installed for {sys.executable}"
+            yield ("entrypoint", "module"), message, "install it, or set cwd to the folder that holds it"
     program = ep.command[0] if ep.command else ep.python
     if program and not _runnable(program, spec.cwd, env):
         field = ("entrypoint", "command") if ep.command else ("entrypoint", "python")
@@ -132,8 +134,8 @@ def _limits(spec: JobSpec, env: Mapping[str, str]) -> Iterator[Finding]:
     strings = [*_argv(spec), *(f"{k}={v}" for k, v in {**env, **dict(spec.env)}.items())]
     size = CONTRACT_ENV_BYTES + sum(len(s.encode("utf-8", "surrogateescape")) + 1 + 8 for s in strings)
     if arg_max > 0 and size > arg_max:
-        yield (("env",), f"a worker's arguments and environment take about {size} bytes, more than ARG_MAX "
-               f"({arg_max}) here", "shorten env values or args, or run from a smaller environment")
+        message = f"a worker's arguments and environment take about {size} bytes, more than ARG_MAX ({arg_max}) here"
+        yield ("env",), message, "shorten env values or args, or run from a smaller environment"
 
 
 def _argv(spec: JobSpec) -> tuple[str, ...]:

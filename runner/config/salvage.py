@@ -91,4 +91,4 @@ def _related(path: str, dropped: str) -> bool:
 
 
 def _inside(path: str, parent: str) -> bool:
-    return path == parent or parent == "" or path.startswith((parent + ".", parent + "["))
+    return parent in (path, "") or path.startswith((parent + ".", parent + "["))

@@ -204,7 +204,8 @@ class JobSpec:
         """Plain JSON-able dict (tuples become lists, env becomes a mapping)."""
         data = asdict(self)
         data["env"] = dict(self.env)
-        return json.loads(json.dumps(data))
+        plain: dict[str, Any] = json.loads(json.dumps(data))
+        return plain
 
     def digest(self) -> str:
         """Stable hash of the resolved spec: nodes of one job must agree on it."""

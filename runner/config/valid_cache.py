@@ -44,31 +44,33 @@ def key(schema_text: str, data: Any) -> str | None:
 
 def _encode(value: Any, out: list[str]) -> bool:
     """Append a typed encoding of `value` to `out`; False for a type a spec cannot hold."""
-    if isinstance(value, str):
-        out.append(f"s{len(value)}:{value}")
-    elif isinstance(value, bool):  # before int: True is an int too
-        out.append("T" if value else "F")
-    elif isinstance(value, int):
-        out.append(f"i{value};")
-    elif isinstance(value, float):
-        out.append(f"f{value.hex()};")
-    elif value is None:
-        out.append("n")
-    elif isinstance(value, list):
+    if isinstance(value, list):
         out.append(f"l{len(value)}[")
-        if not all(_encode(item, out) for item in value):
-            return False
-    elif isinstance(value, dict):
+        return all(_encode(item, out) for item in value)
+    if isinstance(value, dict):
         out.append(f"d{len(value)}{{")
-        for name in value:
-            if not isinstance(name, str):
+        for name, item in value.items():
+            if not isinstance(name, str) or not _encode(name, out) or not _encode(item, out):
                 return False
-            out.append(f"s{len(name)}:{name}")
-            if not _encode(value[name], out):
-                return False
-    else:
+        return True
+    token = _scalar(value)
+    if token is None:
         return False
+    out.append(token)
     return True
+
+
+def _scalar(value: Any) -> str | None:
+    """The token of one scalar; None for a type a spec cannot hold."""
+    if isinstance(value, str):
+        return f"s{len(value)}:{value}"
+    if isinstance(value, bool):  # before int: True is an int too
+        return "T" if value else "F"
+    if isinstance(value, int):
+        return f"i{value:x};"  # hex: no int->str digit limit
+    if isinstance(value, float):
+        return f"f{value.hex()};"
+    return "n" if value is None else None
 
 
 def seen(k: str | None) -> bool:

@@ -44,20 +44,25 @@ def value_problems(doc: Document) -> list[SpecProblem]:
 
 def _scalar_problem(value: Any, *, in_env: bool) -> tuple[str, str] | None:
     if isinstance(value, str):
-        if _UNSAFE.search(value):
-            return f"the value {_unsafe(value)}", "remove that character"
-        if len(value) > _MAX_CHARS // 4 and len(value.encode("utf-8")) > _MAX_CHARS:
-            size = len(value.encode("utf-8"))
-            return (f"the value is {size} bytes long; no argument, path or environment value may exceed "
-                    f"{_MAX_CHARS} bytes (Linux MAX_ARG_STRLEN)", "shorten it, or put the data in a file the job reads")
-        return None
+        return _string_problem(value)
     if in_env or isinstance(value, bool):
         return None
     if isinstance(value, int) and not MIN_INT <= value <= MAX_INT:
-        return f"the integer {shown(str(value))} does not fit in 64 bits", "use a smaller number"
+        return f"the integer ({value.bit_length()} bits) does not fit in 64 bits", "use a smaller number"
     if isinstance(value, float) and not math.isfinite(value):
         return (f"must be a finite number, found {value}",
                 "write a finite number such as 30 or 30s (.inf, .nan and 1e999 are refused)")
+    return None
+
+
+def _string_problem(value: str) -> tuple[str, str] | None:
+    if _UNSAFE.search(value):
+        return f"the value {_unsafe(value)}", "remove that character"
+    if len(value) > _MAX_CHARS // 4 and len(value.encode("utf-8")) > _MAX_CHARS:
+        size = len(value.encode("utf-8"))
+        message = (f"the value is {size} bytes long; no argument, path or environment value may exceed "
+                   f"{_MAX_CHARS} bytes (Linux MAX_ARG_STRLEN)")
+        return message, "shorten it, or put the data in a file the job reads"
     return None
 
 

@@ -35,7 +35,7 @@ _CONVERTED_TAGS = {_INT_TAG, _FLOAT_TAG, _TAG + "bool", _TAG + "null"}
 _MAX_INT_CHARS = 32  # longer than any 64-bit integer in any YAML notation (0b needs 66: refused as too long)
 # Not printable in YAML 1.2 (5.1), plus a byte order mark past the start and lone surrogates.
 _BAD_CHAR = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff\ufeff\ufffe\uffff]")
-_RESOLVER = yaml.resolver.Resolver()  # type: ignore[no-untyped-call]
+_RESOLVER = yaml.resolver.Resolver()
 _CONSTRUCTOR = yaml.constructor.SafeConstructor()
 
 
@@ -85,7 +85,8 @@ def shown(text: str, limit: int = 40) -> str:
 
 
 def _mark(node: yaml.Node | yaml.Event) -> Mark:
-    return (node.start_mark.line + 1, node.start_mark.column + 1)
+    mark = node.start_mark
+    return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
 
 
 def resolve_plain(text: str) -> Any:
@@ -154,45 +155,53 @@ class _Composer:
             if isinstance(event, yaml.DocumentStartEvent) and self.roots:
                 raise yaml.composer.ComposerError("expected a single document in the stream",
                                                   self.roots[0].start_mark, "but found another document",
-                                                  event.start_mark)
-            self.event(event)
+                                                  _at(event))
+            if isinstance(event, yaml.AliasEvent):
+                self.alias(event)
+            elif isinstance(event, yaml.ScalarEvent):
+                self.scalar(event)
+            elif isinstance(event, yaml.CollectionStartEvent):
+                self.open(event)
+            elif isinstance(event, yaml.CollectionEndEvent):
+                self.close(event)
         return self.roots[0] if self.roots else None
 
-    def event(self, event: yaml.Event) -> None:
-        """Take one event."""
-        if isinstance(event, yaml.AliasEvent):
-            node = self.anchors.get(event.anchor)
-            if node is None:
-                raise yaml.composer.ComposerError(None, None, f"found undefined alias {shown(event.anchor)!r}",
-                                                  event.start_mark)
-            self.attach(node, None)
-        elif isinstance(event, yaml.ScalarEvent):
-            tag = event.tag
-            if tag is None or tag == "!":
-                tag = _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit)  # type: ignore[no-untyped-call]
-            node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
-            self.attach(node, event.anchor)
-        elif isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
-            if len(self.stack) >= MAX_DEPTH:
-                raise _too_deep(_mark(event))
-            self.count += 1
-            if self.count > MAX_VALUES:
-                raise _too_many(_mark(event))
-            kind = yaml.SequenceNode if isinstance(event, yaml.SequenceStartEvent) else yaml.MappingNode
-            tag = event.tag
-            if tag is None or tag == "!":
-                tag = _RESOLVER.resolve(kind, None, event.implicit)  # type: ignore[no-untyped-call]
-            self.stack.append((kind(tag, [], event.start_mark, None, flow_style=event.flow_style), [],
-                               event.anchor))
-        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
-            node, children, anchor = self.stack.pop()
-            node.end_mark = event.end_mark
-            if isinstance(node, yaml.MappingNode):
-                node.value = list(zip(children[::2], children[1::2], strict=True))
-            else:
-                node.value = children
-            self.count -= 1  # counted at the start
-            self.attach(node, anchor)
+    def alias(self, event: yaml.AliasEvent) -> None:
+        """`*name`: the anchored node itself (shared, counted again when walked)."""
+        node = self.anchors.get(event.anchor or "")
+        if node is None:
+            raise yaml.composer.ComposerError(None, None, f"found undefined alias {shown(event.anchor or '')!r}",
+                                              _at(event))
+        self.attach(node, None)
+
+    def scalar(self, event: yaml.ScalarEvent) -> None:
+        """A scalar, its tag resolved as PyYAML's composer would."""
+        tag = event.tag
+        if tag is None or tag == "!":
+            tag = _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit)  # type: ignore[no-untyped-call]
+        node = yaml.ScalarNode(tag, event.value, _at(event), _at(event, end=True), style=event.style)
+        self.attach(node, event.anchor)
+
+    def open(self, event: yaml.CollectionStartEvent) -> None:
+        """A sequence or mapping starts: refused past MAX_DEPTH levels."""
+        if len(self.stack) >= MAX_DEPTH:
+            raise _too_deep(_mark(event))
+        kind = yaml.SequenceNode if isinstance(event, yaml.SequenceStartEvent) else yaml.MappingNode
+        tag = event.tag
+        if tag is None or tag == "!":
+            tag = _RESOLVER.resolve(kind, None, event.implicit)  # type: ignore[no-untyped-call]
+        node = kind(tag, [], _at(event), None, flow_style=event.flow_style)
+        self.stack.append((node, [], event.anchor))
+
+    def close(self, event: yaml.CollectionEndEvent) -> None:
+        """The open collection ends: pair a mapping's children into (key, value)."""
+        node, children, anchor = self.stack.pop()
+        node.end_mark = _at(event, end=True)
+        if isinstance(node, yaml.MappingNode):
+            node.value = list(zip(children[::2], children[1::2], strict=True))
+        else:
+            node.value = children
+        self.attach(node, anchor)
 
     def attach(self, node: yaml.Node, anchor: str | None) -> None:
         """Add a finished node to the open collection (or as the root); remember its anchor."""
@@ -205,6 +214,11 @@ class _Composer:
             self.stack[-1][1].append(node)
         else:
             self.roots.append(node)
+
+
+def _at(event: yaml.Event, *, end: bool = False) -> yaml.Mark:
+    """An event's start (or end) mark, as the node types want it (libyaml's marks have the same fields)."""
+    return cast("yaml.Mark", event.end_mark if end else event.start_mark)
 
 
 class _Walker:
@@ -285,22 +299,9 @@ class _Walker:
 
 def parse_yaml(text: str) -> tuple[Document, list[SpecProblem]]:
     """Parse one YAML document. Every problem comes back as a SpecProblem, never as an exception."""
-    text = text.removeprefix("\ufeff")
-    bad = _BAD_CHAR.search(text)
-    if bad is not None:
-        return Document(), [_bad_character(text, bad.start())]
-    try:
-        root = _Composer().compose(text)
-    except _RefusedError as err:
-        return Document(), [err.problem]
-    except yaml.MarkedYAMLError as err:
-        return Document(), [_syntax_problem(err, text)]
-    except yaml.YAMLError as err:
-        return Document(), [SpecProblem("", f"YAML error: {shown(str(err), 200)}", "check the file is valid YAML")]
-    if root is None:
-        return Document(), [SpecProblem("", "the file is empty", _STARTER, 1, 1)]
     walker = _Walker()
     try:
+        root = _compose(text.removeprefix("\ufeff"))
         walker.doc.data = walker.walk(root, ())
     except _RefusedError as err:
         return Document(), [err.problem]
@@ -309,6 +310,22 @@ def parse_yaml(text: str) -> tuple[Document, list[SpecProblem]]:
         return walker.doc, [SpecProblem("", f"the top level must be a mapping of keys, found {found}", _STARTER,
                                         *_mark(root))]
     return walker.doc, walker.problems
+
+
+def _compose(text: str) -> yaml.Node:
+    """The root node; _RefusedError for anything that keeps the text from being one YAML document."""
+    bad = _BAD_CHAR.search(text)
+    if bad is not None:
+        raise _RefusedError(_bad_character(text, bad.start()))
+    try:
+        root = _Composer().compose(text)
+    except yaml.MarkedYAMLError as err:
+        raise _RefusedError(_syntax_problem(err, text)) from None
+    except yaml.YAMLError as err:
+        raise _RefusedError(SpecProblem("", f"YAML error: {shown(str(err), 200)}", "check it is valid YAML")) from None
+    if root is None:
+        raise _RefusedError(SpecProblem("", "the file is empty", _STARTER, 1, 1))
+    return root
 
 
 _STARTER = "start with `name: my-job` and `entrypoint: train.py` (one key per line)"
