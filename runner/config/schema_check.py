@@ -69,7 +69,7 @@ def schema_problems(doc: Document, skip: frozenset[str] = frozenset()) -> list[S
         for problem in _explain(_Error.of(error), doc):
             if problem.path not in skip:
                 found[problem] = None
-        if len(found) >= MAX_PROBLEMS:
+        if len(found) > MAX_PROBLEMS:  # one more than shown, so that the list says it was cut
             break
     if not found:
         valid_cache.remember(key)
@@ -201,7 +201,7 @@ def _unknown_keys(error: _Error, doc: Document, path: Path) -> list[SpecProblem]
         message, fix = _FORBIDDEN.get((dotted(path), key), (f"unknown key '{shown(key)}'", did_you_mean(key, allowed)))
         line, column = doc.where((*path, key), key=True)
         problems.append(SpecProblem(dotted(path), message, fix, line, column))
-        if len(problems) >= MAX_PROBLEMS:
+        if len(problems) > MAX_PROBLEMS:
             break
     return problems
 
