@@ -216,8 +216,6 @@ def test_workers_get_the_real_values_but_not_the_etcd_password(local_run: Observ
         assert all(ETCD_PASSWORD not in v for v in environ.values())
 
 
-@pytest.mark.xfail(strict=True, reason="runner/workers/shepherd.py spawns the guard with the agent's environment: "
-                                       "it should pass env=launch_plan.helper_env(os.environ) (workers engineer)")
 def test_the_shepherd_holds_no_secret(local_run: Observed) -> None:
     """The guard process (a child of the agent running shepherd_main) has no password and no token."""
     assert local_run.shepherd_environs, "no shepherd found among the agent's children"
