@@ -33,6 +33,7 @@ class Console:
         self._size = 0
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._busy = False  # the thread holds data it has not written yet
 
     @classmethod
     def of(cls, stream: IO[str]) -> Console | None:
@@ -43,7 +44,7 @@ class Console:
             return None
         with cls._lock:
             console = cls._by_fd.get(fd)
-            if console is None or console.gone:
+            if console is None:  # one gone stays gone: the console does not come back
                 console = cls._by_fd[fd] = cls(fd)
             return console
 
@@ -69,27 +70,33 @@ class Console:
                     self._cond.wait()
                 data = self._queue.popleft()
                 self._size -= len(data)
+                self._busy = True
                 if self.dropped:
                     note = f"[runner] {self.dropped} console line(s) dropped: the console did not keep up\n"
                     data = note.encode() + data
                     self.dropped = 0
-                self._cond.notify_all()
             try:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(self.fd, view) :]
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
             except OSError as e:  # EPIPE, EIO, EBADF...: the console went away; the log files go on
                 with self._cond:
                     self.gone = os.strerror(e.errno) if e.errno else str(e)
                     self._queue.clear()
                     self._size = 0
+                    self._busy = False
                     self._cond.notify_all()
                 return
 
     def drain(self, timeout: float) -> bool:
-        """Wait up to `timeout` s for the backlog to be handed to the console; True if it was."""
+        """Wait up to `timeout` s for the backlog to be written to the console; True if it was."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._queue or bool(self.gone), timeout) and not self._queue
+            return self._cond.wait_for(lambda: not (self._queue or self._busy) or bool(self.gone), timeout) and not (
+                self._queue or self._busy
+            )
 
     @classmethod
     def drain_all(cls, timeout: float) -> None:
