@@ -84,6 +84,12 @@ def rss_kib() -> int:
     return 0
 
 
+def run_delay_ms() -> float:
+    """Time this process's (single) thread has spent runnable but waiting for a CPU (/proc/self/schedstat)."""
+    with open("/proc/self/schedstat", encoding="ascii") as f:
+        return int(f.read().split()[1]) / 1e6
+
+
 async def notice(proc: subprocess.Popen[bytes], stamp: Path) -> float:
     """Wait for proc's exit via a pidfd on the loop (as WorkerGroup does); exit -> notice in ms."""
     loop = asyncio.get_running_loop()
@@ -99,9 +105,9 @@ async def notice(proc: subprocess.Popen[bytes], stamp: Path) -> float:
     return (noticed - float(stamp.read_text())) * 1000
 
 
-async def victims(tmp: Path, seconds: float) -> list[float]:
-    """A victim every 0.3 s for `seconds`; the exit -> notice latencies in ms."""
-    out: list[float] = []
+async def victims(tmp: Path, seconds: float) -> list[tuple[float, float]]:
+    """A victim every 0.3 s for `seconds`; per victim (exit -> notice ms, ms the agent waited for a CPU meanwhile)."""
+    out: list[tuple[float, float]] = []
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
     n = 0
@@ -109,7 +115,9 @@ async def victims(tmp: Path, seconds: float) -> list[float]:
         n += 1
         stamp = tmp / f"victim{n}"
         proc = subprocess.Popen([sys.executable, "-c", VICTIM, "0.2", str(stamp)])
-        out.append(await notice(proc, stamp))
+        waited = run_delay_ms()
+        latency = await notice(proc, stamp)
+        out.append((latency, run_delay_ms() - waited))
         await asyncio.sleep(0.1)
     return out
 
@@ -120,9 +128,14 @@ async def sample_rss(into: list[int]) -> None:
         await asyncio.sleep(0.25)
 
 
-def ms(values: list[float]) -> str:
+def ms(samples: list[tuple[float, float]]) -> str:
+    values = [lat for lat, _ in samples]
     q = statistics.quantiles(values, n=20, method="inclusive") if len(values) > 1 else values * 19
-    return f"median {statistics.median(values):6.1f}  p95 {q[18]:6.1f}  max {max(values):6.1f}  ({len(values)} exits)"
+    lat, waited = max(samples)
+    return (
+        f"median {statistics.median(values):6.1f}  p95 {q[18]:6.1f}  max {lat:6.1f}  ({len(values)} exits; "
+        f"during the slowest the agent waited {waited:.1f} ms for a CPU)"
+    )
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -132,7 +145,7 @@ async def main(args: argparse.Namespace) -> None:
         capture = CapturingLogger()
         log = structlog.wrap_logger(
             capture, wrapper_class=structlog.make_filtering_bound_logger(logging.INFO), processors=[]
-        )
+        ).bind()  # a concrete logger, as the agent's (not a lazy proxy that rebinds on every call)
         server = FileTimerServer(tmp / "run", owner=owned.get, on_expiry=lambda e: None, capture_stacks=False, log=log)
         await server.start()
         channels = [server.channel(r) for r in range(args.writers)]
@@ -140,6 +153,7 @@ async def main(args: argparse.Namespace) -> None:
             baseline = await victims(tmp, args.baseline) if args.baseline > 0 else []
             rss_before = rss_kib()
             cpu_before = resource.getrusage(resource.RUSAGE_SELF)
+            load_before = os.getloadavg()[0]
             writers = []
             for rank, path in enumerate(channels):
                 proc = await asyncio.create_subprocess_exec(
@@ -174,13 +188,16 @@ async def main(args: argparse.Namespace) -> None:
         f"rejected {sum(stats.rejected.values())} {stats.rejected}"
     )
     print(f"  rejection log lines: {len(summaries)} (periodic summaries, one line per channel; none per request)")
-    print(f"  agent CPU during the flood: {cpu:.2f} s over {elapsed:.1f} s")
+    print(
+        f"  agent CPU during the flood: {cpu:.2f} s over {elapsed:.1f} s; host: {os.cpu_count()} CPUs, "
+        f"load average {load_before:.1f} before the flood"
+    )
     if baseline:
         print(f"exit -> notice, ms, idle:  {ms(baseline)}")
     print(f"exit -> notice, ms, flood: {ms(flood)}")
     print(
-        f"agent RSS KiB: before {rss_before}, max during {max(rss)}, after {rss_after} "
-        f"(after - before {rss_after - rss_before:+d})"
+        f"agent RSS KiB: before {rss_before}, after 1 s of flood {rss[min(4, len(rss) - 1)]}, "
+        f"max during {max(rss)}, after {rss_after} (after - before {rss_after - rss_before:+d})"
     )
     print(f"server after: timers {stats.timers}, heap entries {stats.heap}, buffered bytes {stats.buffered}")
 

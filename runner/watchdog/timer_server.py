@@ -83,6 +83,15 @@ class _Timer:
 
 
 @dataclass
+class _Batch:
+    """What one read's requests share: the clocks when it was read, and owner() answers."""
+
+    wall: float
+    mono: float
+    owners: dict[int, int | None] = field(default_factory=dict)
+
+
+@dataclass
 class _Channel:
     local_rank: int
     path: Path
@@ -240,16 +249,23 @@ class FileTimerServer:
             except BlockingIOError:
                 return
             before = ch.reader.rejected.total()
-            for req in ch.reader.feed(data, self._clock.wall()):
-                self._accept(ch, req)
+            batch = _Batch(self._clock.wall(), self._clock.monotonic())
+            for req in ch.reader.feed(data, batch.wall):
+                self._accept(ch, req, batch)
             if ch.reader.rejected.total() != before:
                 self._schedule_summary()
             self._arm()
         except Exception:  # a reader callback must never die: log and keep serving
             self._log.exception("timer_reader_failed", local_rank=ch.local_rank)
 
-    def _accept(self, ch: _Channel, req: TimerRequest) -> None:
-        owner = None if req.pid == os.getpid() else self._owner(req.pid)
+    def _owner_of(self, pid: int, batch: _Batch) -> int | None:
+        """owner(pid), looked up once per read (a flood comes from few pids); never the agent itself."""
+        if pid not in batch.owners:
+            batch.owners[pid] = None if pid == os.getpid() else self._owner(pid)
+        return batch.owners[pid]
+
+    def _accept(self, ch: _Channel, req: TimerRequest, batch: _Batch) -> None:
+        owner = self._owner_of(req.pid, batch)
         if owner is None:
             ch.reader.reject(Rejection.FOREIGN_PID, f"pid {req.pid} is not a worker of this runner")
             return
@@ -259,7 +275,7 @@ class FileTimerServer:
             )
             return
         self._accepted += 1
-        self._activity[owner] = self._clock.monotonic()
+        self._activity[owner] = batch.mono
         if req.pid in self._expiring:
             return  # already being reported; its timers go away with it
         scopes = self._timers.get(req.pid)
@@ -273,9 +289,8 @@ class FileTimerServer:
         if (scopes is None or req.scope not in scopes) and self._scopes[owner] >= self._max_scopes:
             ch.reader.reject(Rejection.SCOPE_CAP, f"local rank {owner} already holds {self._max_scopes} scopes")
             return
-        wall_now = self._clock.wall()
-        timeout_s = max(0.0, req.expiration_time - wall_now)
-        deadline_mono = self._clock.monotonic() + (req.expiration_time - wall_now)
+        timeout_s = max(0.0, req.expiration_time - batch.wall)
+        deadline_mono = batch.mono + (req.expiration_time - batch.wall)
         self._seq += 1
         if scopes is None:
             scopes = self._timers[req.pid] = {}
@@ -283,7 +298,7 @@ class FileTimerServer:
             self._scopes[owner] += 1
         scopes[req.scope] = _Timer(owner, deadline_mono, req.expiration_time, timeout_s, req.signal, self._seq)
         heapq.heappush(self._heap, (deadline_mono, self._seq, req.pid, req.scope))
-        self._log.debug("timer_acquired", pid=req.pid, scope=req.scope, timeout_s=round(timeout_s, 3))
+        self._log.debug("timer_acquired", pid=req.pid, scope=req.scope, timeout_s=timeout_s)
 
     # -- summaries of refused requests -------------------------------------------------------------
 
