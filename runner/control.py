@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,20 +92,19 @@ def _proven(pid: int, node: dict[str, Any]) -> bool:
 
 def is_agent(node: dict[str, Any]) -> bool:
     """True if the agent a status.json describes still runs (not merely some process with its old pid)."""
-    pid = node.get("agent_pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    fd = procs.pidfd(pid)
-    if fd is None:
-        return False
-    try:
-        return _proven(pid, node) and procs.exists(fd)
-    finally:
-        os.close(fd)
+    return _with_agent(node, procs.exists)
 
 
 def signal_agent(node: dict[str, Any], sig: int) -> bool:
     """Send `sig` to the agent a status.json describes, through a pidfd, only once proven to be it; False if not."""
+    return _with_agent(node, lambda fd: procs.send(fd, sig))
+
+
+def _with_agent(node: dict[str, Any], act: Callable[[int], bool]) -> bool:
+    """Open a pidfd on node's agent_pid, prove it is that agent, then `act` on the pidfd.
+
+    `act` fails if the process ended meanwhile, so what was proven was about the process the pidfd names.
+    """
     pid = node.get("agent_pid")
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
@@ -112,7 +112,7 @@ def signal_agent(node: dict[str, Any], sig: int) -> bool:
     if fd is None:
         return False
     try:
-        return _proven(pid, node) and procs.send(fd, sig)
+        return _proven(pid, node) and act(fd)
     finally:
         os.close(fd)
 

@@ -111,7 +111,7 @@ def pidfd(pid: int) -> int | None:
     """A pidfd for `pid`, or None if no such process."""
     try:
         return os.pidfd_open(pid)
-    except OSError:
+    except (OSError, OverflowError, ValueError):  # no such process; not a pid at all
         return None
 
 
