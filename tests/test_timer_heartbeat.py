@@ -126,16 +126,17 @@ def test_a_file_that_appears_late_counts_and_a_missing_one_is_silent(tmp_path: P
     assert 7.0 <= silent[1][1] <= 3 + 1 + 4 + 1 + 1e-6
 
 
-def test_alive_credits_other_signs_of_life(tmp_path: Path) -> None:
-    """alive(rank, at) (e.g. a timer request) postpones the report like a beat does."""
+def test_other_activity_counts_as_a_beat(tmp_path: Path) -> None:
+    """activity(rank) (the timer server's last request from that rank) postpones the report like a beat does."""
     clock = AutojumpClock()
     silent: list[float] = []
+    last: dict[int, float] = {}
 
     async def main() -> None:
-        monitor = HeartbeatMonitor(4.0, lambda r, s: silent.append(clock.monotonic()), clock=clock)
+        monitor = HeartbeatMonitor(4.0, lambda r, s: silent.append(clock.monotonic()), clock=clock, activity=last.get)
         monitor.watch(0, tmp_path / "never")
         await asyncio.sleep(3)
-        monitor.alive(0, clock.monotonic())
+        last[0] = clock.monotonic()
         await asyncio.sleep(30)
 
     clock.run(main())

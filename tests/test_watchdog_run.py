@@ -121,3 +121,19 @@ restart: {{max_restarts: 0}}
     assert all(f.endswith(f"/timer/rank_{r}.fifo") for r, f in files.items())
     assert "timer_requests_rejected" in res.stderr
     assert "other_rank" in res.stderr
+
+
+def test_timer_requests_count_as_heartbeats(tmp_path):
+    """A worker that never touches its heartbeat file but keeps re-arming a timer scope is alive: no kill."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"""
+name: tick
+entrypoint: {{script: {ROOT / "tests/workers/heartbeat_worker.py"}, args: ["tick", "4"]}}
+nproc_per_node: 1
+watchdog: {{enabled: true, heartbeat_timeout: 1s}}
+restart: {{max_restarts: 0}}
+""")
+    res = run(tmp_path, spec)
+    assert res.returncode == 0, res.stderr
+    assert transitions(tmp_path, "tick")[-1] == ("RUNNING", "workers_succeeded", "SHUTDOWN")
+    assert "heartbeat_silent" not in res.stderr

@@ -52,7 +52,11 @@ class _Watched:
 
 
 class HeartbeatMonitor:
-    """Calls on_silent(local_rank, silent_s) once for a worker whose file has not changed for `timeout` seconds."""
+    """Calls on_silent(local_rank, silent_s) once for a worker whose file has not changed for `timeout` seconds.
+
+    activity(local_rank), when given, is the monotonic time of another sign of life (its last timer request):
+    it counts as a beat.
+    """
 
     def __init__(
         self,
@@ -60,9 +64,11 @@ class HeartbeatMonitor:
         on_silent: Callable[[int, float], None],
         *,
         clock: Clock | None = None,
+        activity: Callable[[int], float | None] | None = None,
         log: structlog.typing.FilteringBoundLogger | None = None,
     ) -> None:
         self._timeout = timeout
+        self._activity = activity
         self._interval = max(min(timeout / 4, MAX_CHECK_INTERVAL_S), MIN_CHECK_INTERVAL_S)
         self._on_silent = on_silent
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -80,13 +86,6 @@ class HeartbeatMonitor:
         """True if `local_rank` is watched through `path` already."""
         w = self._watched.get(local_rank)
         return w is not None and w.path == Path(path)
-
-    def alive(self, local_rank: int, at: float) -> None:
-        """Another sign of life of `local_rank` at monotonic time `at` (e.g. a timer request)."""
-        w = self._watched.get(local_rank)
-        if w is not None and at > w.alive_at:
-            w.alive_at = at
-            self._arm()
 
     def clear(self) -> None:
         """Stop watching every worker (they are being stopped or replaced)."""
@@ -110,6 +109,9 @@ class HeartbeatMonitor:
             seen = signature(w.path)
             if seen != w.seen:
                 w.seen, w.alive_at = seen, now
+            other = self._activity(rank) if self._activity is not None else None
+            if other is not None and other > w.alive_at:
+                w.alive_at = other
             silent_s = now - w.alive_at
             if silent_s >= self._timeout:
                 del self._watched[rank]

@@ -66,7 +66,9 @@ class Watchdog:
             log=log,
         )
         self.monitor = (
-            HeartbeatMonitor(cfg.heartbeat_timeout, self.on_silent, clock=self.clock, log=log)
+            HeartbeatMonitor(
+                cfg.heartbeat_timeout, self.on_silent, clock=self.clock, activity=self.server.last_activity, log=log
+            )
             if cfg.heartbeat_timeout
             else None
         )
@@ -110,12 +112,7 @@ class Watchdog:
         """No heartbeat (file change or timer request) for heartbeat_timeout: hung. Stacks, SIGKILL, report."""
         worker = self._worker(local_rank)
         timeout = self.cfg.heartbeat_timeout
-        if worker is None or worker.exited.done() or self.monitor is None or timeout is None:
-            return
-        last = self.server.last_activity(local_rank)
-        if last is not None and self.clock.monotonic() - last < timeout:  # timer traffic counts as a beat
-            self.monitor.watch(local_rank, Path(worker.plan.heartbeat_file))
-            self.monitor.alive(local_rank, last)
+        if worker is None or worker.exited.done() or timeout is None:
             return
         task = asyncio.get_running_loop().create_task(self._kill_silent(worker, silent_s, timeout))
         self._tasks.add(task)
