@@ -12,6 +12,7 @@ from typing import IO, Any
 import structlog
 from structlog.typing import EventDict
 
+from runner.config.redact import redact_event
 from runner.private_files import open_private_append
 
 
@@ -37,6 +38,7 @@ def configure(fmt: str = "auto", stream: IO[str] | None = None, verbosity: str =
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            redact_event,  # nothing secret-looking reaches agent.jsonl or the console
             RUN_LOG,
             LevelFilter(shown),
             renderer,
@@ -72,23 +74,29 @@ class JsonLines:
 class RunLog:
     """structlog processor that keeps every event of the run.
 
-        Once a run dir exists, every event (whatever the console shows) also goes to `<run dir>/agent.jsonl`, so the
+    Once a run dir exists, every event (whatever the console shows) also goes to `<run dir>/agent.jsonl`, so the
     agent's own story is kept with the workers' logs.
     """
 
     def __init__(self) -> None:
         self.sink: JsonLines | None = None
+        self.failed = False
 
     def __call__(self, _logger: object, _method: str, event_dict: EventDict) -> EventDict:
         """Copy the event to the sink; pass it on unchanged."""
-        if self.sink is not None:
-            self.sink.write(dict(event_dict))
+        if self.sink is not None and not self.failed:
+            try:
+                self.sink.write(dict(event_dict))
+            except OSError as e:  # a full or read-only disk: the console still shows events, the job goes on
+                self.failed = True
+                event_dict["agent_log"] = f"agent.jsonl stopped: {e}"
         return event_dict
 
     def open(self, path: Path) -> None:
         """Start keeping events in `path`."""
         self.close()
         self.sink = JsonLines(path)
+        self.failed = False
 
     def close(self) -> None:
         """Stop keeping events (idempotent)."""

@@ -245,8 +245,6 @@ def test_a_closed_console_never_stops_the_job(tmp_path: Path) -> None:
     assert events.count("worker_exited") >= 3  # agent.jsonl kept what the console could not show
 
 
-@pytest.mark.xfail(strict=True, reason="lead: print_summary (runner/cli/run.py) raises BrokenPipeError on a closed "
-                                       "stderr, so main() reports an internal error (exit 3/1) instead of the job's 0")
 def test_a_closed_console_keeps_the_jobs_exit_code(tmp_path: Path) -> None:
     code, _ = run_with_console_closed(tmp_path)
     assert code == 0

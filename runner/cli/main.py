@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 
@@ -42,7 +43,8 @@ def internal_error(e: Exception) -> int:
 
     with tempfile.NamedTemporaryFile("w", prefix="runner-crash-", suffix=".txt", delete=False) as f:
         traceback.print_exc(file=f)
-    print(f"runner: internal error: {type(e).__name__}: {e} (details in {f.name}; please report it)", file=sys.stderr)
+    with contextlib.suppress(OSError):  # the console may be gone
+        print(f"runner: internal error: {type(e).__name__}: {e} (details in {f.name}; please report it)", file=sys.stderr)
     return EXIT_INFRA
 
 

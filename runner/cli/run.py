@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -42,10 +43,13 @@ class RunCommand(Command):
         require(spec, args.spec)  # what the spec needs from this machine: exit 2 before anything is created
         logs.configure(spec.logs.format, verbosity="quiet" if args.quiet else "verbose" if args.verbose else "normal")
         ctx = asyncio.run(agent.run(spec, node=args.node, advertise_addr=args.advertise_addr))
-        print_summary(ctx)
+        # The console may be gone (`| head`, a closed terminal): the summary is then lost, never the exit code.
+        with contextlib.suppress(OSError):
+            print_summary(ctx)
         # Every worker is reaped and every file closed by now: skip the interpreter's teardown (tens of ms).
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError):
+                stream.flush()
         os._exit(int(ctx.exit_code))
 
 
