@@ -7,6 +7,7 @@ rendezvous failing at run time on a cluster.
 from __future__ import annotations
 
 import ast
+import asyncio
 import re
 from importlib import metadata
 from pathlib import Path
@@ -66,13 +67,18 @@ def test_enum_values_we_use_exist() -> None:
 
 def test_stubs_have_the_methods_we_call() -> None:
     """KV, Lease, Watch and Auth stubs expose the RPCs the client calls (built on a channel that never dials)."""
-    channel = rpc.insecure_channel("127.0.0.1:1")  # never dialled: stubs only bind method names
-    for stub, methods in ((rpc.KVStub, ("Range", "Put", "DeleteRange", "Txn")),
-                          (rpc.LeaseStub, ("LeaseGrant", "LeaseKeepAlive", "LeaseRevoke")),
-                          (rpc.WatchStub, ("Watch",)), (rpc.AuthStub, ("Authenticate",))):
-        made = stub(channel)
-        for method in methods:
-            assert hasattr(made, method), f"{stub.__name__}.{method} is gone from aetcd.rpc"
+    async def check() -> None:
+        channel = rpc.insecure_channel("127.0.0.1:1")  # never dialled: stubs only bind method names
+        try:
+            for stub, methods in ((rpc.KVStub, ("Range", "Put", "DeleteRange", "Txn")),
+                                  (rpc.LeaseStub, ("LeaseGrant", "LeaseKeepAlive", "LeaseRevoke")),
+                                  (rpc.WatchStub, ("Watch",)), (rpc.AuthStub, ("Authenticate",))):
+                made = stub(channel)
+                for method in methods:
+                    assert hasattr(made, method), f"{stub.__name__}.{method} is gone from aetcd.rpc"
+        finally:
+            await channel.close()
+    asyncio.run(check())
 
 
 def imported_aetcd_names() -> set[str]:

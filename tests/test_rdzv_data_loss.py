@@ -79,7 +79,8 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
 
 
 async def epoch(node: Node) -> bytes:
-    keys = JobKeys(node.rdzv._spec.rendezvous.prefix, node.rdzv._spec.name)
+    """The job's epoch key as this node's session reads it (b"" when absent)."""
+    keys = JobKeys("/runner", "job")  # make_spec's prefix and name
     kv = await node.rdzv.session.call(lambda c: c.get(keys.epoch))
     return bytes(kv.value) if kv is not None else b""
 

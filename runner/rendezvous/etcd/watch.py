@@ -58,14 +58,13 @@ class Watch:
     async def start(self) -> Watch:
         """Register every range from the start revision (RendezvousError past the connect timeout)."""
         while True:
-            gen = self._session.generation
             try:
                 await self._session.call(self._register)
             except Compacted as exc:
                 self._log.warning("etcd_watch_compacted", revision=self._next_revision, oldest=exc.revision)
                 self._next_revision = exc.revision
                 continue
-            self._reg_gen = gen if gen == self._session.generation else self._session.generation
+            self._reg_gen = self._session.generation  # the connection the stream runs on
             return self
 
     async def _register(self, conn: Any) -> None:
