@@ -141,6 +141,8 @@ def test_agent_sigkilled_env_scrubbed_escapee_dies_with_cgroup(tmp_path: Path, a
     a.proc.kill()
     a.proc.wait()
     wait_for(lambda: not any(alive(p) for p in pids), what="every job process to die")
+    wait_for(lambda: not alive(a.info["shepherd"]), what="the guard to exit")
+    assert not Path(a.info["cgroup"]).exists()
 
 
 RECYCLE = r"""

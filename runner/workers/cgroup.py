@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 from pathlib import Path
 
 # Move the shell into the cgroup named by $0, then become the worker: no window where the worker (or anything it
@@ -122,15 +123,32 @@ class JobCgroup:
             return []
 
     @staticmethod
-    def remove_child(path: Path) -> None:
-        """Remove an empty child cgroup (a populated one stays)."""
-        with contextlib.suppress(OSError):
-            path.rmdir()
+    def remove_child(path: Path, wait: float = 1.0) -> bool:
+        """Remove an empty cgroup (a populated one stays); True if removed or already gone.
 
-    def remove(self) -> None:
-        """Remove the (empty) children and the job's cgroup; what is still populated stays."""
+        A process that just exited may keep it busy a moment: retry for up to `wait` s while it is not populated.
+        """
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                return True
+            except OSError:
+                if JobCgroup.populated(path) or time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.01)
+            else:
+                return True
+
+    def remove(self, wait: float = 1.0) -> bool:
+        """Remove the (empty) children and the job's cgroup; True if everything was removed.
+
+        Retries up to `wait` s in all (a zombie not yet reaped by init keeps a cgroup busy); what is populated stays.
+        """
+        deadline = time.monotonic() + wait
         with contextlib.suppress(OSError):
             for child in self.path.iterdir():
                 if child.is_dir():
-                    self.remove_child(child)
-        self.remove_child(self.path)
+                    self.remove_child(child, max(0.0, deadline - time.monotonic()))
+        return self.remove_child(self.path, max(0.0, deadline - time.monotonic()))

@@ -73,11 +73,10 @@ def kill_job(leaders: dict[int, int], tag: str, cgroup: Path | None) -> None:
         if not hit:
             break
     if cgroup is not None:
-        cg = JobCgroup(cgroup)
         deadline = time.monotonic() + CGROUP_WAIT_S
-        while JobCgroup.populated(cg.path) and time.monotonic() < deadline:
+        while JobCgroup.populated(cgroup) and time.monotonic() < deadline:
             time.sleep(0.02)
-        cg.remove()
+        JobCgroup(cgroup).remove(max(0.0, deadline - time.monotonic()))
 
 
 if __name__ == "__main__":
