@@ -55,7 +55,8 @@ class Context:
     started: float = field(default_factory=time.monotonic)
     deadline_armed: bool = False
     warnings: list[str] = field(default_factory=list)  # side failures (status writes, etcd) that did not stop the job
-    report_path: Path | None = None  # where report.json went (the run dir, or a fallback when it could not)
+    report_path: Path | None = None
+    budget_error: str = ""  # why the restart budget could not be charged (etcd unreachable), if it could not  # where report.json went (the run dir, or a fallback when it could not)
 
     def status(self) -> dict[str, Any]:
         """This node's live state, as published for `runner status` (the JSON boundary: strings from here on)."""

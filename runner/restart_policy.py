@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED
+from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED, RendezvousError
 from runner.machine import Edge, Guard, GuardCheck, Step, Trigger
 from runner.outcomes import Outcome
 
@@ -33,8 +33,16 @@ async def non_retryable_exit(ctx: Context) -> bool:
 
 
 async def restart_charged(ctx: Context) -> bool:
-    """Charge one restart to the job's budget (shared by every node with etcd); False once it is spent."""
-    used = await ctx.rendezvous.charge_restart(ctx.spec.restart.max_restarts)
+    """Charge one restart to the job's budget (shared by every node with etcd).
+
+    False once it is spent, or when the budget cannot be reached (etcd down past its connect timeout): no node
+    restarts on a budget it cannot count.
+    """
+    try:
+        used = await ctx.rendezvous.charge_restart(ctx.spec.restart.max_restarts)
+    except RendezvousError as e:
+        ctx.budget_error = e.message
+        return False
     if used is None:
         return False
     ctx.restarts = used
@@ -64,4 +72,7 @@ def settle(ctx: Context, edge: Edge) -> Step:
     if edge.when is Guard.non_retryable_exit:
         code = failure.exit_code if failure is not None else None
         return Step(edge.trigger, f"exit code {code} is non-retryable", failed.outcome, failed.exit_code)
+    if ctx.budget_error:
+        return Step(edge.trigger, f"not retried: the restart budget is unreachable ({ctx.budget_error})",
+                    Outcome.FAILED, EXIT_INFRA)
     return Step(edge.trigger, f"restart budget spent ({limit} of {limit} used)", failed.outcome, failed.exit_code)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from runner.errors import RendezvousError
 from runner.machine import (
     TRANSITIONS,
     Guard,
@@ -68,6 +69,8 @@ class Budget:
         self.left, self.used = left, 0
 
     async def charge_restart(self, max_restarts: int) -> int | None:
+        if self.left < 0:
+            raise RendezvousError("etcd unreachable")
         if self.left <= 0:
             return None
         self.left -= 1
@@ -81,7 +84,8 @@ def failed_ctx(*, kind="worker", exit_code=1, stop=None, budget=1, non_retryable
 
     failure = SimpleNamespace(kind=FailureKind(kind), exit_code=exit_code, reason="rank 0 exited with code 1")
     spec = SimpleNamespace(restart=SimpleNamespace(max_restarts=3, non_retryable_exit_codes=tuple(non_retryable)))
-    return SimpleNamespace(failure=failure, spec=spec, stop=stop, rendezvous=Budget(budget), restarts=0)
+    return SimpleNamespace(failure=failure, spec=spec, stop=stop, rendezvous=Budget(budget), restarts=0,
+                           budget_error="")
 
 
 def decide(ctx) -> tuple[JobState, Step]:
@@ -99,8 +103,9 @@ def decide(ctx) -> tuple[JobState, Step]:
         ({"non_retryable": (1,)}, S.SHUTDOWN, T.non_retryable, 1, 0),
         ({"kind": "rendezvous", "exit_code": None}, S.SHUTDOWN, T.give_up, 3, 0),
         ({"stop": object(), "non_retryable": (1,)}, S.SHUTDOWN, T.give_up, 1, 0),
+        ({"budget": -1}, S.SHUTDOWN, T.give_up, 3, 0),
     ],
-    ids=["retry", "budget-spent", "non-retryable", "infrastructure", "stopping-first"],
+    ids=["retry", "budget-spent", "non-retryable", "infrastructure", "stopping-first", "budget-unreachable"],
 )
 def test_restart_policy_edges(ctx_args, dst, trigger, exit_code, charged):
     ctx = failed_ctx(**ctx_args)
