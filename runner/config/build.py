@@ -13,6 +13,7 @@ import signal
 import string
 from typing import Any
 
+from runner.config.devices import count as count_devices
 from runner.config.durations import parse_duration
 from runner.config.limits import MAX_PREFIX_WIDTH
 from runner.config.problems import did_you_mean
@@ -69,7 +70,9 @@ class Builder:
             env=self.env(data.get("env", {})),
             cwd=self.path(data.get("cwd", ".")) or self.base_dir,
             nodes=self.nodes(data.get("nodes", 1)),
-            nproc_per_node=int(data.get("nproc_per_node", 1)),  # JSON Schema counts 2.0 as an integer
+            nproc_per_node=self.nproc_per_node(data.get("nproc_per_node", 1)),
+            role=data.get("role", "default"),
+            virtual_local_rank=data.get("virtual_local_rank", False),
             rendezvous=self.rendezvous(data.get("rendezvous", {})),
             restart=self.restart(data.get("restart", {})),
             shutdown=self.shutdown(data.get("shutdown", {})),
@@ -151,6 +154,18 @@ class Builder:
                 return Nodes()
         return Nodes(int(raw["min"]), int(raw["max"]))
 
+    def nproc_per_node(self, raw: int | str) -> int:
+        """A number (JSON Schema counts 2.0 as an integer), or auto/gpu/xpu/cpu counted on this machine."""
+        if not isinstance(raw, str):
+            return int(raw)
+        found = count_devices(raw, os.environ)
+        if found < 1:
+            device = "GPU" if raw == "gpu" else "Intel GPU (xpu)"
+            self.fail(("nproc_per_node",), f"nproc_per_node: {raw} but no {device} is visible on this machine",
+                      "run on a node with one (check CUDA_VISIBLE_DEVICES), or write auto or a number")
+            return 1
+        return found
+
     def rendezvous(self, raw: dict[str, Any]) -> Rendezvous:
         """Endpoints split and checked; durations in seconds; TLS and password-file paths absolute."""
         default = Rendezvous()
@@ -166,6 +181,7 @@ class Builder:
             connect_timeout=self.duration(raw.get("connect_timeout", default.connect_timeout),
                                           (*here, "connect_timeout")),
             master_addr=raw.get("master_addr"),
+            master_port=raw.get("master_port"),
             tls=TLS(ca=self.path(tls.get("ca")), cert=self.path(tls.get("cert")), key=self.path(tls.get("key"))),
             auth=Auth(user=auth.get("user"), password_env=auth.get("password_env"),
                       password_file=self.path(auth.get("password_file"))),
@@ -245,9 +261,26 @@ class Builder:
         return Logs(
             dir=raw.get("dir", default.dir),
             tee=raw.get("tee", default.tee),
+            console_streams=self.console_streams(raw.get("console_streams", default.console_streams)),
+            console_local_ranks=None if raw.get("console_local_ranks") is None
+            else tuple(dict.fromkeys(int(r) for r in raw["console_local_ranks"])),
             prefix=prefix,
             format=raw.get("format", default.format),
         )
+
+    def console_streams(self, value: str) -> str:
+        """Per-rank form normalised (`00:` is rank 0); a local rank listed twice is a problem."""
+        if ":" not in value:
+            return value
+        seen: dict[str, str] = {}
+        for item in value.split(","):
+            rank, _, streams = item.partition(":")
+            key = rank if rank == "other" else str(int(rank))
+            if key in seen:
+                self.fail(("logs", "console_streams"), f"local rank {key} is listed twice in {shown(value)!r}",
+                          "list each local rank once, e.g. 0:all,1:stderr,other:none")
+            seen[key] = streams
+        return ",".join(f"{k}:{v}" for k, v in seen.items())
 
     def check_prefix(self, prefix: str) -> None:
         """The prefix must format as the console will format it.

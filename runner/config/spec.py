@@ -72,6 +72,7 @@ class Rendezvous:
     lease_ttl: float = 10.0
     connect_timeout: float = 30.0
     master_addr: str | None = None  # address other nodes use to reach this one; None = detected
+    master_port: int | None = None  # fixed MASTER_PORT (torchrun's --master-port); None = a free port each attempt
     tls: TLS = field(default_factory=TLS)
     auth: Auth = field(default_factory=Auth)
 
@@ -119,8 +120,25 @@ class Logs:
 
     dir: str = "runner-logs"  # base; each run writes <dir>/<job>/<run id>/
     tee: bool = True
+    console_streams: str = "all"  # all|stdout|stderr|none, or per local rank: "0:all,1:stderr,other:none"
+    console_local_ranks: tuple[int, ...] | None = None  # only these local ranks on the console; None = all
+
+    def to_console(self, local_rank: int) -> tuple[bool, bool]:
+        """(stdout, stderr) of `local_rank` copied to the console? (log files always get both)."""
+        if not self.tee or (self.console_local_ranks is not None and local_rank not in self.console_local_ranks):
+            return False, False
+        streams = console_streams_of(self.console_streams, local_rank)
+        return streams in ("all", "stdout"), streams in ("all", "stderr")
     prefix: str = "[{node}:{rank}] "  # fields: node, rank, local_rank, attempt
     format: LogFormat = "auto"
+
+
+def console_streams_of(value: str, local_rank: int) -> str:
+    """The streams (all, stdout, stderr, none) `logs.console_streams` gives `local_rank`: its own, other:, or all."""
+    if ":" not in value:
+        return value
+    table = dict(item.split(":", 1) for item in value.split(","))
+    return table.get(str(local_rank), table.get("other", "all"))
 
 
 @dataclass(frozen=True)
@@ -191,7 +209,9 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     cwd: str = "."  # absolute after loading (relative paths resolve against the spec file's folder)
     nodes: Nodes = field(default_factory=Nodes)
-    nproc_per_node: int = 1
+    nproc_per_node: int = 1  # auto/gpu/xpu/cpu are counted when the spec is loaded
+    role: str = "default"  # ROLE_NAME
+    virtual_local_rank: bool = False  # LOCAL_RANK=0, CUDA_VISIBLE_DEVICES = the rank's own GPU
     rendezvous: Rendezvous = field(default_factory=Rendezvous)
     restart: Restart = field(default_factory=Restart)
     shutdown: Shutdown = field(default_factory=Shutdown)
