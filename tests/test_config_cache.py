@@ -52,8 +52,8 @@ def test_a_spec_that_prints_like_a_cached_one_is_still_validated(tmp_path: Path)
     home, cache = tmp_path / "home", tmp_path / "cache"
     home.mkdir()
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
-    good.write_text("name: job\nentrypoint: hello.py\nnproc_per_node: 2\n")
-    bad.write_text("name: job\nentrypoint: hello.py\nnproc_per_node: '2'\n")  # the same when printed
+    good.write_text("name: job\nentrypoint: hello.py\nrestart: {max_restarts: 2}\n")
+    bad.write_text("name: job\nentrypoint: hello.py\nrestart: {max_restarts: '2'}\n")  # the same when printed
     assert fresh_load(good, home, cache) == "validated"
     env = dict(os.environ, HOME=str(home), **{valid_cache.ENV: str(cache)})
     result = subprocess.run([sys.executable, "-m", "runner", "validate", str(bad)], capture_output=True, text=True,

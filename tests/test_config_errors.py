@@ -44,8 +44,8 @@ def test_unknown_nested_key_without_close_match_lists_allowed_keys() -> None:
 
 def test_wrong_type_says_expected_and_found() -> None:
     """A string where an integer belongs: both types are named, the fix shows a number."""
-    problem = only_problem(HEAD + "nproc_per_node: four\n")
-    assert (problem.path, problem.line) == ("nproc_per_node", 3)
+    problem = only_problem(HEAD + "restart:\n  max_restarts: four\n")
+    assert (problem.path, problem.line) == ("restart.max_restarts", 4)
     assert problem.message == "expected an integer, found the string 'four'"
     assert "whole number" in problem.fix
 

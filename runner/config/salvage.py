@@ -12,11 +12,11 @@ from typing import Any
 
 from runner.config.build import Builder
 from runner.config.checks import semantic_problems
-from runner.config.limits import MAX_DEPTH
 from runner.config.schema_check import invalid_parts
 from runner.config.yaml_source import Document, Path, dotted
 from runner.errors import SpecProblem
 
+_ROUNDS = 4  # each round validates the whole document again; real specs need one or two, else we give up
 _PLACEHOLDERS = {"name": "job", "entrypoint": "train.py"}  # required keys: anything valid will do
 
 
@@ -35,7 +35,7 @@ def salvage_problems(doc: Document, wrong: set[Path], base_dir: str) -> list[Spe
 def _passing_part(data: Any, drop: set[Path]) -> tuple[dict[str, Any] | None, set[Path]]:
     """`data` less `drop` and less what fails the schema after that; (None, ...) when nothing sensible is left."""
     dropped: set[Path] = set()
-    for _ in range(MAX_DEPTH + 2):  # each round drops at least one value, most specs need one or two
+    for _ in range(_ROUNDS):
         drop = {_whole_list(data, path) for path in drop}
         dropped |= drop
         data = _without(data, drop)

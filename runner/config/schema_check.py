@@ -61,7 +61,7 @@ def schema_problems(doc: Document, skip: frozenset[str] = frozenset()) -> list[S
     is remembered by the hash of its typed content, which spares the next run jsonschema's ~100 ms import
     (see valid_cache). At most MAX_PROBLEMS problems are collected.
     """
-    key = None if skip else valid_cache.key(load_schema_text(), doc.data)
+    key = None if skip or valid_cache.folder() is None else valid_cache.key(load_schema_text(), doc.data)
     if valid_cache.seen(key):
         return []
     found: dict[SpecProblem, None] = {}  # ordered set: de-duplication stays linear
@@ -160,9 +160,17 @@ def _accepts_type(schema: dict[str, Any], instance: Any) -> bool:
         branches = schema.get("anyOf") or schema.get("oneOf") or []
         return any(_accepts_type(branch, instance) for branch in branches)
     types = schema.get("type")
+    if types is None and ("enum" in schema or "const" in schema):  # typed by its values: enum [auto, gpu] is text
+        values = schema.get("enum", [schema.get("const")])
+        return any(_json_type(value) == _json_type(instance) for value in values)
     if types is None:
         return True
     return any(_is_type(instance, t) for t in ([types] if isinstance(types, str) else types))
+
+
+def _json_type(value: Any) -> str:
+    """The JSON type of a value ('number' for ints and floats alike)."""
+    return next(name for name in ("boolean", "number", "string", "array", "object", "null") if _is_type(value, name))
 
 
 def _is_type(instance: Any, name: str) -> bool:

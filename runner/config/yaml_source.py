@@ -144,10 +144,11 @@ class _Composer:
     """Events -> node tree, iteratively; anchors become usable once their node is complete (no cycles)."""
 
     def __init__(self) -> None:
-        self.anchors: dict[str, yaml.Node] = {}
+        self.anchors: dict[str, tuple[yaml.Node, int]] = {}  # name -> (node, its size with aliases expanded)
         self.stack: list[tuple[yaml.Node, list[yaml.Node], str | None]] = []
+        self.sizes: list[int] = []  # expanded size of each open collection so far
         self.roots: list[yaml.Node] = []
-        self.count = 0
+        self.count = 0  # nodes in the text
 
     def compose(self, text: str) -> yaml.Node | None:
         """The single document's root node (None for an empty stream)."""
@@ -168,11 +169,11 @@ class _Composer:
 
     def alias(self, event: yaml.AliasEvent) -> None:
         """`*name`: the anchored node itself (shared, counted again when walked)."""
-        node = self.anchors.get(event.anchor or "")
-        if node is None:
+        found = self.anchors.get(event.anchor or "")
+        if found is None:
             raise yaml.composer.ComposerError(None, None, f"found undefined alias {shown(event.anchor or '')!r}",
                                               _at(event))
-        self.attach(node, None)
+        self.attach(*found, None)
 
     def scalar(self, event: yaml.ScalarEvent) -> None:
         """A scalar, its tag resolved as PyYAML's composer would."""
@@ -180,7 +181,8 @@ class _Composer:
         if tag is None or tag == "!":
             tag = _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit)  # type: ignore[no-untyped-call]
         node = yaml.ScalarNode(tag, event.value, _at(event), _at(event, end=True), style=event.style)
-        self.attach(node, event.anchor)
+        self.count += 1
+        self.attach(node, 1, event.anchor)
 
     def open(self, event: yaml.CollectionStartEvent) -> None:
         """A sequence or mapping starts: refused past MAX_DEPTH levels."""
@@ -192,6 +194,8 @@ class _Composer:
             tag = _RESOLVER.resolve(kind, None, event.implicit)  # type: ignore[no-untyped-call]
         node = kind(tag, [], _at(event), None, flow_style=event.flow_style)
         self.stack.append((node, [], event.anchor))
+        self.sizes.append(1)
+        self.count += 1
 
     def close(self, event: yaml.CollectionEndEvent) -> None:
         """The open collection ends: pair a mapping's children into (key, value)."""
@@ -201,17 +205,23 @@ class _Composer:
             node.value = list(zip(children[::2], children[1::2], strict=True))
         else:
             node.value = children
-        self.attach(node, anchor)
+        self.attach(node, self.sizes.pop(), anchor)
 
-    def attach(self, node: yaml.Node, anchor: str | None) -> None:
-        """Add a finished node to the open collection (or as the root); remember its anchor."""
-        self.count += 1
-        if self.count > MAX_VALUES:
+    def attach(self, node: yaml.Node, size: int, anchor: str | None) -> None:
+        """Add a finished node of `size` values (aliases expanded) to the open collection, or as the root.
+
+        Sizes add up as the walk will count them, so a document that would expand past MAX_VALUES is refused
+        here, after reading its text once, instead of being expanded.
+        """
+        if self.count > MAX_VALUES or size > MAX_VALUES:
             raise _too_many(_mark(node))
         if anchor is not None:
-            self.anchors[anchor] = node
+            self.anchors[anchor] = (node, size)
         if self.stack:
             self.stack[-1][1].append(node)
+            self.sizes[-1] += size
+            if self.sizes[-1] > MAX_VALUES:
+                raise _too_many(_mark(self.stack[-1][0]))
         else:
             self.roots.append(node)
 
