@@ -13,6 +13,7 @@ import structlog
 from runner import runs_index
 from runner.config.spec import JobSpec
 from runner.context import Context
+from runner.events import GuardLost
 from runner.logs import RUN_LOG, JsonLines
 from runner.machine import Edge, JobState, Step, build_machine, drive
 from runner.outcomes import Outcome
@@ -63,6 +64,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     ctx = Context(
         spec=spec, node=node, run_id=spec.name, run_dir=run_dir, rendezvous=make_rendezvous(spec, node, addr), log=log
     )
+    ctx.shepherd.on_lost = lambda why: ctx.events.put_nowait(GuardLost(why))
     transitions = JsonLines(run_dir / "transitions.jsonl")
     metrics = None
     if spec.metrics.enabled:
@@ -90,7 +92,8 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
 class TransitionLog:
     """After every state change, the one place its effects happen.
 
-    One `transition` event (console, agent.jsonl, transitions.jsonl), the metrics, the step's outcome on the context, and the new state published (SHUTDOWN publishes once its work is done).
+    One `transition` event (console, agent.jsonl, transitions.jsonl), the metrics, the step's outcome on the
+    context, and the new state published (SHUTDOWN publishes once its work is done).
     """
 
     def __init__(self, ctx: Context, sink: JsonLines, metrics: AgentMetrics | None) -> None:

@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from runner.control import agent_identity
 from runner.errors import RendezvousError
 from runner.events import Event, StopRequested, TimerExpired, WorkerExited
 from runner.machine import JobState
 from runner.outcomes import Outcome
 from runner.private_files import write_private
 from runner.workers.failures import Failure
-from runner.workers.group import Shepherd, WorkerGroup
+from runner.workers.group import WorkerGroup
 from runner.workers.launch_plan import LaunchPlan, build_plan
+from runner.workers.shepherd import Shepherd
 
 if TYPE_CHECKING:
     from runner.config.spec import JobSpec
@@ -55,8 +57,8 @@ class Context:
     started: float = field(default_factory=time.monotonic)
     deadline_armed: bool = False
     warnings: list[str] = field(default_factory=list)  # side failures (status writes, etcd) that did not stop the job
-    report_path: Path | None = None
-    budget_error: str = ""  # why the restart budget could not be charged (etcd unreachable), if it could not  # where report.json went (the run dir, or a fallback when it could not)
+    report_path: Path | None = None  # where report.json went (the run dir, or a fallback when it could not)
+    budget_error: str = ""  # why the restart budget could not be charged (etcd unreachable), if it could not
 
     def status(self) -> dict[str, Any]:
         """This node's live state, as published for `runner status` (the JSON boundary: strings from here on)."""
@@ -67,7 +69,7 @@ class Context:
                 workers.append({"rank": w.plan.rank, "local_rank": w.plan.local_rank, "pid": w.pid, "exit_code": code})
         return {
             "node": self.node,
-            "agent_pid": os.getpid(),
+            **agent_identity(),  # pid and start time: `runner stop` proves it is still this agent
             "state": self.state.value,
             "attempt": self.attempt,
             "restarts": self.restarts,

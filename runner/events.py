@@ -63,4 +63,11 @@ class DeadlineReached:
     max_run_time: float
 
 
-Event = WorkerExited | TimerExpired | StopRequested | PeerLost | MembershipChanged | DeadlineReached
+@dataclass(frozen=True)
+class GuardLost:
+    """The shepherd (the guard that kills every worker if the agent dies) died and could not be replaced."""
+
+    why: str
+
+
+Event = WorkerExited | TimerExpired | StopRequested | PeerLost | MembershipChanged | DeadlineReached | GuardLost

@@ -1,6 +1,7 @@
 """The agent's state machine.
 
-States, triggers, the transition table (data, with the restart policy as guarded edges) and the driver loop. `transitions` executes the table; each state's handler (runner/states/) returns a Step.
+States, triggers, the transition table (data, with the restart policy as guarded edges) and the driver loop.
+`transitions` executes the table; each state's handler (runner/states/) returns a Step.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Trigger(enum.Enum):
     timer_expired = "timer_expired"
     peer_lost = "peer_lost"
     deadline_reached = "deadline_reached"
+    guard_lost = "guard_lost"
     membership_changed = "membership_changed"
     decide = "decide"  # fired by FAILED: the restart policy's guarded edges below pick retry / give_up / non_retryable
     retry = "retry"
@@ -104,6 +106,7 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(T.timer_expired, (S.RUNNING,), S.FAILED),
     Edge(T.peer_lost, (S.RUNNING,), S.FAILED),
     Edge(T.deadline_reached, (S.RUNNING,), S.SHUTDOWN),
+    Edge(T.guard_lost, (S.RUNNING,), S.SHUTDOWN),
     Edge(T.membership_changed, (S.RUNNING,), S.RESTARTING),
     # The restart policy: FAILED fires `decide`; the first edge whose guard holds is taken.
     decided(T.give_up, S.SHUTDOWN, G.stopping),

@@ -26,6 +26,7 @@ class FailureKind(enum.Enum):
     RENDEZVOUS = "rendezvous"  # the rendezvous timed out or failed (infrastructure)
     DEADLINE = "deadline"  # watchdog.max_run_time passed
     SETUP = "setup"  # the spec names something this machine lacks
+    GUARD = "guard"  # the shepherd died and could not be replaced: no-orphan guarantee lost
 
     def __str__(self) -> str:
         return self.value
@@ -33,7 +34,7 @@ class FailureKind(enum.Enum):
     @property
     def infrastructure(self) -> bool:
         """Not the workers' fault: never retried by the restart policy, exit code 3."""
-        return self is FailureKind.RENDEZVOUS or self is FailureKind.SETUP
+        return self in (FailureKind.RENDEZVOUS, FailureKind.SETUP, FailureKind.GUARD)
 
     @property
     def one_worker(self) -> bool:

@@ -12,7 +12,7 @@ import asyncio
 import signal
 from collections.abc import Callable, Iterable
 
-from runner.events import StopRequested
+from runner.events import Event, StopRequested
 
 DEFAULT_STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 GRACEFUL_SIGNAL = signal.SIGUSR2  # `runner stop --graceful` on one node: let workers finish
@@ -30,7 +30,7 @@ def torchelastic_env(names: Iterable[str] = DEFAULT_STOP_SIGNALS) -> dict[str, s
 
 
 def install(
-    events: asyncio.Queue[StopRequested] | asyncio.Queue[object],
+    events: asyncio.Queue[Event],
     hurry: asyncio.Event,
     on_hurry: Callable[[str], None] | None = None,
     names: Iterable[str] = DEFAULT_STOP_SIGNALS,

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -48,8 +47,7 @@ def full_tmpfs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_a_full_log_dir_never_kills_healthy_workers_and_the_report_goes_elsewhere(job, full_tmpfs, tmp_path):
-    state = tmp_path / "state"
+def test_a_full_log_dir_never_kills_healthy_workers_and_the_report_goes_elsewhere(job, full_tmpfs):
     j = job(f"""
         version: 1
         name: fill
@@ -59,11 +57,8 @@ def test_a_full_log_dir_never_kills_healthy_workers_and_the_report_goes_elsewher
         env: {{FILL_DIR: "{full_tmpfs}"}}
         logs: {{dir: "{full_tmpfs}", tee: false}}
     """)
-    os.environ["XDG_STATE_HOME"] = str(state)
-    try:
-        done = j.run(timeout=120)
-    finally:
-        del os.environ["XDG_STATE_HOME"]
+    state = j.tmp / "state"  # conftest's Job keeps the runs index and fallbacks here (XDG_STATE_HOME)
+    done = j.run(timeout=120)
     assert done.returncode == 0, done.stderr
     reports = list((state / "runner" / "reports").glob("*-report.json"))
     in_run_dir = list(full_tmpfs.glob("fill/*/report.json"))

@@ -39,6 +39,7 @@ EXPECTED = {
     (S.RUNNING, T.timer_expired, S.FAILED, None),
     (S.RUNNING, T.peer_lost, S.FAILED, None),
     (S.RUNNING, T.deadline_reached, S.SHUTDOWN, None),
+    (S.RUNNING, T.guard_lost, S.SHUTDOWN, None),
     (S.RUNNING, T.membership_changed, S.RESTARTING, None),
     (S.FAILED, T.give_up, S.SHUTDOWN, G.stopping),
     (S.FAILED, T.give_up, S.SHUTDOWN, G.infrastructure),

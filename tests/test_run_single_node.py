@@ -162,7 +162,7 @@ def test_sigkill_of_the_runner_leaves_no_worker_or_grandchild(job):
     """SIGKILL to the runner: its workers and the workers' own children die too."""
     j = probe_job(job, '"--sleep", "60", "--spawn-child"')
     proc = j.start()
-    wait_for(lambda: (j.out / "rank1.attempt0.json").exists(), what="workers to start")
+    wait_for(lambda: all((j.out / f"rank{r}.attempt0.json").exists() for r in (0, 1)), what="workers to start")
     infos = [j.worker_info(r) for r in (0, 1)]
     proc.kill()
     proc.communicate(timeout=30)

@@ -12,7 +12,7 @@ import pytest
 from runner.config import load_spec_text
 from runner.context import Context
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
-from runner.events import StopRequested, TimerExpired, WorkerExited
+from runner.events import GuardLost, StopRequested, TimerExpired, WorkerExited
 from runner.machine import Step, Trigger
 from runner.outcomes import FailureKind, Outcome
 from runner.rendezvous.base import RendezvousResult
@@ -239,3 +239,13 @@ def test_shutdown_writes_the_report_elsewhere_when_the_run_dir_is_read_only(tmp_
     assert ctx.report_path is not None
     assert ctx.report_path.parent != ctx.run_dir
     assert json.loads(ctx.report_path.read_text())["outcome"] == "succeeded"
+
+
+def test_running_stops_the_job_when_the_guard_is_lost(tmp_path):
+    """No shepherd, no guarantee that workers die with the agent: stop them now, exit 3, say why."""
+    ctx = make_ctx(tmp_path)
+    step = run(running.on_event(ctx, GuardLost("fork failed")))
+    assert step.trigger is Trigger.guard_lost
+    assert (step.outcome, step.exit_code) == (Outcome.ERROR, 3)
+    assert "fork failed" in step.reason
+    assert ctx.failure.kind is FailureKind.GUARD

@@ -44,7 +44,8 @@ def internal_error(e: Exception) -> int:
     with tempfile.NamedTemporaryFile("w", prefix="runner-crash-", suffix=".txt", delete=False) as f:
         traceback.print_exc(file=f)
     with contextlib.suppress(OSError):  # the console may be gone
-        print(f"runner: internal error: {type(e).__name__}: {e} (details in {f.name}; please report it)", file=sys.stderr)
+        print(f"runner: internal error: {type(e).__name__}: {e} (details in {f.name}; please report it)",
+              file=sys.stderr)
     return EXIT_INFRA
 
 

@@ -13,7 +13,7 @@ Workers still get the real values: only what is shown or written is redacted.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ def spec_for_disk(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def redact_event(_logger: object, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def redact_event(_logger: object, _method: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
     """A structlog processor: the event with secrets masked (`redact_data`), for the console and agent.jsonl."""
-    redacted: dict[str, Any] = redact_data(event_dict)
+    redacted: dict[str, Any] = redact_data(dict(event_dict))
     return redacted

@@ -23,7 +23,12 @@ if TYPE_CHECKING:
 
 async def handle(ctx: Context) -> Step:
     """Prepare everything the first rendezvous needs; a stop signal is honoured while connecting."""
-    signals.install(ctx.events, ctx.hurry, lambda name: ctx.log.warning("stop_hurried", signal=name))
+    signals.install(
+        ctx.events,
+        ctx.hurry,
+        lambda name: ctx.log.warning("stop_hurried", signal=name),
+        names=ctx.spec.shutdown.signals_to_handle,
+    )
     try:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
         write_private(ctx.run_dir / "spec.json", json.dumps(spec_for_disk(ctx.spec), indent=2))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from runner.errors import EXIT_OK, EXIT_WORKERS_FAILED
+from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_WORKERS_FAILED
 from runner.events import (
     DeadlineReached,
     Event,
+    GuardLost,
     MembershipChanged,
     PeerLost,
     StopRequested,
@@ -68,6 +69,10 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
         return Step(Trigger.peer_lost, ctx.failure.reason)
     if isinstance(event, MembershipChanged):
         return Step(Trigger.membership_changed, f"node(s) waiting to join: {', '.join(event.waiting)}")
+    if isinstance(event, GuardLost):
+        reason = f"stopping: the shepherd died and could not be replaced ({event.why}); no worker may outlive us"
+        ctx.failure = Failure(kind=FailureKind.GUARD, reason=reason, attempt=ctx.attempt)
+        return Step(Trigger.guard_lost, reason, Outcome.ERROR, EXIT_INFRA)
     reason = f"max_run_time ({event.max_run_time:g} s) reached"  # DeadlineReached, the last kind of Event
     ctx.failure = Failure(kind=FailureKind.DEADLINE, reason=reason, attempt=ctx.attempt)
     return Step(Trigger.deadline_reached, reason, Outcome.FAILED, EXIT_WORKERS_FAILED)

@@ -7,7 +7,6 @@ the worker is signalled, and RUNNING turns the event into FAILED so the restart 
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -122,9 +121,7 @@ class Watchdog:
         stacks = await capture_stacks(worker.pid, log=self.log) if self.cfg.capture_stacks else ""
         if worker.exited.done():  # not reaped before exited is set: until then the pid is still our worker's
             return
-        try:
-            os.kill(worker.pid, signal.SIGKILL)
-        except ProcessLookupError:
+        if not worker.send_signal(signal.SIGKILL):  # through its pidfd: never a recycled pid
             return
         rank = worker.plan.rank
         reason = f"watchdog: rank {rank} sent no heartbeat for {silent_s:.1f} s (heartbeat_timeout {timeout:g} s)"

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
 import sys
 from pathlib import Path
 
 import structlog
+
+from runner.workers.launch_plan import helper_env
 
 DEFAULT_TIMEOUT_S = 3.0
 MAX_STACKS_CHARS = 64 * 1024  # keep reports and log lines bounded
@@ -45,6 +48,7 @@ async def capture_stacks(
     proc = await asyncio.create_subprocess_exec(
         exe, "dump", "--pid", str(pid),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=helper_env(os.environ),  # py-spy needs no credential of the agent's
     )  # fmt: skip
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout)

@@ -42,7 +42,7 @@ def sbatch_script(spec: JobSpec, spec_path: str) -> str:
     slurm, cluster = spec.cluster.slurm, spec.cluster
     kill, kill_reason = kill_on_bad_exit(spec)
     nodes = f"{spec.nodes.min}" if spec.nodes.min == spec.nodes.max else f"{spec.nodes.min}-{spec.nodes.max}"
-    return environment().get_template("slurm.sbatch.j2").render(
+    text: str = environment().get_template("slurm.sbatch.j2").render(
         name=spec.name,
         spec_path=spec_path,
         script_name=f"{PurePath(spec_path).stem}.sbatch",
@@ -67,3 +67,4 @@ def sbatch_script(spec: JobSpec, spec_path: str) -> str:
         kill_on_bad_exit=kill,
         kill_reason=kill_reason,
     )
+    return text
