@@ -1,5 +1,9 @@
 """LaunchPlan: every worker's argv, environment and log paths for one attempt. Pure: no I/O.
 
+Workers get what torchrun gives its workers (docs/torchrun.md): the agent's environment, OMP_NUM_THREADS=1 when more
+than one runs per node and none is set, the contract variables, and arguments where `$local_rank`/`${local_rank}` is
+replaced as torchrun's `macros.substitute` does (Python string.Template: `$$` is a literal `$`).
+
 The agent's own secrets (the etcd password's variable, `rendezvous.auth.password_env`) are removed from every
 worker's environment here, and `helper_env` gives helper processes (the shepherd, py-spy) an environment that
 holds no secret at all.
@@ -8,10 +12,13 @@ holds no secret at all.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
+from string import Template
 
 from runner.config.spec import JobSpec
+from runner.errors import RunnerError
 from runner.rendezvous.base import RendezvousResult
 from runner.watchdog.heartbeat import ENV_VAR as HEARTBEAT_ENV
 
@@ -27,6 +34,10 @@ class WorkerPlan:
     contract: tuple[tuple[str, str], ...]  # the torchrun-contract part of env (what `runner plan` shows)
     cwd: str
     log_dir: str  # <run dir>/attempt_<k>/rank_<r>
+    # Copy this stream to the console too (torchrun's --redirects/--tee/--local-ranks-filter, via logs.tee,
+    # logs.console_streams and logs.console_local_ranks); the log files always get both streams.
+    stdout_to_console: bool = True
+    stderr_to_console: bool = True
 
     @property
     def stdout_path(self) -> str:
@@ -92,15 +103,58 @@ def helper_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: environ[k] for k in HELPER_ENV_KEEP if k in environ}
 
 
-def worker_argv(spec: JobSpec) -> tuple[str, ...]:
-    """The command every worker runs (the same on every rank)."""
+class VirtualLocalRankError(RunnerError):
+    """virtual_local_rank with fewer CUDA_VISIBLE_DEVICES entries than workers on this node."""
+
+
+def substitute_local_rank(args: Sequence[str], local_rank: int) -> tuple[str, ...]:
+    """Apply torchrun's `macros.substitute`: string.Template.safe_substitute(local_rank=N) on every argument."""
+    return tuple(Template(arg).safe_substitute(local_rank=str(local_rank)) for arg in args)
+
+
+def worker_argv(spec: JobSpec, local_rank: int | None = None, python_exec: str | None = None) -> tuple[str, ...]:
+    """The command a worker runs; with `local_rank`, its arguments substituted as torchrun does.
+
+    As with torchrun, everything after the program goes through the substitution (for a script or module, the
+    script path or module name too). `python_exec` is torchrun's PYTHON_EXEC; `entrypoint.python` wins over it.
+    """
     ep = spec.entrypoint
-    python = ep.python or sys.executable
+    python = ep.python or python_exec or sys.executable
     if ep.script is not None:
-        return (python, "-u", ep.script, *ep.args)
-    if ep.module is not None:
-        return (python, "-u", "-m", ep.module, *ep.args)
-    return (*(ep.command or ()), *ep.args)
+        program, rest = python, ("-u", ep.script, *ep.args)
+    elif ep.module is not None:
+        program, rest = python, ("-u", "-m", ep.module, *ep.args)
+    else:
+        command = ep.command or ()
+        program, rest = command[0], (*command[1:], *ep.args)
+    if local_rank is not None:
+        rest = substitute_local_rank(rest, local_rank)
+    return (program, *rest)
+
+
+def elastic_run_id(spec: JobSpec, run_id: str, run_dir: str) -> str:
+    """TORCHELASTIC_RUN_ID for a run of `run_id` (the job name).
+
+    On a multi-node backend every node must agree on it: the job name. With the local backend it is unique per
+    run (`<run_id>-<run dir name>`), as torchrun --standalone's uuid is.
+    """
+    if spec.rendezvous.backend != "local":
+        return run_id
+    return f"{run_id}-{PurePath(run_dir).name}"
+
+
+def virtual_device(base_env: Mapping[str, str], local_rank: int) -> str:
+    """CUDA_VISIBLE_DEVICES for `local_rank` under virtual_local_rank: its entry of the agent's list, else itself."""
+    parent = base_env.get("CUDA_VISIBLE_DEVICES")
+    if parent is None:
+        return str(local_rank)
+    devices = parent.split(",")
+    if local_rank >= len(devices):
+        raise VirtualLocalRankError(
+            f"virtual_local_rank: local rank {local_rank} has no GPU in CUDA_VISIBLE_DEVICES={parent}",
+            "list one device per worker in CUDA_VISIBLE_DEVICES, or lower nproc_per_node",
+        )
+    return devices[local_rank].strip()
 
 
 def contract_env(
@@ -115,16 +169,18 @@ def contract_env(
         "LOCAL_WORLD_SIZE": str(rdzv.nproc_per_node),
         "GROUP_RANK": str(rdzv.group_rank),
         "GROUP_WORLD_SIZE": str(rdzv.group_world_size),
-        "ROLE_NAME": "default",
+        "ROLE_NAME": spec.role,
         "ROLE_RANK": str(rank),
         "ROLE_WORLD_SIZE": str(rdzv.world_size),
         "MASTER_ADDR": rdzv.master_addr,
-        "MASTER_PORT": str(rdzv.master_port),
+        "MASTER_PORT": str(spec.rendezvous.master_port or rdzv.master_port),
         "TORCHELASTIC_RUN_ID": run_id,
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(spec.restart.max_restarts),
         # The agent never imports torch, so it hosts no store: rank 0 hosts the TCPStore on MASTER_PORT.
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        # torchrun puts this in its own environment, which its workers inherit.
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(spec.shutdown.signals_to_handle),
     }
 
 
@@ -144,36 +200,44 @@ def build_plan(
 
     Each worker gets `base_env` (as torchrun: the agent's environment), then the defaults, then `spec.env`, then
     the contract; the agent's secret sources (`agent_secret_vars`) are removed from the result wherever they came
-    from, so the etcd password reaches no worker even if `spec.env` names its variable.
+    from, so the etcd password reaches no worker even if `spec.env` names its variable. `run_id` is the job's
+    (the job name); TORCHELASTIC_RUN_ID is `elastic_run_id` of it.
     """
-    argv = worker_argv(spec)
     withheld = agent_secret_vars(spec)
+    elastic_id = elastic_run_id(spec, run_id, run_dir)
     workers = []
     for local_rank in range(rdzv.nproc_per_node):
         rank = rdzv.global_rank(local_rank)
         log_dir = f"{run_dir}/attempt_{attempt}/rank_{rank}"
-        contract = contract_env(spec, rdzv, local_rank, run_id, restart_count)
+        contract = contract_env(spec, rdzv, local_rank, elastic_id, restart_count)
+        if spec.virtual_local_rank:
+            contract["LOCAL_RANK"] = "0"
+            contract["CUDA_VISIBLE_DEVICES"] = virtual_device(base_env, local_rank)
         contract["TORCHELASTIC_ERROR_FILE"] = error_file(log_dir)
         if spec.watchdog.enabled and spec.watchdog.heartbeat_timeout:
             contract[HEARTBEAT_ENV] = heartbeat_file(log_dir)
         contract.update(extra_env or {})
         contract.update((rank_env or {}).get(local_rank, {}))  # e.g. the rank's own TORCHELASTIC_TIMER_FILE
         env = dict(base_env)
-        env.setdefault("OMP_NUM_THREADS", "1")
+        if rdzv.nproc_per_node > 1:  # as torchrun: only when workers share the node, and never over the user's
+            env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
         env.update(dict(spec.env))
         env.update(contract)
         for name in withheld:
             env.pop(name, None)
+        to_stdout, to_stderr = spec.logs.to_console(local_rank)
         workers.append(
             WorkerPlan(
                 local_rank=local_rank,
                 rank=rank,
-                argv=argv,
+                argv=worker_argv(spec, local_rank, base_env.get("PYTHON_EXEC")),
                 env=tuple(sorted(env.items())),
                 contract=tuple(sorted(contract.items())),
                 cwd=spec.cwd,
                 log_dir=log_dir,
+                stdout_to_console=to_stdout,
+                stderr_to_console=to_stderr,
             )
         )
-    return LaunchPlan(attempt=attempt, run_id=run_id, node=rdzv.node, workers=tuple(workers))
+    return LaunchPlan(attempt=attempt, run_id=elastic_id, node=rdzv.node, workers=tuple(workers))
