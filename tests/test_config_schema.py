@@ -164,3 +164,10 @@ def test_duration_pattern_and_parser_agree_on_bad_values(text: str) -> None:
     assert not re.search(DURATION, text)
     with pytest.raises(ValueError, match="not a"):
         parse_duration(text)
+
+
+def test_the_schema_has_one_source_shipped_in_the_package() -> None:
+    """runner/job.schema.json is the file (package data, so a wheel has it); schemas/job.schema.json links to it."""
+    package_copy = Path(__file__).parents[1] / "runner" / "job.schema.json"
+    assert package_copy.is_file() and not package_copy.is_symlink()
+    assert SCHEMA_FILE.is_symlink() and SCHEMA_FILE.resolve() == package_copy.resolve()
