@@ -174,6 +174,7 @@ class Builder:
         return Rendezvous(
             backend=raw.get("backend", default.backend),
             endpoints=self.endpoints(raw.get("endpoints", list(default.endpoints))),
+            hosted=bool(raw.get("hosted", default.hosted)),
             prefix=raw.get("prefix", default.prefix).rstrip("/") or "/",
             join_timeout=self.duration(raw.get("join_timeout", default.join_timeout), (*here, "join_timeout")),
             last_call=self.duration(raw.get("last_call", default.last_call), (*here, "last_call")),

@@ -55,6 +55,23 @@ def _security(spec: JobSpec) -> Iterator[Found]:
         yield ("rendezvous", "auth"), "a password is given but no user", "add auth.user"
 
 
+def _hosted(spec: JobSpec) -> Iterator[Found]:
+    rdzv = spec.rendezvous
+    if not rdzv.hosted:
+        return
+    here = ("rendezvous", "hosted")
+    if rdzv.backend != "etcd":
+        yield here, "hosted applies to backend etcd", "set rendezvous.backend: etcd"
+    if len(rdzv.endpoints) != 1:
+        yield (("rendezvous", "endpoints"), f"a hosted rendezvous has one endpoint, found {len(rdzv.endpoints)}",
+               "write the hosting node's host:port only, e.g. ['10.0.0.5:29400']")
+    elif rdzv.endpoints[0].rpartition(":")[0].strip("[]") in ("0.0.0.0", "::", ""):  # noqa: S104 - refused here
+        yield (("rendezvous", "endpoints"), f"'{rdzv.endpoints[0]}' is no address the other nodes can reach",
+               "write the hosting node's own address, e.g. 10.0.0.5:29400")
+    if any((rdzv.tls.ca, rdzv.tls.cert, rdzv.tls.key)) or rdzv.auth.user is not None:
+        yield (here, "the hosted etcd runs without TLS or authentication, but rendezvous.tls or auth is set",
+               "remove rendezvous.tls and rendezvous.auth, or start your own etcd (hosted: false)")
+
 def _positive(spec: JobSpec) -> Iterator[Found]:
     rdzv, watchdog = spec.rendezvous, spec.watchdog
     for path, value in (
@@ -86,7 +103,7 @@ def _os_limits(spec: JobSpec) -> Iterator[Found]:
             yield ("env", key), message, "shorten the value or pass a file path"
 
 
-CHECKS: tuple[Check, ...] = (_nodes, _entrypoint, _backoff, _security, _positive, _os_limits)
+CHECKS: tuple[Check, ...] = (_nodes, _entrypoint, _backoff, _security, _hosted, _positive, _os_limits)
 
 
 def semantic_problems(spec: JobSpec, doc: Document) -> list[SpecProblem]:

@@ -62,10 +62,11 @@ class Auth:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """How nodes find each other: `local` (embedded, one node) or `etcd` (v3 API)."""
+    """How nodes find each other: `local` (embedded, one node) or `etcd` (v3 API, external or hosted by a node)."""
 
     backend: Literal["local", "etcd"] = "local"
     endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    hosted: bool = False  # one node (the one at endpoints[0]) starts the etcd itself: runner[etcd]
     prefix: str = "/runner"
     join_timeout: float = 600.0
     last_call: float = 30.0  # after min nodes joined, wait this long for more (up to max)
