@@ -60,7 +60,7 @@ class Guard(enum.Enum):
     """A condition on an edge of the restart policy (evaluated by runner/restart_policy.py, in table order)."""
 
     stopping = "a stop was requested"
-    infrastructure = "the failure is not the workers' (rendezvous, setup)"
+    infrastructure = "the failure is not the workers' (rendezvous, a lost guard)"
     non_retryable_exit = "the exit code is in restart.non_retryable_exit_codes"
     restart_charged = "a restart could be charged to the budget"
 

@@ -25,7 +25,6 @@ class FailureKind(enum.Enum):
     PEER = "peer"  # another node left or failed
     RENDEZVOUS = "rendezvous"  # the rendezvous timed out or failed (infrastructure)
     DEADLINE = "deadline"  # watchdog.max_run_time passed
-    SETUP = "setup"  # the spec names something this machine lacks
     GUARD = "guard"  # the shepherd died and could not be replaced: no-orphan guarantee lost
 
     def __str__(self) -> str:
@@ -34,7 +33,7 @@ class FailureKind(enum.Enum):
     @property
     def infrastructure(self) -> bool:
         """Not the workers' fault: never retried by the restart policy, exit code 3."""
-        return self in (FailureKind.RENDEZVOUS, FailureKind.SETUP, FailureKind.GUARD)
+        return self in (FailureKind.RENDEZVOUS, FailureKind.GUARD)
 
     @property
     def one_worker(self) -> bool:

@@ -22,7 +22,7 @@ async def stopping(ctx: Context) -> bool:
 
 
 async def infrastructure(ctx: Context) -> bool:
-    """The failure is not the workers' (rendezvous, setup): retrying the workers would not help."""
+    """The failure is not the workers' (rendezvous, a lost guard): retrying the workers would not help."""
     return ctx.failure is not None and ctx.failure.kind.infrastructure
 
 

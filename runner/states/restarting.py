@@ -67,6 +67,9 @@ def backoff_delay(b: Backoff, restart: int, rand: random.Random | None = None) -
     """Seconds to wait before restart number `restart` (1-based): the first is immediate."""
     if restart <= 1:
         return 0.0
-    base = min(b.max, b.initial * b.multiplier ** (restart - 2))
+    try:
+        base = min(b.max, b.initial * b.multiplier ** (restart - 2))
+    except OverflowError:  # a long crash loop with a large multiplier: the cap is the answer
+        base = b.max
     spread = (rand or random).uniform(-b.jitter, b.jitter)
     return max(0.0, base * (1 + spread))
