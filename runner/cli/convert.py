@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from runner.cli.command import Command
 
 
 class ConvertCommand(Command):
-    """Convert a torchrun command line."""
+    """Convert a torchrun (or `python -m torch.distributed.run|launch`) command line."""
 
     name = "convert"
     help = "print the job.yaml equivalent to a torchrun command line"
@@ -22,13 +24,21 @@ class ConvertCommand(Command):
         )
 
     def run(self, args: argparse.Namespace) -> int:
-        """Print the YAML."""
-        from runner.config.torchrun import ConvertError, to_yaml
+        """Print the YAML on stdout; each note (what differs from torchrun) also on stderr.
+
+        PET_* variables and the other variables torchrun reads come from this environment, and the current
+        folder is recorded as the spec's cwd, as torchrun would run from here.
+        """
+        from runner.config.torchrun import ConvertError, convert, to_yaml
 
         argv = args.torchrun[1:] if args.torchrun[:1] == ["--"] else args.torchrun
         if not argv:
             raise ConvertError(
                 "no torchrun command line given", "runner convert -- torchrun --nproc-per-node 2 train.py"
             )
-        print(to_yaml(argv), end="")
+        environ, cwd = dict(os.environ), os.getcwd()
+        _, notes = convert(argv, environ, cwd)
+        for note in notes:
+            print(f"runner convert: note: {note}", file=sys.stderr)
+        print(to_yaml(argv, environ, cwd), end="")
         return 0
