@@ -125,3 +125,15 @@ def job(tmp_path: Path) -> Iterator[Any]:
             for pid in (data.get("pid"), data.get("child_pid")):
                 if pid and alive(pid):
                     os.kill(pid, signal.SIGKILL)
+
+
+def cgroup_here() -> bool:
+    """True if this machine gives the runner a cgroup v2 (made and removed again)."""
+    from runner.workers.cgroup import JobCgroup
+
+    cg = JobCgroup.create("probe")
+    if cg is None:
+        return False
+    cg.remove()
+    return True
+

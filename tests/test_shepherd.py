@@ -15,22 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, alive, wait_for
+from conftest import ROOT, alive, cgroup_here, wait_for
 
 from runner.workers import procs
-from runner.workers.cgroup import JobCgroup
 
 pytestmark = pytest.mark.integration
 AGENT = ROOT / "tests" / "workers" / "group_agent.py"
-
-
-def cgroup_here() -> bool:
-    """True if this machine gives the runner a cgroup v2 (made and removed again)."""
-    cg = JobCgroup.create("probe")
-    if cg is None:
-        return False
-    cg.remove()
-    return True
 
 
 HAS_CGROUP = cgroup_here()

@@ -11,25 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import alive, wait_for
+from conftest import alive, cgroup_here, wait_for
 from workers.plans import plan
 
 from runner.events import WorkerExited
 from runner.workers import procs
-from runner.workers.cgroup import JobCgroup
 from runner.workers.group import WorkerGroup, signal_number
 from runner.workers.shepherd import Shepherd
 
 pytestmark = pytest.mark.integration
-
-
-def cgroup_here() -> bool:
-    """True if this machine gives the runner a cgroup v2 (made and removed again)."""
-    cg = JobCgroup.create("probe")
-    if cg is None:
-        return False
-    cg.remove()
-    return True
 
 
 HAS_CGROUP = cgroup_here()
