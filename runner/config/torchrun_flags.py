@@ -4,7 +4,9 @@
 also checks that it lists exactly the options of the tested torch's parser). `read_argv` reads a torchrun command
 line as torchrun's argparse parser does: long options or their unique prefixes, `--opt=value`, `-rVALUE`, the last
 occurrence wins, PET_<DEST> variables as defaults (Kubeflow's PyTorchJob convention), and everything after the
-training script belongs to the script.
+training script belongs to the script (but for a first `--` right after it, which argparse drops). Unlike
+argparse, a script argument that happens to be an ambiguous prefix of a torchrun option (`--rdzv`) is passed on,
+not refused.
 """
 
 from __future__ import annotations
@@ -279,6 +281,8 @@ def read_argv(argv: Sequence[str], environ: Mapping[str, str]) -> Parsed:
             break
         if not looks_like_option(token):
             out.program = args[i:]
+            if out.program[1:2] == ["--"]:  # argparse drops a first `--` that starts the script's arguments
+                del out.program[1]
             break
         if token in HELP:
             raise ConvertError("--help is not a command line to convert", "give the command line that runs a job")
