@@ -69,6 +69,19 @@ class LeaseNotFound(RendezvousError):
     """A write named a lease etcd does not know (it expired, or etcd lost its data)."""
 
 
+def channel_closed_under_us() -> bool:
+    """Whether a CancelledError just caught came from grpc, not from a cancel of the current task.
+
+    grpc.aio ends a call with asyncio.CancelledError when another task closes its channel (a reconnect replacing
+    the connection). The current task is then not being cancelled: the call failed like a lost connection.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
+
+
+CLOSED_UNDER_US = "the connection was closed by a reconnect while the call ran"
+
+
 def translate(exc: grpc.aio.AioRpcError) -> Exception:
     """The exception to raise for a failed RPC: Unavailable (retry), LeaseNotFound, or a RendezvousError."""
     code, details = exc.code(), exc.details() or ""
@@ -186,6 +199,10 @@ class Connection:
             reply = await method(request, timeout=self.timeout, metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             raise translate(exc) from exc
+        except asyncio.CancelledError:
+            if not channel_closed_under_us():
+                raise
+            raise Unavailable(CLOSED_UNDER_US) from None
         self._identity.check(reply.header, floor)
         return reply
 
@@ -235,6 +252,10 @@ class Connection:
             reply = await call.read()
         except grpc.aio.AioRpcError as exc:
             raise translate(exc) from exc
+        except asyncio.CancelledError:
+            if not channel_closed_under_us():
+                raise
+            raise Unavailable(CLOSED_UNDER_US) from None
         finally:
             call.cancel()
         if reply is grpc.aio.EOF:

@@ -17,7 +17,15 @@ import grpc  # type: ignore[import-untyped]  # grpcio ships no type stubs
 import structlog
 from aetcd import rpc
 
-from runner.rendezvous.etcd.client import CANCEL_TIMEOUT_S, EtcdSession, Unavailable, cancel_task, translate
+from runner.rendezvous.etcd.client import (
+    CANCEL_TIMEOUT_S,
+    CLOSED_UNDER_US,
+    EtcdSession,
+    Unavailable,
+    cancel_task,
+    channel_closed_under_us,
+    translate,
+)
 
 PUT, DELETE = "PUT", "DELETE"
 
@@ -89,6 +97,11 @@ class Watch:
             call.cancel()
             msg = "watch not created in time"
             raise Unavailable(msg) from exc
+        except asyncio.CancelledError:
+            call.cancel()
+            if not channel_closed_under_us():
+                raise
+            raise Unavailable(CLOSED_UNDER_US) from None
         except BaseException:
             call.cancel()
             raise
@@ -111,6 +124,10 @@ class Watch:
                 self._deliver(reg, reply)
         except grpc.aio.AioRpcError:
             pass  # the stream broke: reported below
+        except asyncio.CancelledError:
+            if not channel_closed_under_us():
+                raise
+            # another task closed the channel (a reconnect): the stream broke, reported below
         self._queue.put_nowait((reg, None))
 
     async def next(self) -> Event:

