@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
 import structlog
 from structlog.typing import EventDict
+
+from runner.live_line import LIVE
 
 RESET, BOLD, DIM = "\x1b[0m", "\x1b[1m", "\x1b[2m"
 RED, GREEN, YELLOW, BLUE, CYAN = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[34m", "\x1b[36m"
@@ -24,7 +27,7 @@ OUTCOME_COLORS = {"succeeded": GREEN, "failed": RED, "error": RED, "stopped": YE
 # Info events worth a line at the normal level; the rest are shown with --verbose (all are in agent.jsonl).
 NOTABLE = frozenset({
     "run_started", "transition", "failure", "backoff", "graceful_stop", "metrics_listening", "rendezvous_joined",
-    "rendezvous_event", "restart_charged", "rendezvous_closed",
+    "rendezvous_event", "restart_charged", "rendezvous_closed", "waiting",
 })
 HIDDEN_FIELDS = frozenset({"event", "level", "timestamp", "job", "node", "logger", "time"})
 ROUND = re.compile(r"^round (\d+): (\d+) node\(s\), world size (\d+), master (\S+)$")
@@ -79,6 +82,10 @@ class ConsoleRenderer:
             return self.transition(event_dict)
         if event == "failure":
             return self.failure(event_dict)
+        if event == "waiting":
+            if LIVE.on:  # the live line shows the wait as it goes; agent.jsonl has kept the event
+                raise structlog.DropEvent
+            return self.paint(self.clock(event_dict), DIM) + "  " + self.paint(wait_text(event_dict), DIM)
         if level in ("info", "debug") and event not in NOTABLE and not self.verbose:
             raise structlog.DropEvent
         return self.generic(event, level, event_dict)
@@ -163,6 +170,75 @@ class ConsoleRenderer:
         return f"{self.paint(self.clock(e), DIM)}{mark} {body}"
 
 
+def wait_text(e: Mapping[str, Any]) -> str:
+    """A `waiting` event's fields in one line, e.g. `⋯ rendezvous round 0 · joined 1 of 2 (vm) · 1 more needed`.
+
+    Never raises, whatever the fields hold.
+    """
+    wait, left = str(e.get("wait", "")), countdown(e.get("left_s"))
+    if wait == "backoff":
+        text = f"restart {short(e.get('restart', '?'))}" + (f" in {left}" if left else " soon")
+    elif wait == "grace":
+        alive = e.get("ranks")
+        many = isinstance(alive, list | tuple) and len(alive) > 1
+        text = "stopping workers"
+        if names(alive):
+            text += f": rank{'s' if many else ''} {names(alive)} still alive"
+        if left:
+            text += f" · SIGKILL in {left}"
+    elif wait == "rendezvous":
+        text = rendezvous_text(e, left)
+    else:
+        text = f"waiting for {short(wait) or 'something'}" + (f" · {left} left" if left else "")
+    return "⋯ " + text
+
+
+def rendezvous_text(e: Mapping[str, Any], left: str) -> str:
+    """A rendezvous wait: who joined (the leader knows), how many more are needed, the time left."""
+    low, high = number(e.get("min")), number(e.get("max"))
+    need = "?" if low is None else str(low) if high in (None, low) else f"{low}..{high}"
+    text = f"rendezvous round {short(e.get('round', '?'))}"
+    if e.get("role") == "follower":
+        text += f" · led by {short(e.get('leader', '?'))} · nodes {need}"
+    else:
+        joined, count = e.get("joined"), number(e.get("joined_count"))
+        if count is None:
+            count = len(joined) if isinstance(joined, list | tuple) else 0
+        text += f" · joined {count} of {need}" + (f" ({names(joined)})" if names(joined) else "")
+        if low is not None and count < low:
+            text += f" · {low - count} more needed"
+        if names(e.get("waiting_for")):
+            text += f" · waiting for {names(e.get('waiting_for'))}"
+    last_call = countdown(e.get("last_call_s"))
+    if last_call:
+        return text + f" · closes in {last_call} (last call)"
+    return text + (f" · timeout in {left}" if left else "")
+
+
+def number(value: object) -> int | None:
+    """An integer field, or None when it is not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def names(value: object, most: int = 6) -> str:
+    """A list field as `a, b, c, +4`, at most `most` items written out; '' when it is not a non-empty list."""
+    if not isinstance(value, list | tuple) or not value:
+        return ""
+    shown = ", ".join(short(v) for v in value[:most])
+    return shown + (f", +{len(value) - most}" if len(value) > most else "")
+
+
+def countdown(value: object) -> str:
+    """Seconds left as `7 s`, `9:58` or `2:03:04`; '' when the field is not a finite non-negative number."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < 1e9:
+        return ""
+    left = math.ceil(value)
+    if left < 60:
+        return f"{left} s"
+    hours, rest = divmod(left, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
 def short(value: object) -> str:
     """A field value in a few characters: lists joined, floats rounded, long strings cut."""
     if isinstance(value, float):
@@ -188,8 +264,9 @@ class ConsoleWriter:
         if self.closed:
             return
         try:
-            self.stream.write(message + "\n")
-            self.stream.flush()
+            with LIVE.writing():  # the live line, if any, goes out of the way and comes back below
+                self.stream.write(message + "\n")
+                self.stream.flush()
         except (OSError, ValueError):  # EPIPE, EIO, EBADF, or a closed file object
             self.closed = True
 
@@ -197,10 +274,34 @@ class ConsoleWriter:
 
 
 def writer_factory(stream: IO[str]) -> Callable[..., ConsoleWriter]:
-    """A structlog logger_factory: every logger shares one writer on `stream`."""
+    """A structlog logger_factory: every logger shares one writer on `stream`.
+
+    The first logger made after structlog.configure() also settles the live line: on when the configured chain
+    ends with a ConsoleRenderer and `stream` is a terminal (it shows waits when the chain lets INFO through).
+    """
     writer = ConsoleWriter(stream)
+    settled = False
 
     def factory(*_args: object) -> ConsoleWriter:
+        nonlocal settled
+        if not settled:
+            settled = True
+            attach_live_line(stream)
         return writer
 
     return factory
+
+
+def attach_live_line(stream: IO[str]) -> None:
+    """Give the live line to `stream` if it is a terminal under the calm console; else take it away."""
+    processors = structlog.get_config()["processors"]
+    renderer = next((p for p in processors if isinstance(p, ConsoleRenderer)), None)
+    shown = min((p.min_level for p in processors if isinstance(p, LevelFilter)), default=logging.INFO)
+    try:
+        fd = stream.fileno() if stream.isatty() else None
+    except (OSError, ValueError, AttributeError):
+        fd = None
+    if renderer is None or fd is None:
+        LIVE.detach()
+        return
+    LIVE.attach(fd, wait_text, colors=renderer.colors, waits=shown <= logging.INFO)

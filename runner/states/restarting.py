@@ -10,6 +10,7 @@ from runner.errors import EXIT_WORKERS_FAILED
 from runner.events import StopRequested
 from runner.machine import Step, Trigger
 from runner.outcomes import Outcome
+from runner.progress import Progress
 from runner.states.waiting import Stopped, unless_stopped
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ async def handle(ctx: Context) -> Step:
     try:
         if delay > 0:
             ctx.log.info("backoff", delay_s=round(delay, 3), restart=ctx.restarts)
-            await unless_stopped(ctx, asyncio.sleep(delay))
+            ends = asyncio.get_running_loop().time() + delay
+            with Progress(ctx.log, "backoff", lambda: {"restart": ctx.restarts}, ends):  # a countdown while it lasts
+                await unless_stopped(ctx, asyncio.sleep(delay))
     except Stopped:
         if ctx.stop is not None and ctx.stop.graceful and failure is not None:
             # A graceful stop means "no restart": the job ends with the result of the attempt that failed.

@@ -23,6 +23,7 @@ from typing import IO, Any
 import structlog
 
 from runner.events import WorkerExited
+from runner.progress import Progress
 from runner.workers import procs
 from runner.workers.cgroup import JobCgroup
 from runner.workers.launch_plan import LaunchPlan, WorkerPlan
@@ -190,7 +191,10 @@ class WorkerGroup:
             self.log.info("workers_stopping", signal=signum.name, grace_s=grace, ranks=[w.plan.rank for w in live])
             for w in live:
                 self._signal_group(w, signum)
-            await self._wait(live, grace, hurry)
+            ends = asyncio.get_running_loop().time() + grace
+            with Progress(self.log, "grace", lambda: {"ranks": [w.plan.rank for w in self.running()],
+                                                      "signal": signum.name}, ends):
+                await self._wait(live, grace, hurry)
             left = self.running()
             if left:
                 self.log.warning("workers_killed", signal="SIGKILL", after_s=grace, ranks=[w.plan.rank for w in left])

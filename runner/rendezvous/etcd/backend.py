@@ -220,7 +220,8 @@ class EtcdRendezvous:
 
     async def _join(self, attempt: int, waiter: list[RoundWaiter]) -> tuple[RendezvousResult, int]:
         """Join the open round; (result, revision from which the round's members are watched)."""
-        rules = RoundRules(self._spec.nodes.min, self._spec.nodes.max, self._spec.rendezvous.last_call)
+        rules = RoundRules(self._spec.nodes.min, self._spec.nodes.max, self._spec.rendezvous.last_call,
+                           self._spec.rendezvous.join_timeout)  # the join timeout, for the waiting line
         last_port = self._result.master_port if self._result is not None else 0
         while True:
             r, previous = await self._open_round()

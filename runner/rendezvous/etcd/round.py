@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from runner.progress import Progress
 from runner.rendezvous.etcd.client import (
     EtcdSession,
     absent,
@@ -31,6 +32,7 @@ from runner.rendezvous.etcd.watch import DELETE, PUT, Event, Watch
 from runner.rendezvous.ranks import assign_ranks
 
 TERMINAL = "SHUTDOWN"
+MAX_SHOWN = 16  # node ids named in one `waiting` event, at most
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class RoundRules:
     min_nodes: int
     max_nodes: int
     last_call: float
+    join_timeout: float | None = None  # only shown while waiting (the backend enforces it)
+    started: float = field(default_factory=time.monotonic)  # when joining began (the join timeout's start)
 
 
 def is_gone(state: dict[str, Any] | None) -> bool:
@@ -75,6 +79,7 @@ class RoundWaiter:
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
         self.joined_seen = 1
         self._view = 0  # leader: revision up to which its table of joins is complete
+        self.progress: dict[str, Any] = {}  # what a waiting node shows (runner/progress.py), besides the round
 
     def reads(self) -> list[Any]:
         """What wait() needs to know first: the round's first joiner, its result, the control key."""
@@ -98,7 +103,9 @@ class RoundWaiter:
             leader = JobKeys.leaf(first_kv[0].key) if first_kv else self._node
             if leader == self._node:
                 return await self._lead()
-            done = await self._follow(rev, leader)
+            self.progress = {"role": "follower", "leader": leader}
+            with Progress(self._log, "rendezvous", self.waiting):
+                done = await self._follow(rev, leader)
             if done is not None:
                 return done
 
@@ -135,7 +142,8 @@ class RoundWaiter:
                   (self._k.result(self._r), None), (self._k.control, None)]
         watch = await Watch(self._s, ranges, rev + 1, self._log).start()
         try:
-            return await self._lead_loop(watch, joined, live)
+            with Progress(self._log, "rendezvous", self.waiting):
+                return await self._lead_loop(watch, joined, live)
         finally:
             await watch.cancel()
 
@@ -148,6 +156,8 @@ class RoundWaiter:
                 min_at = None
             elif min_at is None:
                 min_at = time.monotonic()
+            self.progress = {"role": "leader", "joined": joined, "waiting_for": pending(self._previous, joined, live),
+                             "last_call_ends": None if min_at is None else min_at + self._rules.last_call}
             if len(joined) >= self._rules.max_nodes or (
                     min_at is not None and time.monotonic() - min_at >= self._rules.last_call):
                 return await self._write_result(joined)
@@ -160,6 +170,20 @@ class RoundWaiter:
             done = self._apply(ev, joined, live)
             if done is not None:
                 return done
+
+    def waiting(self) -> dict[str, Any]:
+        """This round's wait as `waiting` fields: joined nodes (the leader knows them), min..max, time left."""
+        now, rules, info = time.monotonic(), self._rules, self.progress
+        fields: dict[str, Any] = {"round": self._r, "min": rules.min_nodes, "max": rules.max_nodes,
+                                  **{k: v for k, v in info.items() if k not in ("joined", "last_call_ends")}}
+        if "joined" in info:
+            fields["joined"], fields["joined_count"] = sorted(info["joined"])[:MAX_SHOWN], len(info["joined"])
+            fields["waiting_for"] = fields["waiting_for"][:MAX_SHOWN]
+        if info.get("last_call_ends") is not None:
+            fields["last_call_s"] = round(max(0.0, info["last_call_ends"] - now), 1)
+        if rules.join_timeout is not None:
+            fields["left_s"] = round(max(0.0, rules.started + rules.join_timeout - now), 1)
+        return fields
 
     def _apply(self, ev: Event, joined: dict[str, Any], live: dict[str, Any]) -> dict[str, Any] | None:
         key, put = ev.key, ev.kind == PUT
