@@ -141,6 +141,7 @@ class RoundWaiter:
                   (self._k.states, prefix_end(self._k.states)),
                   (self._k.result(self._r), None), (self._k.control, None)]
         watch = await Watch(self._s, ranges, rev + 1, self._log).start()
+        self.progress = {"role": "leader", "joined": joined}
         try:
             with Progress(self._log, "rendezvous", self.waiting):
                 return await self._lead_loop(watch, joined, live)
@@ -178,7 +179,7 @@ class RoundWaiter:
                                   **{k: v for k, v in info.items() if k not in ("joined", "last_call_ends")}}
         if "joined" in info:
             fields["joined"], fields["joined_count"] = sorted(info["joined"])[:MAX_SHOWN], len(info["joined"])
-            fields["waiting_for"] = fields["waiting_for"][:MAX_SHOWN]
+            fields["waiting_for"] = list(info.get("waiting_for", []))[:MAX_SHOWN]
         if info.get("last_call_ends") is not None:
             fields["last_call_s"] = round(max(0.0, info["last_call_ends"] - now), 1)
         if rules.join_timeout is not None:
