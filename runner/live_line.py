@@ -95,7 +95,7 @@ class LiveLine:
     def _fit(self, text: str) -> str:
         """`text` cut to the terminal's width (a wrapped line could not be erased), dimmed when colours are on."""
         try:
-            width = os.get_terminal_size(self._fd or 0).columns
+            width = os.get_terminal_size(self._fd or 0).columns or 80  # 0: a terminal that never said its size
         except OSError:
             width = 80
         if len(text) >= width:

@@ -4,14 +4,18 @@ stops the job. Unit tests drive the renderer with events shaped like the agent's
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import io
 import json
 import os
 import pty
 import re
 import select
+import signal
+import struct
 import subprocess
 import sys
+import termios
 import textwrap
 import time
 from pathlib import Path
@@ -21,7 +25,10 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.console import ConsoleRenderer, ConsoleWriter, LevelFilter, level_number
+from runner.console import ConsoleRenderer, ConsoleWriter, LevelFilter, countdown, level_number, wait_text
+from runner.live_line import LiveLine
+from runner.progress import step_intervals
+from tests.etcd_server import etcd_server
 
 STAMP = "2026-01-02T03:04:05.000001Z"
 LOCAL = dt.datetime.fromisoformat(STAMP).astimezone().strftime("%H:%M:%S")
@@ -100,7 +107,7 @@ def test_quiet_drops_info_for_the_console_only() -> None:
 @given(st.dictionaries(st.text(max_size=8), st.one_of(st.none(), st.integers(), st.floats(), st.text(),
                                                         st.lists(st.integers(), max_size=3)), max_size=6))
 def test_any_event_renders_or_is_dropped_never_raises(fields: dict) -> None:
-    for event in ("transition", "failure", "run_started", "backoff", "other"):
+    for event in ("transition", "failure", "run_started", "backoff", "waiting", "other"):
         try:
             out = render({**fields, "event": event}, verbose=True)
         except structlog.DropEvent:
@@ -248,3 +255,334 @@ def test_a_closed_console_never_stops_the_job(tmp_path: Path) -> None:
 def test_a_closed_console_keeps_the_jobs_exit_code(tmp_path: Path) -> None:
     code, _ = run_with_console_closed(tmp_path)
     assert code == 0
+
+
+# --- long waits show progress; a peer's crash does not bury the root cause (issue 13) ---
+
+ERASE = "\r\x1b[K"
+FRAME = re.compile(r"\r\x1b\[K([^\r\n]+)(?=\r|$)")  # what the live line drew (text not ended by a newline)
+ANSI = re.compile(r"\x1b\[[0-9;]*[mK]")
+
+
+def screen(raw: str) -> list[str]:
+    """The lines a terminal shows at the end: a live line erased in place leaves nothing behind."""
+    return [ANSI.sub("", line.rsplit("\r", 1)[-1]) for line in raw.split("\n")]
+
+
+def frames(raw: str) -> list[str]:
+    """Every text the live line drew, colours removed."""
+    return [ANSI.sub("", f) for f in FRAME.findall(raw)]
+
+
+def start_on_a_terminal(folder: Path, spec_text: str, script: str, *args: str) -> tuple[subprocess.Popen[bytes], int]:
+    """Start `runner job.yaml ARGS` in `folder` with stdout and stderr on a new pty; (process, pty's reading end)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "work.py").write_text(textwrap.dedent(script))
+    (folder / "job.yaml").write_text(textwrap.dedent(spec_text))
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 40 rows, 160 columns
+    proc = subprocess.Popen([sys.executable, "-m", "runner", str(folder / "job.yaml"), *args], cwd=folder,
+                            env=env(folder), stdin=subprocess.DEVNULL, stdout=sub, stderr=sub)
+    os.close(sub)
+    return proc, main
+
+
+def read_until(main: int, proc: subprocess.Popen[bytes], chunks: list[bytes], done: object = None,
+               timeout: float = 120) -> bool:
+    """Read the pty into `chunks` until `done(text so far)` is true (True) or the job ended (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(done) and done(b"".join(chunks).decode(errors="replace")):
+            return True
+        ready, _, _ = select.select([main], [], [], 0.5)
+        if not ready:
+            if proc.poll() is not None:
+                return False
+            continue
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # EIO: the job ended and the terminal's other side is closed
+            return False
+        if not data:
+            return False
+        chunks.append(data)
+    raise AssertionError(f"timed out after {timeout} s; output so far:\n{b''.join(chunks).decode(errors='replace')}")
+
+
+def finish(main: int, proc: subprocess.Popen[bytes], chunks: list[bytes]) -> tuple[int, str]:
+    """Read to the end, reap the runner whatever happens; (exit code, raw output with newlines as written)."""
+    try:
+        read_until(main, proc, chunks)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(main)
+    return code, b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
+def run_job_on_a_terminal(folder: Path, spec_text: str, script: str) -> tuple[int, str]:
+    """Run a job to its end on a pty; (exit code, raw output)."""
+    proc, main = start_on_a_terminal(folder, spec_text, script)
+    return finish(main, proc, [])
+
+
+def only_run_dir(folder: Path, job: str) -> Path:
+    dirs = [d for d in (folder / "logs" / job).iterdir() if not d.is_symlink()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def test_wait_lines_say_what_is_awaited_and_how_long_is_left() -> None:
+    assert wait_text({"wait": "backoff", "restart": 2, "left_s": 6.2}) == "⋯ restart 2 in 7 s"
+    assert wait_text({"wait": "grace", "ranks": [1, 3], "signal": "SIGTERM", "left_s": 125}) == (
+        "⋯ stopping workers: ranks 1, 3 still alive · SIGKILL in 2:05")
+    assert wait_text({"wait": "grace", "ranks": [0], "left_s": 0}) == (
+        "⋯ stopping workers: rank 0 still alive · SIGKILL in 0 s")
+    leader = {"wait": "rendezvous", "round": 3, "role": "leader", "joined": ["a", "b"], "joined_count": 2,
+              "min": 3, "max": 5, "waiting_for": ["c"], "left_s": 3725.0}
+    assert wait_text(leader) == ("⋯ rendezvous round 3 · joined 2 of 3..5 (a, b) · 1 more needed · waiting for c"
+                                 " · timeout in 1:02:05")
+    closing = {**leader, "joined": ["a", "b", "c"], "joined_count": 3, "waiting_for": [], "last_call_s": 29.5}
+    assert wait_text(closing) == "⋯ rendezvous round 3 · joined 3 of 3..5 (a, b, c) · closes in 30 s (last call)"
+    follower = {"wait": "rendezvous", "round": 0, "role": "follower", "leader": "a", "min": 2, "max": 2,
+                "left_s": 59}
+    assert wait_text(follower) == "⋯ rendezvous round 0 · led by a · nodes 2 · timeout in 59 s"
+    many = {**leader, "joined": [f"n{i}" for i in range(16)], "joined_count": 40}
+    assert "joined 40 of 3..5 (n0, n1, n2, n3, n4, n5, +10)" in wait_text(many)
+
+
+@given(st.dictionaries(st.sampled_from(["wait", "left_s", "last_call_s", "ranks", "joined", "joined_count", "min",
+                                        "max", "role", "leader", "restart", "waiting_for", "round"]),
+                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
+                                 st.sampled_from(["backoff", "grace", "rendezvous", "follower"]),
+                                 st.lists(st.one_of(st.integers(), st.text(max_size=3)), max_size=9))))
+def test_any_waiting_fields_make_one_line(fields: dict) -> None:
+    text = wait_text(fields)
+    assert text.startswith("⋯ ") and "\n" not in text
+
+
+def test_countdown_is_whole_seconds_rounded_up() -> None:
+    assert [countdown(v) for v in (0, 0.1, 59.5, 60, 3599, 3600, 7384.2)] == [
+        "0 s", "1 s", "1:00", "1:00", "59:59", "1:00:00", "2:03:05"]
+    assert [countdown(v) for v in (-1, float("nan"), float("inf"), True, "5", None)] == [""] * 6
+
+
+def test_waiting_events_come_at_most_once_per_step_and_the_step_grows_to_a_minute() -> None:
+    steps = step_intervals()
+    first = [next(steps) for _ in range(8)]
+    assert first == [5, 10, 20, 40, 60, 60, 60, 60]
+    assert sum(first[:4]) + 60 * 60 > 3600  # an hour of waiting: about 60 events, not 720
+
+
+def test_a_waiting_event_is_a_line_where_there_is_no_live_line() -> None:
+    line = render({"event": "waiting", "wait": "backoff", "restart": 2, "left_s": 4})
+    assert line == f"{LOCAL}  ⋯ restart 2 in 4 s"
+
+
+def drain(fd: int) -> str:
+    """Everything the pty has to read now (its writer is done: the reads stop once nothing more comes)."""
+    data = b""
+    while select.select([fd], [], [], 0.5)[0]:
+        data += os.read(fd, 4096)
+    return data.decode()
+
+
+def test_live_line_on_a_terminal_is_erased_around_other_output() -> None:
+    main, sub = pty.openpty()
+    live = LiveLine()
+    try:
+        live.attach(sub, wait_text, colors=False, waits=True)
+        live.update({"wait": "backoff", "restart": 2, "left_s": 3})
+        live.update({"wait": "backoff", "restart": 2, "left_s": 3})  # same text: not written again
+        with live.writing():
+            os.write(sub, b"worker says hi\n")
+        live.clear()
+        live.clear()
+        out = drain(main)
+    finally:
+        live.detach()
+        os.close(sub)
+        os.close(main)
+    line = "⋯ restart 2 in 3 s"
+    assert out == f"{ERASE}{line}{ERASE}worker says hi\r\n{ERASE}{line}{ERASE}", repr(out)
+    assert not live.on
+
+
+def test_live_line_never_wraps_on_a_narrow_terminal() -> None:
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 12, 0, 0))
+    live = LiveLine()
+    try:
+        live.attach(sub, wait_text, colors=True, waits=True)
+        live.update({"wait": "grace", "ranks": [0, 1, 2], "left_s": 30})
+        out = drain(main)
+    finally:
+        live.detach()
+        os.close(sub)
+        os.close(main)
+    assert out == f"{ERASE}\x1b[2m⋯ stopping…\x1b[0m", repr(out)  # 11 columns of 12: dimmed, cut, no wrap
+
+
+BACKOFF_SPEC = """\
+version: 1
+name: backoff
+entrypoint: {script: work.py}
+nproc_per_node: 1
+restart: {max_restarts: 2, backoff: {initial: 2s, jitter: 0}}
+logs: {dir: logs}
+"""
+ALWAYS_FAILS = """\
+import sys
+print("failing on purpose", file=sys.stderr, flush=True)
+sys.exit(3)
+"""
+
+
+def test_the_restart_backoff_counts_down_in_place(tmp_path: Path) -> None:
+    code, raw = run_job_on_a_terminal(tmp_path, BACKOFF_SPEC, ALWAYS_FAILS)
+    assert code != 0, raw
+    drawn = frames(raw)
+    assert any(re.fullmatch(r"⋯ restart 2 in [12] s", f) for f in drawn), drawn  # restart 1 is immediate
+    assert not any("restart 1 in" in f for f in drawn), drawn
+    shown = screen(raw)
+    assert not any(ln.startswith("⋯") for ln in shown), shown  # erased when the wait ended
+    assert any("RESTARTING → RENDEZVOUS" in ln and "attempt 2" in ln for ln in shown), shown
+    events = [json.loads(ln) for ln in (only_run_dir(tmp_path, "backoff") / "agent.jsonl").read_text().splitlines()]
+    assert not [e for e in events if e["event"] == "waiting"]  # a wait under 5 s adds nothing to the logs
+
+
+COLLATERAL_SPEC = """\
+version: 1
+name: collateral
+entrypoint: {script: work.py}
+nproc_per_node: 2
+restart: {max_restarts: 0}
+shutdown: {grace_period: 3s}
+logs: {dir: logs}
+"""
+# Rank 1 says it is ready, then rank 0 crashes (the root cause). Rank 1 answers the runner's SIGTERM with a
+# traceback, as a rank does when its peer's crash breaks a collective, and stays alive through the grace period.
+ROOT_AND_COLLATERAL = """\
+import os, signal, sys, time, traceback
+rank = int(os.environ["RANK"])
+ready = os.path.join(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]), "..", "rank1_ready")
+if rank == 1:
+    def collateral(signum, frame):
+        try:
+            raise ConnectionResetError("collateral on purpose: peer rank 0 went away")
+        except ConnectionResetError:
+            traceback.print_exc()
+        sys.stderr.flush()
+    signal.signal(signal.SIGTERM, collateral)
+    print("rank 1 ready", flush=True)
+    open(ready, "w").close()
+    while True:
+        time.sleep(0.1)
+while not os.path.exists(ready):
+    time.sleep(0.05)
+raise RuntimeError("root cause on purpose")
+"""
+
+
+def test_a_peers_collateral_traceback_is_folded_and_the_root_cause_stays(tmp_path: Path) -> None:
+    code, raw = run_job_on_a_terminal(tmp_path, COLLATERAL_SPEC, ROOT_AND_COLLATERAL)
+    assert code == 1, raw
+    shown = screen(raw)
+    node = next(m.group(1) for ln in shown if (m := re.match(r"\[(.+):0\] ", ln)))
+    logs = only_run_dir(tmp_path, "collateral") / "attempt_0"
+    root_log = (logs / "rank_0" / "stderr.log").read_text()
+    collateral_log = (logs / "rank_1" / "stderr.log").read_text()
+    assert "RuntimeError: root cause on purpose" in root_log and "Traceback" in root_log
+    assert "ConnectionResetError: collateral on purpose" in collateral_log and "Traceback" in collateral_log
+    # The root cause, whole and undimmed; rank 1's output before the crash as ever; its collateral folded.
+    root_lines = [ln for ln in raw.split("\n") if ln.startswith(f"[{node}:0] ")]
+    assert [ANSI.sub("", ln) for ln in root_lines] == [f"[{node}:0] {ln}" for ln in root_log.splitlines()]
+    assert not any("\x1b[2m" in ln for ln in root_lines), root_lines
+    assert f"[{node}:1] rank 1 ready" in shown, shown
+    assert not any("collateral on purpose" in ln for ln in shown), shown
+    count = len(collateral_log.splitlines())
+    note = f"[{node}:1] {count} line(s) of collateral output (after rank 0 failed), in attempt_0/rank_1/stderr.log"
+    assert note in shown, shown
+    # The grace period named the rank still alive and counted down to SIGKILL.
+    drawn = frames(raw)
+    assert any(re.fullmatch(r"⋯ stopping workers: rank 1 still alive · SIGKILL in [123] s", f) for f in drawn), drawn
+    assert (logs / "rank_1" / "stdout.log").read_text() == "rank 1 ready\n"
+
+
+ETCD_SPEC = """\
+version: 1
+name: waits
+entrypoint: {{script: work.py}}
+nodes: 2:3
+nproc_per_node: 1
+rendezvous:
+  backend: etcd
+  endpoints: ["{endpoint}"]
+  master_addr: 127.0.0.1
+  join_timeout: 90s
+  last_call: 1s
+logs: {{dir: logs}}
+"""
+
+
+def test_a_rendezvous_missing_nodes_names_who_joined_and_counts_down(tmp_path: Path) -> None:
+    """nodes.min 2, one node started: the live line names it, says one more is needed and counts down to the join
+    timeout; agent.jsonl gets one `waiting` event after 5 s, not one per redraw."""
+    with etcd_server(tmp_path / "etcd") as etcd:
+        proc, main = start_on_a_terminal(tmp_path / "job", ETCD_SPEC.format(endpoint=etcd.endpoint), "print('hi')\n",
+                                         "--node", "alpha")
+        chunks: list[bytes] = []
+        try:
+            wanted = re.compile(r"⋯ rendezvous round 0 · joined 1 of 2\.\.3 \(alpha\) · 1 more needed · timeout in "
+                                r"(1:[0-3]\d|[0-5]?\d s)")
+            assert read_until(main, proc, chunks, lambda raw: any(wanted.fullmatch(f) for f in frames(raw)))
+            run = only_run_dir(tmp_path / "job", "waits")
+
+            def stepped(_raw: str) -> bool:
+                return '"waiting"' in (run / "agent.jsonl").read_text()
+
+            assert read_until(main, proc, chunks, stepped)
+            proc.send_signal(signal.SIGTERM)
+        finally:
+            code, raw = finish(main, proc, chunks)
+    assert code == 128 + signal.SIGTERM, raw
+    events = [json.loads(ln) for ln in (run / "agent.jsonl").read_text().splitlines()]
+    waits = [e for e in events if e["event"] == "waiting"]
+    assert len(waits) == 1, waits  # the next step is 10 s later
+    assert waits[0]["wait"] == "rendezvous" and waits[0]["joined"] == ["alpha"] and waits[0]["joined_count"] == 1
+    assert (waits[0]["min"], waits[0]["max"], waits[0]["role"]) == (2, 3, "leader")
+    assert 0 < waits[0]["left_s"] < 90 and waits[0]["waited_s"] >= 5
+    shown = screen(raw)
+    assert not any(ln.startswith("⋯") for ln in shown), shown  # erased when the wait ended
+    assert not any(ln.lstrip().startswith("{") for ln in shown), shown
+
+
+def test_a_follower_names_the_leader_and_the_leader_counts_both(tmp_path: Path) -> None:
+    """nodes.min 3, two nodes started: the first leads and names both; the second follows and names its leader."""
+    spec = ETCD_SPEC.replace("nodes: 2:3", "nodes: 3")
+    with etcd_server(tmp_path / "etcd") as etcd:
+        text = spec.format(endpoint=etcd.endpoint)
+        lead, lead_pty = start_on_a_terminal(tmp_path / "a", text, "print('hi')\n", "--node", "alpha")
+        lead_out: list[bytes] = []
+        follow_out: list[bytes] = []
+        follow, follow_pty = None, None
+        try:
+            assert read_until(lead_pty, lead, lead_out, lambda raw: "(alpha) · 2 more needed" in raw)
+            follow, follow_pty = start_on_a_terminal(tmp_path / "b", text, "print('hi')\n", "--node", "beta")
+            led = re.compile(r"⋯ rendezvous round 0 · led by alpha · nodes 3 · timeout in (1:[0-3]\d|[0-5]?\d s)")
+            assert read_until(follow_pty, follow, follow_out, lambda raw: any(led.fullmatch(f) for f in frames(raw)))
+            both = re.compile(r"⋯ rendezvous round 0 · joined 2 of 3 \(alpha, beta\) · 1 more needed · timeout in .+")
+            assert read_until(lead_pty, lead, lead_out, lambda raw: any(both.fullmatch(f) for f in frames(raw)))
+        finally:
+            for proc in (follow, lead):
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            codes: list[int] = []
+            try:
+                if follow is not None and follow_pty is not None:
+                    codes.append(finish(follow_pty, follow, follow_out)[0])
+            finally:
+                codes.append(finish(lead_pty, lead, lead_out)[0])  # reaped even if the follower's end failed
+    assert codes == [128 + signal.SIGTERM] * 2

@@ -100,6 +100,8 @@ class WorkerGroup:
         self.workers: dict[int, Worker] = {}  # by local rank
         self.stuck: list[Worker] = []  # stopped but not dead: never reaped by us, still watched by the shepherd
         self.unkillable: list[dict[str, object]] = []
+        self.first_failed: int | None = None  # rank that failed first while nobody stopped us: the root cause
+        self.stopping = False  # stop() began: exits from now on are ours, not failures of their own
 
     def start(self, plan: LaunchPlan) -> None:
         """Spawn every worker of `plan`."""
@@ -158,11 +160,27 @@ class WorkerGroup:
         code = exit_code(result)
         for tee in worker.tees:
             tee.finish()
+        if code != 0 and self.first_failed is None and not self.stopping:
+            self._collateral_begins(worker)
         if not worker.exited.done():
             worker.exited.set_result(code)
         self.events.put_nowait(
             WorkerExited(worker.plan.local_rank, worker.plan.rank, worker.pid, code, worker.attempt)
         )
+
+    def _collateral_begins(self, failed: Worker) -> None:
+        """`failed` is the root cause: what the other ranks print from now on is collateral (folded on a terminal)."""
+        self.first_failed = failed.plan.rank
+        for w in self.workers.values():
+            if w is not failed:
+                for tee in w.tees:
+                    tee.fold(f"rank {failed.plan.rank}")
+
+    def _collateral_ends(self) -> None:
+        """Every rank's output is echoed again (scope worker: the failed worker is replaced, the others go on)."""
+        self.first_failed = None
+        for tee in (t for w in self.workers.values() for t in w.tees):
+            tee.unfold()
 
     def running(self) -> list[Worker]:
         """Workers that have not exited yet."""
@@ -186,6 +204,7 @@ class WorkerGroup:
         die (see `unkillable`).
         """
         live = self.running()
+        self.stopping = True
         if live:
             signum = signal_number(sig)
             self.log.info("workers_stopping", signal=signum.name, grace_s=grace, ranks=[w.plan.rank for w in live])
@@ -199,10 +218,13 @@ class WorkerGroup:
             if left:
                 self.log.warning("workers_killed", signal="SIGKILL", after_s=grace, ranks=[w.plan.rank for w in left])
         await self._finish([w for w in self.workers.values() if not w.reaped])
+        for tee in (t for w in self.workers.values() for t in w.tees):
+            tee.finish()  # the pipes are at EOF now: the last lines, and the folded output's one-line notes
         Console.drain_all(CONSOLE_DRAIN_S)
 
     async def stop_one(self, local_rank: int, sig: int | str, grace: float) -> None:
         """Stop one worker (its whole group, its children) the same way."""
+        self._collateral_ends()  # scope worker: only this one is replaced, the other ranks go on and are heard
         w = self.workers.get(local_rank)
         if w is None or w.reaped:
             return

@@ -4,15 +4,23 @@ The log file is the record and is always written. The console is best effort: it
 head`, a closed terminal: EPIPE, EIO) or stop reading (a paused pager). Console writes happen on one thread per
 console with a bounded backlog, so the agent's loop never blocks on them; the first write error ends the echo for
 good (the job and its log files go on), and a backlog that overflows drops lines and says how many.
+
+On the calm console's terminal, every write makes room for the live line (runner/live_line.py), and a tee told to
+`fold` (its rank's output after a peer's crash: collateral) counts lines instead of echoing them, then says in one
+line how many there were and in which log file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from collections import deque
+from pathlib import Path
 from typing import IO
+
+from runner.live_line import DIM, LIVE, RESET
 
 _CHUNK = 65536
 BACKLOG_BYTES = 4 << 20  # console output waiting to be written, at most; beyond it lines are dropped
@@ -34,6 +42,10 @@ class Console:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._busy = False  # the thread holds data it has not written yet
+        try:
+            self.tty = os.isatty(fd)  # a terminal: it may show the live line, collateral output is folded there
+        except OSError:
+            self.tty = False
 
     @classmethod
     def of(cls, stream: IO[str]) -> Console | None:
@@ -76,9 +88,10 @@ class Console:
                     data = note.encode() + data
                     self.dropped = 0
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self.fd, view) :]
+                with LIVE.writing() if self.tty else contextlib.nullcontext():
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(self.fd, view) :]
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
@@ -117,7 +130,10 @@ class Tee:
         self._file = open(log_path, "ab")  # noqa: SIM115 - closed at EOF
         self._console = Console.of(console)
         self._label = label.encode()
+        self._log_path = log_path
         self._partial = b""
+        self._folded_after = ""  # who failed first, while this tee folds its output ('' while it echoes)
+        self.folded = 0  # lines folded so far, not yet summed up on the console
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(self.fd, self._read)
         self.closed = False
@@ -142,8 +158,32 @@ class Tee:
             return
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
-        if lines:
+        if lines and self._folded_after:
+            self.folded += len(lines)
+        elif lines:
             self._console.write(b"".join(self._label + line + b"\n" for line in lines))
+
+    def fold(self, failed: str) -> None:
+        """From now on count lines instead of echoing them: collateral output after `failed` (e.g. 'rank 0') failed.
+
+        Only on the calm console's terminal; elsewhere (JSON lines, a pipe, a file) the output is echoed as ever.
+        The log file always gets everything.
+        """
+        if not self.closed and self._console is not None and self._console.tty and LIVE.on:
+            self._folded_after = failed
+            self.folded = 0
+
+    def unfold(self) -> None:
+        """Echo again; the lines folded so far become one line on the console."""
+        if not self._folded_after:
+            return
+        if self._console is not None and self.folded:
+            path = "/".join(Path(self._log_path).parts[-3:])  # attempt_<k>/rank_<r>/stderr.log
+            note = f"{self.folded} line(s) of collateral output (after {self._folded_after} failed), in {path}"
+            if LIVE.colors:
+                note = f"{DIM}{note}{RESET}"
+            self._console.write(self._label + note.encode(errors="replace") + b"\n")
+        self._folded_after, self.folded = "", 0
 
     def finish(self) -> None:
         """Read what the pipe holds now (the worker has exited; descendants may still write until EOF)."""
@@ -156,7 +196,10 @@ class Tee:
             return
         self.closed = True
         self._loop.remove_reader(self.fd)
-        if self._partial and self._console is not None:
+        if self._partial and self._console is not None and self._folded_after:
+            self.folded += 1
+        elif self._partial and self._console is not None:
             self._console.write(self._label + self._partial + b"\n")
+        self.unfold()
         self._file.close()
         self._pipe.close()
