@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -49,9 +51,26 @@ def test_success_runs_every_rank_with_the_contract(job):
     assert [e["RANK"] for e in envs] == ["0", "1"]
     assert {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert {e["MASTER_PORT"] for e in envs} != {""}
-    assert all(e["TORCHELASTIC_RUN_ID"] == "probe" for e in envs)
+    run_ids = {e["TORCHELASTIC_RUN_ID"] for e in envs}  # one per run, new every run of a local job
+    assert len(run_ids) == 1
+    assert run_ids.pop().startswith("probe-")
     assert all(e["OMP_NUM_THREADS"] == "1" for e in envs)
     assert "[" in res.stdout and "rank 1 done on attempt 0" in res.stdout
+
+
+def test_torchelastic_enable_file_timer_turns_the_watchdog_on_as_for_torchrun(job):
+    """TORCHELASTIC_ENABLE_FILE_TIMER=1 in the agent's environment serves the file timer (the spec left it off)."""
+    j = probe_job(job)
+    env = dict(j.env(), TORCHELASTIC_ENABLE_FILE_TIMER="1")
+    proc = subprocess.run([sys.executable, "-m", "runner", str(j.spec)], cwd=j.tmp, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    timer_files = [j.worker_info(r)["env"].get("TORCHELASTIC_TIMER_FILE") for r in (0, 1)]
+    assert all(timer_files)
+    assert len(set(timer_files)) == 2  # one FIFO per worker
+    without = probe_job(job)
+    assert without.run().returncode == 0
+    assert "TORCHELASTIC_TIMER_FILE" not in without.worker_info(0)["env"]
 
 
 def test_transition_events_carry_every_field(job):
@@ -121,7 +140,7 @@ def test_sigterm_stops_workers_with_the_signal_and_exits_143(job):
     """SIGTERM to the runner is forwarded to the workers (they see it), and the runner exits 128+15."""
     j = probe_job(job, '"--sleep", "60"')
     proc = j.start()
-    wait_for(lambda: (j.out / "rank1.attempt0.json").exists(), what="workers to start")
+    wait_for(lambda: all((j.out / f"rank{r}.attempt0.json").exists() for r in (0, 1)), what="workers to start")
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
@@ -134,7 +153,7 @@ def test_graceful_stop_lets_workers_finish(job):
     """SIGUSR2 (graceful stop) does not signal the workers: they finish, the job succeeds, no restart."""
     j = probe_job(job, '"--sleep", "2"', max_restarts=3)
     proc = j.start()
-    wait_for(lambda: (j.out / "rank1.attempt0.json").exists(), what="workers to start")
+    wait_for(lambda: all((j.out / f"rank{r}.attempt0.json").exists() for r in (0, 1)), what="workers to start")
     proc.send_signal(signal.SIGUSR2)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -147,7 +166,7 @@ def test_worker_ignoring_sigterm_is_killed_after_grace(job):
     """A worker that ignores SIGTERM gets SIGKILL once the grace period is over."""
     j = probe_job(job, '"--sleep", "60", "--ignore-term"', grace="1s")
     proc = j.start()
-    wait_for(lambda: (j.out / "rank1.attempt0.json").exists(), what="workers to start")
+    wait_for(lambda: all((j.out / f"rank{r}.attempt0.json").exists() for r in (0, 1)), what="workers to start")
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
@@ -174,7 +193,7 @@ def test_status_and_stop_of_a_local_job(job):
     """`runner status` shows the running job's workers; `runner stop` stops it; status after the end says so."""
     j = probe_job(job, '"--sleep", "60"')
     proc = j.start()
-    wait_for(lambda: (j.out / "rank1.attempt0.json").exists(), what="workers to start")
+    wait_for(lambda: all((j.out / f"rank{r}.attempt0.json").exists() for r in (0, 1)), what="workers to start")
     during = json.loads(j.cli("status", "--json").stdout)
     assert during["status"] == "running"
     assert {w["pid"] for w in during["nodes"][0]["workers"]} == {j.worker_info(r)["pid"] for r in (0, 1)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING
 
 from runner import signals
@@ -33,7 +34,7 @@ async def handle(ctx: Context) -> Step:
         ctx.warn("spec_write_failed", error=str(e))
     try:
         await unless_stopped(ctx, ctx.rendezvous.open(ctx.events))
-        if ctx.spec.watchdog.enabled:
+        if ctx.spec.watchdog.enabled or os.environ.get("TORCHELASTIC_ENABLE_FILE_TIMER") == "1":  # as torchrun
             await start_watchdog(ctx)
     except Stopped:
         return Step(Trigger.stop_requested, "stop requested while connecting")
