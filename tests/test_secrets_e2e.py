@@ -284,8 +284,6 @@ def test_etcd_holds_no_env_secret_in_clear(etcd_run: tuple[Observed, str]) -> No
         assert secret not in stored, f"{secret} stored in etcd"
 
 
-@pytest.mark.xfail(strict=True, reason="runner/rendezvous/spec_check.shared_tree digests env values only; "
-                                       "entrypoint args (and endpoints) need redact_argv/has_secret too (etcd engineer)")
 def test_etcd_holds_no_argument_secret_in_clear(etcd_run: tuple[Observed, str]) -> None:
     """A token given as `--api-token X` in entrypoint.args is not stored in etcd in clear either."""
     _, stored = etcd_run

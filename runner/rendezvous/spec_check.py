@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any
 
-from runner.config.redact import has_secret
+from runner.config.redact import has_secret, redact_argv, redact_value
 from runner.config.spec import JobSpec
 
 # Fields that legitimately differ between nodes of one job (paths and addresses local to a node).
@@ -45,6 +45,12 @@ def shared_tree(spec: JobSpec) -> dict[str, Any]:
     if isinstance(env, dict):
         tree["env"] = {k: secret_digest(spec.name, k, str(v)) if has_secret(k, str(v)) else v
                        for k, v in env.items()}
+    entrypoint = tree.get("entrypoint")
+    if isinstance(entrypoint, dict) and isinstance(entrypoint.get("args"), list):
+        entrypoint["args"] = digest_secret_items(spec.name, "entrypoint.args", entrypoint["args"], argv=True)
+    rendezvous = tree.get("rendezvous")
+    if isinstance(rendezvous, dict) and isinstance(rendezvous.get("endpoints"), list):
+        rendezvous["endpoints"] = digest_secret_items(spec.name, "rendezvous.endpoints", rendezvous["endpoints"])
     for dotted in NODE_LOCAL_FIELDS:
         *parents, leaf = dotted.split(".")
         node: Any = tree
@@ -53,6 +59,16 @@ def shared_tree(spec: JobSpec) -> dict[str, Any]:
         if isinstance(node, dict):
             node.pop(leaf, None)
     return tree
+
+
+def digest_secret_items(job: str, field: str, items: list[Any], *, argv: bool = False) -> list[Any]:
+    """`items` with every element redaction would mask (`--token X`'s X, a URL password) replaced by its digest."""
+    texts = [str(v) for v in items]
+    shown = redact_argv(texts) if argv else [redact_value(v) for v in texts]
+    return [
+        secret_digest(job, f"{field}[{i}]", text) if seen != text else original
+        for i, (original, text, seen) in enumerate(zip(items, texts, shown, strict=True))
+    ]
 
 
 def tree_digest(tree: dict[str, Any]) -> str:
