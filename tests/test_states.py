@@ -249,3 +249,14 @@ def test_running_stops_the_job_when_the_guard_is_lost(tmp_path):
     assert (step.outcome, step.exit_code) == (Outcome.ERROR, 3)
     assert "fork failed" in step.reason
     assert ctx.failure.kind is FailureKind.GUARD
+
+
+def test_a_fixed_master_port_is_the_rounds_port_on_the_local_backend():
+    """torchrun's --master-port (rendezvous.master_port) is what the round reports, every attempt."""
+    from runner.rendezvous.local import LocalRendezvous
+
+    rdzv = LocalRendezvous("n0", 2, "127.0.0.1", master_port=29511)
+    assert [run(rdzv.next_round(a)).master_port for a in (0, 1)] == [29511, 29511]
+    free = LocalRendezvous("n0", 2, "127.0.0.1")
+    first, second = (run(free.next_round(a)).master_port for a in (0, 1))
+    assert first != second  # a fresh port every attempt otherwise

@@ -1,4 +1,7 @@
-"""The embedded `local` backend: one node, no external service, a fresh free MASTER_PORT every round."""
+"""The embedded `local` backend: one node, no external service.
+
+A fresh free MASTER_PORT every round, unless the spec fixes one (as torchrun's --master-port does).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +15,11 @@ from runner.rendezvous.ports import free_port
 class LocalRendezvous:
     """Every round completes at once with this node alone; restarts are counted in memory."""
 
-    def __init__(self, node: str, nproc_per_node: int, master_addr: str = "127.0.0.1") -> None:
+    def __init__(
+        self, node: str, nproc_per_node: int, master_addr: str = "127.0.0.1", master_port: int | None = None
+    ) -> None:
         self.node = node
+        self.master_port = master_port  # fixed (torchrun's --master-port), else a free one every round
         self.nproc_per_node = nproc_per_node
         self.master_addr = master_addr
         self.restarts = 0
@@ -25,7 +31,7 @@ class LocalRendezvous:
 
     async def next_round(self, attempt: int) -> RendezvousResult:
         """Round `attempt`: this node is group rank 0 on a port not used by the previous round."""
-        port = free_port(self.master_addr, avoid=(self._last_port,) if self._last_port else ())
+        port = self.master_port or free_port(self.master_addr, avoid=(self._last_port,) if self._last_port else ())
         self._last_port = port
         return RendezvousResult(
             round=attempt,
