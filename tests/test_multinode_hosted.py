@@ -9,6 +9,7 @@ hosted etcd by its agent (checked: gone, port free), owners of a HostedEtcd by t
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import signal
@@ -27,8 +28,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd.host_rule import can_bind, local_addresses, port_taken, wait_for_host
-from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary, listening_inodes, listens
+from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, tcp_listeners, wait_for_host
+from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary, listens
 from tests.etcd_server import free_port
 from tests.test_multinode import Cluster, Node, probe_args
 
@@ -119,7 +120,26 @@ def assert_etcd_gone(event: dict[str, Any], port: int) -> None:
     """The hosted etcd is no process any more (by pid and by data dir) and its client port is free."""
     wait_for(lambda: not alive(int(event["pid"])), timeout=30, what="hosted etcd exits")
     assert processes_using(str(event["data_dir"])) == []
-    assert can_bind(socket.AF_INET, "127.0.0.1", port), "the hosted etcd's port is still taken"
+    left = listeners(port)
+    assert left == set(), f"still listening on the hosted etcd's port: {owners(left)}"
+
+
+def owners(inodes: set[int]) -> list[str]:
+    """'pid: command line' of each process holding one of the socket `inodes`."""
+    wanted, found = {f"socket:[{i}]" for i in inodes}, []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in wanted for fd in os.listdir(f"/proc/{entry}/fd")):
+                found.append(f"{entry}: {Path(f'/proc/{entry}/cmdline').read_bytes().replace(bytes(1), b' ')[:200]!r}")
+        except OSError:
+            continue
+    return found
+
+
+def listeners(port: int) -> set[int]:
+    """Inodes of the sockets listening on TCP `port` on this machine (/proc/net/tcp and tcp6)."""
+    return {i for name in ("tcp", "tcp6") for _, p, i in tcp_listeners(Path(f"/proc/net/{name}").read_text())
+            if p == port}
 
 
 # --- end to end: real agents --------------------------------------------------------------------------------------
@@ -176,6 +196,20 @@ def test_sigkill_of_the_client_node_restarts_the_host_alone(cluster: Cluster) ->
     assert "node b" in json.dumps(report["failures"]) or "b" in {f.get("node") for f in report["failures"]}, report
     retried = [i for i in cluster.worker_files() if i["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
     assert {i["env"]["WORLD_SIZE"] for i in retried} == {"1"}
+    assert_etcd_gone(event, port_of(cluster))
+
+
+def test_a_signal_to_the_hosting_node_stops_every_node(cluster: Cluster) -> None:
+    """SIGTERM to a (the host): the rendezvous leaves with it, so it asks b to stop first; both 143, etcd gone."""
+    cluster.write(hosted_spec(port_of(cluster), args=probe_args(cluster.out, "--sleep", "60")))
+    a, event = start_host(cluster)
+    b = cluster.start("b")
+    wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
+    a.proc.send_signal(signal.SIGTERM)
+    assert cluster.wait_all(60) == {"a": 143, "b": 143}, a.output() + b.output()
+    assert b.edges()[-1] == ("RUNNING", "stop_requested", "SHUTDOWN"), b.edges()
+    assert a.report()["outcome"] == b.report()["outcome"] == "stopped"
+    assert "hosted_node_stopped_job" in a.output()
     assert_etcd_gone(event, port_of(cluster))
 
 
@@ -316,17 +350,36 @@ def test_a_crashed_hosted_etcd_is_started_again(tmp_path: Path) -> None:
 TABLE_HEAD = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 
 
-@given(st.text(max_size=300), st.integers(0, 65535))
-def test_listening_inodes_never_fails_on_any_text(text: str, port: int) -> None:
-    """Whatever /proc/PID/net/tcp holds, the parser returns a set of ints."""
-    assert all(isinstance(i, int) for i in listening_inodes(text, port))
+@given(st.text(max_size=300))
+def test_tcp_listeners_never_fails_on_any_text(text: str) -> None:
+    """Whatever /proc/net/tcp holds, the parser returns (address, port, inode) triples."""
+    assert all(isinstance(ip, str) and 0 <= port < 65536 for ip, port, _ in tcp_listeners(text))
 
 
-@given(st.lists(st.tuples(st.integers(0, 65535), st.sampled_from(["0A", "01", "06"]), st.integers(1, 2**31)),
-                max_size=20), st.integers(0, 65535))
-def test_listening_inodes_finds_exactly_the_listeners_of_the_port(rows: list[tuple[int, str, int]], port: int) -> None:
-    """A generated table: the inodes of rows in state LISTEN (0A) on `port`, no others."""
-    lines = [f"{i:4d}: 0100007F:{p:04X} 00000000:0000 {s} 00000000:00000000 00:00000000 00000000 0 0 {inode} 1"
-             for i, (p, s, inode) in enumerate(rows)]
-    expected = {inode for p, s, inode in rows if p == port and s == "0A"}
-    assert listening_inodes(TABLE_HEAD + "\n".join(lines), port) == expected
+ADDRESSES = st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6))
+
+
+@given(st.lists(st.tuples(ADDRESSES, st.integers(0, 65535), st.sampled_from(["0A", "01", "06"]), st.integers(1, 2**31)),
+                max_size=20))
+def test_tcp_listeners_reads_back_a_generated_table(rows: list[tuple[Any, int, str, int]]) -> None:
+    """A table written the kernel's way (32-bit words, little-endian): exactly its LISTEN (0A) rows come back."""
+    def kernel_hex(ip: Any) -> str:
+        raw = ip.packed
+        return "".join(raw[i:i + 4][::-1].hex().upper() for i in range(0, len(raw), 4))
+
+    lines = [f"{n:4d}: {kernel_hex(ip)}:{p:04X} 00000000:0000 {s} 00000000:00000000 00:00000000 00000000 0 0 {inode} 1"
+             for n, (ip, p, s, inode) in enumerate(rows)]
+    expected = [(ip, p, inode) for ip, p, s, inode in rows if s == "0A"]
+    found = tcp_listeners(TABLE_HEAD + "\n".join(lines))
+    assert [(ipaddress.ip_address(ip), p, inode) for ip, p, inode in found] == expected
+
+
+def test_port_taken_sees_a_listener_not_a_bound_socket() -> None:
+    """A listening socket takes the port (on its address or a wildcard); a merely bound one does not."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        assert not port_taken(("127.0.0.1",), port)
+        bound.listen()
+        assert port_taken(("127.0.0.1",), port)
+        assert not port_taken(("127.0.0.2",), port)

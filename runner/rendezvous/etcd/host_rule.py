@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 from runner.errors import RendezvousError
@@ -27,6 +27,9 @@ from runner.errors import RendezvousError
 WAIT_RETRY_S = 0.2
 WAIT_RETRY_MAX_S = 1.0
 PROBE_TIMEOUT_S = 2.0
+PROC = Path("/proc")
+TCP_LISTEN = "0A"  # the state column of a listening socket in /proc/net/tcp
+WILDCARDS = ("0.0.0.0", "::")  # noqa: S104 - addresses a listener may hold, never bound here
 
 
 async def local_addresses(host: str) -> tuple[str, ...]:
@@ -57,18 +60,48 @@ def can_bind(family: int, ip: str, port: int = 0) -> bool:
     return True
 
 
-def port_taken(ips: tuple[str, ...], port: int) -> bool:
-    """Whether `port` is already bound on one of `ips` (another agent's etcd, or any other program)."""
-    for ip in ips:
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((ip, port))
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return True
+def port_taken(ips: tuple[str, ...], port: int, proc: Path = PROC) -> bool:
+    """Whether a socket listens on `port` at one of `ips` or at a wildcard address: per /proc/net/tcp and tcp6.
+
+    That is another agent's etcd (or any other server). Listeners count, not bound sockets: the connections of an
+    etcd that just stopped may hold the port a while longer (FIN_WAIT), and etcd can listen in spite of them.
+    """
+    wanted = {*ips, *WILDCARDS}
+    for name in ("tcp", "tcp6"):
+        try:
+            table = (proc / "net" / name).read_text()
+        except OSError:
+            continue
+        if any(ip in wanted for ip, p, _ in tcp_listeners(table) if p == port):
+            return True
     return False
+
+
+def tcp_listeners(table: str) -> list[tuple[str, int, int]]:
+    """(address, port, socket inode) of each listening socket in the text of /proc/net/tcp or tcp6.
+
+    Lines that are not well formed are skipped: the parser never fails, whatever the text.
+    """
+    found: list[tuple[str, int, int]] = []
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != TCP_LISTEN:
+            continue
+        hex_ip, _, hex_port = fields[1].partition(":")
+        try:
+            found.append((hex_address(hex_ip), int(hex_port, 16), int(fields[9])))
+        except ValueError:
+            continue
+    return found
+
+
+def hex_address(text: str) -> str:
+    """An address as /proc/net/tcp{,6} writes it (32-bit words in host order, here little-endian) in text form."""
+    if len(text) not in (8, 32):
+        msg = f"not an address: {text!r}"
+        raise ValueError(msg)
+    raw = b"".join(bytes.fromhex(text[i:i + 8])[::-1] for i in range(0, len(text), 8))
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
 
 
 def url_host(ip: str) -> str:

@@ -63,6 +63,10 @@ class HostedRendezvous:
                                 self._log)
             if await server.start(rdzv.connect_timeout):
                 self._server = server
+            elif not port_taken(ips, endpoint.port):
+                msg = f"cannot host the rendezvous: port {endpoint.port} is in use on this machine, but not by a server"
+                raise RendezvousError(msg, fix="free the port (see `ss -tanp`), or choose another port in "
+                                      "rendezvous.endpoints")
         if self._server is None:
             if ips:
                 self._log.info("rendezvous_hosted_by_another_agent", endpoint=rdzv.endpoints[0],

@@ -30,7 +30,7 @@ import structlog
 
 from runner.errors import RendezvousError
 from runner.private_files import private_dir
-from runner.rendezvous.etcd.host_rule import url_host
+from runner.rendezvous.etcd.host_rule import tcp_listeners, url_host
 from runner.rendezvous.ports import free_port
 from runner.workers import procs
 from runner.workers.launch_plan import helper_env
@@ -41,7 +41,6 @@ POLL_S = 0.02
 STOP_GRACE_S = 5.0
 MAX_RESTARTS = 3
 LOG_TAIL_BYTES = 2000
-TCP_LISTEN = "0A"  # the state column of a listening socket in /proc/net/tcp
 
 
 def etcd_binary(beside: Path | None = None, path: str | None = None) -> str:
@@ -58,28 +57,12 @@ def etcd_binary(beside: Path | None = None, path: str | None = None) -> str:
     return found
 
 
-def listening_inodes(table: str, port: int) -> set[int]:
-    """Socket inodes listening on TCP `port`, from the text of /proc/PID/net/tcp or tcp6 (bad lines skipped)."""
-    found: set[int] = set()
-    for line in table.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 10 or fields[3] != TCP_LISTEN:
-            continue
-        _, _, hex_port = fields[1].rpartition(":")
-        try:
-            if int(hex_port, 16) == port:
-                found.add(int(fields[9]))
-        except ValueError:
-            continue
-    return found
-
-
 def listens(pid: int, port: int) -> bool:
     """Whether process `pid` itself holds a socket listening on TCP `port` (not merely someone on this machine)."""
     inodes: set[int] = set()
     for name in ("tcp", "tcp6"):
         with contextlib.suppress(OSError):
-            inodes |= listening_inodes(Path(f"/proc/{pid}/net/{name}").read_text(), port)
+            inodes |= {i for _, p, i in tcp_listeners(Path(f"/proc/{pid}/net/{name}").read_text()) if p == port}
     if not inodes:
         return False
     wanted = {f"socket:[{i}]" for i in inodes}

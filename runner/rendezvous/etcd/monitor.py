@@ -64,7 +64,7 @@ class RoundMonitor:
                     if register:
                         await watch.start()  # resumes from the last revision seen
                         register = False
-                    self._dispatch(await watch.next())
+                    await self._dispatch(await watch.next())
                 except RendezvousError as exc:  # etcd unreachable past connect_timeout: retry
                     self._log.warning("etcd_monitor_retry", error=exc.message)
                     await asyncio.sleep(RETRY_S)
@@ -72,7 +72,7 @@ class RoundMonitor:
         finally:
             await watch.cancel()
 
-    def _dispatch(self, ev: Event) -> None:
+    async def _dispatch(self, ev: Event) -> None:
         key, put, r = ev.key, ev.kind == PUT, self._res.round
         if key == self._k.control and put:
             self._on_control(load(ev.value))
@@ -81,11 +81,25 @@ class RoundMonitor:
         elif key.startswith(self._k.round_nodes(r)) and not put:
             node = JobKeys.leaf(key)
             last = self._states.get(node) or {}
-            if last.get("outcome") != "succeeded":
+            if last.get("outcome") != "succeeded" and node in self._members and not await self._stopping():
                 self._lost(node, "lease expired or node left" if not last.get("outcome")
                            else f"node ended ({last['outcome']})")
         elif key.startswith(self._k.round_nodes(r + 1)) and put:
             self._on_waiting(JobKeys.leaf(key))
+
+    async def _stopping(self) -> bool:
+        """Whether the job is being stopped (the control key says so; then StopRequested is emitted).
+
+        Read when a member leaves: the watches of the control key and of the join keys are separate, so a node
+        leaving because of a stop may be seen before the stop itself. The stop, not a lost peer, is then the news.
+        """
+        try:
+            raw = await self._s.call(lambda c: c.get(self._k.control))
+        except RendezvousError:
+            return False
+        control = load(raw.value) if raw is not None else None
+        self._on_control(control)
+        return isinstance(control, dict) and control.get("state") == "stopping"
 
     def _on_state(self, node: str, state: Any) -> None:
         if not isinstance(state, dict):
