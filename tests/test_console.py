@@ -462,12 +462,13 @@ restart: {max_restarts: 0}
 shutdown: {grace_period: 3s}
 logs: {dir: logs}
 """
-# Rank 1 says it is ready, then rank 0 crashes (the root cause). Rank 1 answers the runner's SIGTERM with a
-# traceback, as a rank does when its peer's crash breaks a collective, and stays alive through the grace period.
+# Rank 1 says it is ready; once the runner has read that (it is in rank 1's log), rank 0 crashes: the root cause.
+# Rank 1 answers the runner's SIGTERM with a traceback, as a rank does when its peer's crash breaks a collective,
+# and stays alive through the grace period.
 ROOT_AND_COLLATERAL = """\
 import os, signal, sys, time, traceback
 rank = int(os.environ["RANK"])
-ready = os.path.join(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]), "..", "rank1_ready")
+ready = os.path.join(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"]), "..", "rank_1", "stdout.log")
 if rank == 1:
     def collateral(signum, frame):
         try:
@@ -477,10 +478,9 @@ if rank == 1:
         sys.stderr.flush()
     signal.signal(signal.SIGTERM, collateral)
     print("rank 1 ready", flush=True)
-    open(ready, "w").close()
     while True:
         time.sleep(0.1)
-while not os.path.exists(ready):
+while not (os.path.exists(ready) and open(ready).read()):
     time.sleep(0.05)
 raise RuntimeError("root cause on purpose")
 """
