@@ -221,3 +221,22 @@ def test_missing_entrypoint_is_a_clear_spec_error(job, entry, message):
     assert "Traceback" not in res.stderr
     assert " — " in res.stderr  # every problem comes with its fix
     assert not j.logs.exists()  # preflight refused before the run dir, any worker or any etcd key existed
+
+
+def test_console_streams_per_rank_reach_the_console_but_files_keep_everything(job):
+    """torchrun's --redirects 1:1 (logs.console_streams): rank 1's stdout stays off the console, not out of its file."""
+    j = job("""
+        version: 1
+        name: streams
+        entrypoint:
+          script: ${PROBE}
+          args: ["--dir", "${OUT}"]
+        nproc_per_node: 2
+        logs: {dir: "${LOGS}", console_streams: "0:all,1:stderr"}
+    """)
+    res = j.run()
+    assert res.returncode == 0, res.stderr
+    assert "rank 0 done on attempt 0" in res.stdout
+    assert "rank 1 done on attempt 0" not in res.stdout
+    rank1 = next(j.run_dir().glob("attempt_0/rank_1/stdout.log")).read_text()
+    assert "rank 1 done on attempt 0" in rank1

@@ -114,13 +114,12 @@ class WorkerGroup:
         tag = self.shepherd.worker_tag(plan.attempt, wp.local_rank)
         cgroup = self.shepherd.worker_cgroup(plan.attempt, wp.local_rank)
         argv = list(wp.argv) if cgroup is None else JobCgroup.enter(cgroup, list(wp.argv))
-        stdout: Any
-        stderr: Any
-        if self.tee:
-            stdout = stderr = subprocess.PIPE
-        else:
-            stdout = Path(wp.stdout_path).open("ab")  # noqa: SIM115 - handed to the child, closed below
-            stderr = Path(wp.stderr_path).open("ab")  # noqa: SIM115
+        # A stream echoed on the console is piped through a Tee; any other goes straight to the rank's log file
+        # (logs.tee off, or torchrun's --redirects / --local-ranks-filter for this rank: logs.console_streams).
+        echoed = (self.tee and wp.stdout_to_console, self.tee and wp.stderr_to_console)
+        files = [None if echo else Path(path).open("ab")  # noqa: SIM115 - handed to the child, closed below
+                 for echo, path in zip(echoed, (wp.stdout_path, wp.stderr_path), strict=True)]
+        stdout, stderr = (subprocess.PIPE if f is None else f for f in files)
         try:
             proc = subprocess.Popen(
                 argv,
@@ -132,17 +131,18 @@ class WorkerGroup:
                 start_new_session=True,
             )
         finally:
-            if not self.tee:
-                stdout.close()
-                stderr.close()
+            for f in files:
+                if f is not None:
+                    f.close()
         pidfd = os.pidfd_open(proc.pid)  # not reaped by anyone but us: the pid is still this process's
         self.shepherd.watch(proc.pid)
         loop = asyncio.get_running_loop()
         worker = Worker(wp, plan.attempt, proc, pidfd, loop.create_future(), tag, cgroup)
-        if self.tee:
-            label = self.prefix.format(node=plan.node, rank=wp.rank, local_rank=wp.local_rank, attempt=plan.attempt)
-            worker.tees = [_tee(proc.stdout, wp.stdout_path, sys.stdout, label),
-                           _tee(proc.stderr, wp.stderr_path, sys.stderr, label)]
+        label = self.prefix.format(node=plan.node, rank=wp.rank, local_rank=wp.local_rank, attempt=plan.attempt)
+        if proc.stdout is not None:
+            worker.tees.append(_tee(proc.stdout, wp.stdout_path, sys.stdout, label))
+        if proc.stderr is not None:
+            worker.tees.append(_tee(proc.stderr, wp.stderr_path, sys.stderr, label))
         loop.add_reader(pidfd, self._on_exit, worker)
         self.workers[wp.local_rank] = worker
         self.log.info("worker_started", rank=wp.rank, local_rank=wp.local_rank, pid=proc.pid)
