@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import Job, wait_for
 from etcd_server import EtcdServer, etcd_server
 
