@@ -62,7 +62,12 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     if addr is None:
         addr = "127.0.0.1" if spec.rendezvous.backend == "local" else socket.getfqdn()
     ctx = Context(
-        spec=spec, node=node, run_id=spec.name, run_dir=run_dir, rendezvous=make_rendezvous(spec, node, addr), log=log
+        spec=spec,
+        node=node,
+        run_id=spec.name,
+        run_dir=run_dir,
+        rendezvous=make_rendezvous(spec, node, addr, run_dir=run_dir),
+        log=log,
     )
     ctx.shepherd.on_lost = lambda why: ctx.events.put_nowait(GuardLost(why))
     transitions = JsonLines(run_dir / "transitions.jsonl")

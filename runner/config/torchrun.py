@@ -26,6 +26,7 @@ __all__ = ["ConvertError", "convert", "to_yaml"]
 
 RDZV_CONF = {"join_timeout": "join_timeout", "last_call_timeout": "last_call"}
 LOOPBACK = ("", "localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0")  # noqa: S104 - compared, never bound
+HOSTED_PORT = 29400  # torchrun's default c10d port: the self-hosted rendezvous listens there
 STD_VALUE = re.compile(r"^[0123]$")
 STD_MAP = re.compile(r"^(\d:[0123],)*(\d:[0123])$")  # torch's _MAPPING_REGEX: local ranks 0-9 only
 STREAMS = {0: "none", 1: "stdout", 2: "stderr", 3: "all"}
@@ -162,18 +163,22 @@ class Conversion:
             rdzv["endpoints"] = endpoint
             if backend in {"etcd-v2", "etcd"}:
                 self.note(f"--rdzv-backend {backend}: the runner uses etcd's v3 API (etcd 3.4+ serves it)")
-        else:
-            host = self.p.text("master_addr", "127.0.0.1") if backend == "static" else (
-                endpoint.rpartition(":")[0] if ":" in endpoint else endpoint)
-            rdzv["endpoints"] = f"{host or '127.0.0.1'}:2379"
-            self.note(f"--rdzv-backend {backend}: the runner has no agent-hosted store; run an etcd and point "
-                      f"rendezvous.endpoints at it (written: {rdzv['endpoints']})")
+        else:  # c10d or static: one node hosts the rendezvous itself (an etcd it starts), nothing else to run
+            if backend == "static":
+                host, port = self.p.text("master_addr", "127.0.0.1"), HOSTED_PORT
+            else:
+                host, _, port_text = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+                port = int(port_text) if port_text.isdigit() else HOSTED_PORT
+            rdzv["hosted"] = True
+            rdzv["endpoints"] = f"{host or '127.0.0.1'}:{port}"
+            self.note(f"--rdzv-backend {backend}: self-hosted rendezvous (rendezvous.hosted): the node whose machine "
+                      f"has {host or '127.0.0.1'} starts an etcd on port {port} for the others, as c10d's host "
+                      "does; install it with `pip install 'runner[etcd]'` (docs/multinode.md)")
         if backend == "static":
             if self.p.set("master_port"):
                 rdzv["master_port"] = self.integer("master_port", "--master-port", "29500", 1)
-            self.note("--node-rank/--master-addr (static rendezvous): the rendezvous orders the nodes and group "
-                      "rank 0's agent is MASTER_ADDR; start each agent with `runner job.yaml --node ID "
-                      "--advertise-addr ITS_ADDR`")
+            self.note("--node-rank: start each agent with `runner job.yaml --node nodeR` (zero-padded beyond 10 "
+                      "nodes: ids are ordered as text) and `--advertise-addr ITS_ADDR`")
         if self.p.set("local_addr"):
             self.note(f"--local-addr {self.p.text('local_addr')}: per node; start that node's agent with "
                       "`runner job.yaml --advertise-addr ADDR`")

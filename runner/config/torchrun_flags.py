@@ -69,10 +69,11 @@ FLAGS: tuple[Flag, ...] = (
          note="A number, or auto (GPUs if any, else CPUs), gpu, xpu, cpu: counted on each node when the job "
               "starts, without importing torch. Other accelerator names: refused, as torchrun refuses them."),
     Flag(_both("--rdzv-backend"), "rendezvous.backend", default="static",
-         note="etcd/etcd-v2 -> etcd (v3 API); c10d/static on more than one node -> etcd (the runner has no "
-              "agent-hosted store): point rendezvous.endpoints at an etcd."),
+         note="etcd/etcd-v2 -> etcd (v3 API); c10d/static on more than one node -> the self-hosted rendezvous "
+              "(rendezvous.hosted: the node with the endpoint's address starts an etcd, as c10d's host does)."),
     Flag(_both("--rdzv-endpoint"), "rendezvous.endpoints",
-         note="Kept for etcd backends; for c10d/static the host with etcd's port 2379, with a note."),
+         note="Kept for etcd backends; for c10d its HOST:PORT (port 29400 if none), for static MASTER_ADDR:29400: "
+              "where the hosting node's etcd listens."),
     Flag(_both("--rdzv-id"), "name", default="none",
          note="Becomes the job name (sanitised to the name pattern); TORCHELASTIC_RUN_ID is the name on etcd jobs "
               "and name-<run dir> on local ones."),

@@ -227,7 +227,8 @@ class EtcdRendezvous:
             r, previous = await self._open_round()
             join_key = self._keys.join(r, self._node)
             record: dict[str, Any] = {"addr": self._addr, "nproc": self._spec.nproc_per_node,
-                                      "port": free_port(avoid=(last_port,)), "joined": time.time(),
+                                      "port": self._spec.rendezvous.master_port or free_port(avoid=(last_port,)),
+                                      "joined": time.time(),
                                       "attempt": attempt}
             waiter.append(RoundWaiter(self.session, self._keys, self._node, r, rules, previous, self._log))
             state = self._state_record({**self._state, "state": "RENDEZVOUS", "attempt": attempt, "joining": r})
