@@ -245,8 +245,15 @@ def short(value: object) -> str:
         return f"{value:.3g}" if abs(value) < 1e6 else f"{value:.0f}"
     if isinstance(value, list | tuple):
         return ",".join(short(v) for v in value)
-    text = str(value)
+    text = printable(str(value))
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped (a node id may be any text): one console line stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 class ConsoleWriter:
