@@ -13,8 +13,9 @@ reply's header goes through a ClusterIdentity, which notices an etcd that lost i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -67,6 +68,19 @@ class Unavailable(Exception):
 
 class LeaseNotFound(RendezvousError):
     """A write named a lease etcd does not know (it expired, or etcd lost its data)."""
+
+
+@contextlib.contextmanager
+def rpc_errors() -> Iterator[None]:
+    """Turn gRPC errors into RendezvousErrors, and a cancel caused by our own reconnect into Unavailable."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        raise translate(exc) from exc
+    except asyncio.CancelledError:
+        if not channel_closed_under_us():
+            raise
+        raise Unavailable(CLOSED_UNDER_US) from None
 
 
 def channel_closed_under_us() -> bool:
@@ -195,14 +209,8 @@ class Connection:
 
     async def _unary(self, method: Any, request: Any, *, linearizable: bool = True) -> Any:
         floor = self._identity.revision if linearizable else None
-        try:
+        with rpc_errors():
             reply = await method(request, timeout=self.timeout, metadata=self.metadata)
-        except grpc.aio.AioRpcError as exc:
-            raise translate(exc) from exc
-        except asyncio.CancelledError:
-            if not channel_closed_under_us():
-                raise
-            raise Unavailable(CLOSED_UNDER_US) from None
         self._identity.check(reply.header, floor)
         return reply
 
@@ -248,14 +256,9 @@ class Connection:
         """Refresh a lease once; its TTL now (0 or less: etcd does not know it)."""
         call = self.leases.LeaseKeepAlive(metadata=self.metadata, timeout=self.timeout)
         try:
-            await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
-            reply = await call.read()
-        except grpc.aio.AioRpcError as exc:
-            raise translate(exc) from exc
-        except asyncio.CancelledError:
-            if not channel_closed_under_us():
-                raise
-            raise Unavailable(CLOSED_UNDER_US) from None
+            with rpc_errors():
+                await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
+                reply = await call.read()
         finally:
             call.cancel()
         if reply is grpc.aio.EOF:
