@@ -46,8 +46,8 @@ async def handle(ctx: Context) -> Step:
 
 async def start_watchdog(ctx: Context) -> None:
     """Start the file-timer server; its expiries become TimerExpired events."""
-    from runner.watchdog.service import start
+    from runner.watchdog.service import Watchdog
 
-    ctx.timer = await start(
-        ctx.spec.watchdog, run_dir=ctx.run_dir, events=ctx.events, log=ctx.log, group=lambda: ctx.group
-    )
+    timer = Watchdog(ctx.spec.watchdog, run_dir=ctx.run_dir, events=ctx.events, log=ctx.log, group=lambda: ctx.group)
+    await timer.start()
+    ctx.timer = timer

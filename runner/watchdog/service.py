@@ -141,6 +141,10 @@ class Watchdog:
         if self.monitor is not None:
             self.monitor.clear()
 
+    async def start(self) -> None:
+        """Open every worker's FIFO and start serving timer requests."""
+        await self.server.start()
+
     async def stop(self) -> None:
         """Stop both; cancel kills in flight."""
         for task in list(self._tasks):
@@ -148,17 +152,3 @@ class Watchdog:
         self.clear()
         await self.server.stop()
 
-
-async def start(
-    cfg: WatchdogSpec,
-    *,
-    run_dir: Path,
-    events: EventSink,
-    log: structlog.typing.FilteringBoundLogger,
-    group: Callable[[], WorkerGroup | None],
-    clock: Clock | None = None,
-) -> Watchdog:
-    """Create and start the watchdog (the spec's `watchdog` section) for the run in `run_dir`."""
-    dog = Watchdog(cfg, run_dir=run_dir, events=events, log=log, group=group, clock=clock)
-    await dog.server.start()
-    return dog
