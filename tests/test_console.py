@@ -145,29 +145,7 @@ def run_on_a_terminal(tmp_path: Path, *args: str) -> tuple[int, str]:
     proc = subprocess.Popen([sys.executable, "-m", "runner", str(spec), *args], cwd=tmp_path, env=env(tmp_path),
                             stdin=subprocess.DEVNULL, stdout=sub, stderr=sub)
     os.close(sub)
-    chunks = []
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([main], [], [], 1.0)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            try:
-                data = os.read(main, 65536)
-            except OSError:  # EIO: the terminal's other side is closed
-                break
-            if not data:
-                break
-            chunks.append(data)
-        code = proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.close(main)
-    return code, b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    return finish(main, proc, [])
 
 
 def run_dir(tmp_path: Path) -> Path:
