@@ -63,16 +63,16 @@ def settle(ctx: Context, edge: Edge) -> Step:
     limit = ctx.spec.restart.max_restarts
     if edge.trigger is Trigger.retry:
         return Step(edge.trigger, f"restart {ctx.restarts} of {limit}")
-    failed = Step(edge.trigger, "", Outcome.FAILED, EXIT_WORKERS_FAILED)
+
+    def gave_up(reason: str, exit_code: int = EXIT_WORKERS_FAILED) -> Step:
+        return Step(edge.trigger, reason, Outcome.FAILED, exit_code)
+
     if edge.when is Guard.stopping:
-        return Step(edge.trigger, "stopping: no restart", Outcome.FAILED, EXIT_WORKERS_FAILED)
+        return gave_up("stopping: no restart")
     if edge.when is Guard.infrastructure:
-        reason = failure.reason if failure is not None else "infrastructure failure"
-        return Step(edge.trigger, f"not retried: {reason}", Outcome.FAILED, EXIT_INFRA)
+        return gave_up(f"not retried: {failure.reason if failure else 'infrastructure failure'}", EXIT_INFRA)
     if edge.when is Guard.non_retryable_exit:
-        code = failure.exit_code if failure is not None else None
-        return Step(edge.trigger, f"exit code {code} is non-retryable", failed.outcome, failed.exit_code)
+        return gave_up(f"exit code {failure.exit_code if failure else None} is non-retryable")
     if ctx.budget_error:
-        return Step(edge.trigger, f"not retried: the restart budget is unreachable ({ctx.budget_error})",
-                    Outcome.FAILED, EXIT_INFRA)
-    return Step(edge.trigger, f"restart budget spent ({limit} of {limit} used)", failed.outcome, failed.exit_code)
+        return gave_up(f"not retried: the restart budget is unreachable ({ctx.budget_error})", EXIT_INFRA)
+    return gave_up(f"restart budget spent ({limit} of {limit} used)")
