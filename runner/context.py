@@ -55,6 +55,7 @@ class Context:
     exit_code: int = 0
     timer: Watchdog | None = None  # the file-timer server and heartbeat monitor, when the watchdog is on
     started: float = field(default_factory=time.monotonic)
+    identity: dict[str, Any] = field(default_factory=agent_identity)  # read once: it never changes while we run
     deadline_armed: bool = False
     warnings: list[str] = field(default_factory=list)  # side failures (status writes, etcd) that did not stop the job
     report_path: Path | None = None  # where report.json went (the run dir, or a fallback when it could not)
@@ -69,7 +70,7 @@ class Context:
                 workers.append({"rank": w.plan.rank, "local_rank": w.plan.local_rank, "pid": w.pid, "exit_code": code})
         return {
             "node": self.node,
-            **agent_identity(),  # pid and start time: `runner stop` proves it is still this agent
+            **self.identity,  # pid and start time: `runner stop` proves it is still this agent
             "state": self.state.value,
             "attempt": self.attempt,
             "restarts": self.restarts,
