@@ -46,12 +46,17 @@ class Run:
         return (self.run_dir, self.node)
 
 
-def index_path(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the index lives: $XDG_STATE_HOME/runner/runs.jsonl, else ~/.local/state/runner/runs.jsonl."""
+def state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The runner's per-user state folder: $XDG_STATE_HOME/runner, else ~/.local/state/runner."""
     env = os.environ if environ is None else environ
     base = env.get("XDG_STATE_HOME") or ""
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"  # the XDG spec: ignore relative
-    return root / "runner" / "runs.jsonl"
+    return root / "runner"
+
+
+def index_path(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the index lives: <state dir>/runs.jsonl."""
+    return state_dir(environ) / "runs.jsonl"
 
 
 def start_line(job: str, node: str, run_dir: Path, backend: str, now: float | None = None) -> dict[str, Any]:

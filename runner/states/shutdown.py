@@ -6,7 +6,6 @@ Nothing here may overturn the workers' result: a status write, etcd or the conso
 from __future__ import annotations
 
 import json
-import os
 import signal
 import tempfile
 import time
@@ -17,6 +16,7 @@ from runner.errors import EXIT_OK, EXIT_STOPPED_BASE
 from runner.machine import JobState
 from runner.outcomes import Outcome
 from runner.private_files import write_private
+from runner.runs_index import state_dir
 
 if TYPE_CHECKING:
     from runner.context import Context
@@ -74,10 +74,14 @@ def report(ctx: Context) -> dict[str, Any]:
 def write_report(ctx: Context) -> Path | None:
     """Write <run dir>/report.json, or a fallback file the console names when the run dir can't take it.
 
-    The run dir may be full or read-only. Returns where it went (None if nowhere could).
+    The run dir may be full or read-only: then <state dir>/reports/, then the temp dir. Returns where it went (None
+    if nowhere could).
     """
     text = json.dumps(report(ctx), indent=2, default=str)
-    for path in (ctx.run_dir / "report.json", fallback_path(ctx)):
+    name = f"{ctx.spec.name}-{ctx.run_dir.name}-report.json"
+    candidates = (ctx.run_dir / "report.json", state_dir() / "reports" / name,
+                  Path(tempfile.gettempdir()) / f"runner-{name}")
+    for path in candidates:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_private(path, text)
@@ -89,18 +93,3 @@ def write_report(ctx: Context) -> Path | None:
         ctx.report_path = path
         return path
     return None
-
-
-def fallback_path(ctx: Context) -> Path:
-    """Where the report goes when the run dir can't take it: $XDG_STATE_HOME/runner/reports or the temp dir."""
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    name = f"{ctx.spec.name}-{ctx.run_dir.name}-report.json"
-    home = Path(base) / "runner" / "reports" / name
-    try:
-        home.parent.mkdir(parents=True, exist_ok=True)
-        probe = home.parent / ".probe"
-        probe.write_text("", encoding="utf-8")
-        probe.unlink()
-    except OSError:
-        return Path(tempfile.gettempdir()) / f"runner-{name}"
-    return home
