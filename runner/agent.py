@@ -64,7 +64,6 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     ctx = Context(
         spec=spec,
         node=node,
-        run_id=spec.name,
         run_dir=run_dir,
         rendezvous=make_rendezvous(spec, node, addr, run_dir=run_dir),
         log=log,

@@ -35,7 +35,6 @@ class Context:
 
     spec: JobSpec
     node: str
-    run_id: str
     run_dir: Path
     rendezvous: Rendezvous
     log: structlog.typing.FilteringBoundLogger
@@ -74,7 +73,7 @@ class Context:
             "state": self.state.value,
             "attempt": self.attempt,
             "restarts": self.restarts,
-            "run_id": self.run_id,
+            "run_id": self.spec.name,
             "run_dir": str(self.run_dir),
             "heartbeat": time.time(),
             "workers": workers,
@@ -88,8 +87,6 @@ class Context:
             self.spec,
             self.result,
             attempt=self.attempt,
-            restart_count=self.attempt,
-            run_id=self.spec.name,
             run_dir=str(self.run_dir),
             base_env=os.environ,
             rank_env=self.timer.worker_env(range(self.result.nproc_per_node)) if self.timer is not None else None,

@@ -36,7 +36,7 @@ def spec(**kw) -> JobSpec:
 
 def plan(s: JobSpec | None = None, **kw):
     """build_plan with sensible defaults."""
-    args = {"attempt": 2, "restart_count": 2, "run_id": "j", "run_dir": "/r", "base_env": {"PATH": "/bin"}}
+    args = {"attempt": 2, "run_dir": "/r", "base_env": {"PATH": "/bin"}}
     args.update(kw)
     return build_plan(s or spec(), result(), **args)
 
@@ -124,7 +124,7 @@ def test_helper_env_keeps_only_locale_and_path():
 
 def test_omp_threads_only_when_workers_share_the_node():
     """As torchrun: OMP_NUM_THREADS=1 with more than one worker per node, nothing with one worker."""
-    one = build_plan(spec(), result(nproc=1), attempt=0, restart_count=0, run_id="j", run_dir="/r", base_env={})
+    one = build_plan(spec(), result(nproc=1), attempt=0, run_dir="/r", base_env={})
     assert "OMP_NUM_THREADS" not in dict(one.workers[0].env)
     assert dict(plan().workers[0].env)["OMP_NUM_THREADS"] == "1"
 

@@ -75,7 +75,7 @@ def make_ctx(tmp_path: Path, rdzv: FakeRendezvous | None = None) -> Context:
     spec = load_spec_text(SPEC, source=str(tmp_path / "job.yaml"))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    return Context(spec=spec, node="n0", run_id="states", run_dir=run_dir, rendezvous=rdzv or FakeRendezvous(),
+    return Context(spec=spec, node="n0", run_dir=run_dir, rendezvous=rdzv or FakeRendezvous(),
                    log=Log())
 
 

@@ -30,7 +30,7 @@ def plan_view(spec: JobSpec, node: str = "node0") -> dict[str, Any]:
             master_port=PORT_PLACEHOLDER,
         )
         plan = build_plan(
-            spec, result, attempt=0, restart_count=0, run_id=spec.name, run_dir="<run dir>", base_env={}
+            spec, result, attempt=0, run_dir="<run dir>", base_env={}
         )
         ranks = [
             {

@@ -132,15 +132,15 @@ def worker_argv(spec: JobSpec, local_rank: int | None = None, python_exec: str |
     return (program, *rest)
 
 
-def elastic_run_id(spec: JobSpec, run_id: str, run_dir: str) -> str:
-    """TORCHELASTIC_RUN_ID for a run of `run_id` (the job name).
+def elastic_run_id(spec: JobSpec, run_dir: str) -> str:
+    """TORCHELASTIC_RUN_ID of a run of `spec`.
 
     On a multi-node backend every node must agree on it: the job name. With the local backend it is unique per
-    run (`<run_id>-<run dir name>`), as torchrun --standalone's uuid is.
+    run (`<job name>-<run dir name>`), as torchrun --standalone's uuid is.
     """
     if spec.rendezvous.backend != "local":
-        return run_id
-    return f"{run_id}-{PurePath(run_dir).name}"
+        return spec.name
+    return f"{spec.name}-{PurePath(run_dir).name}"
 
 
 def virtual_device(base_env: Mapping[str, str], local_rank: int) -> str:
@@ -189,8 +189,6 @@ def build_plan(
     rdzv: RendezvousResult,
     *,
     attempt: int,
-    restart_count: int,
-    run_id: str,
     run_dir: str,
     base_env: Mapping[str, str],
     extra_env: Mapping[str, str] | None = None,
@@ -200,16 +198,16 @@ def build_plan(
 
     Each worker gets `base_env` (as torchrun: the agent's environment), then the defaults, then `spec.env`, then
     the contract; the agent's secret sources (`agent_secret_vars`) are removed from the result wherever they came
-    from, so the etcd password reaches no worker even if `spec.env` names its variable. `run_id` is the job's
-    (the job name); TORCHELASTIC_RUN_ID is `elastic_run_id` of it.
+    from, so the etcd password reaches no worker even if `spec.env` names its variable. TORCHELASTIC_RUN_ID is
+    `elastic_run_id`; TORCHELASTIC_RESTART_COUNT is `attempt` (0, 1, ...).
     """
     withheld = agent_secret_vars(spec)
-    elastic_id = elastic_run_id(spec, run_id, run_dir)
+    elastic_id = elastic_run_id(spec, run_dir)
     workers = []
     for local_rank in range(rdzv.nproc_per_node):
         rank = rdzv.global_rank(local_rank)
         log_dir = f"{run_dir}/attempt_{attempt}/rank_{rank}"
-        contract = contract_env(spec, rdzv, local_rank, elastic_id, restart_count)
+        contract = contract_env(spec, rdzv, local_rank, elastic_id, attempt)
         if spec.virtual_local_rank:
             contract["LOCAL_RANK"] = "0"
             contract["CUDA_VISIBLE_DEVICES"] = virtual_device(base_env, local_rank)
