@@ -62,7 +62,7 @@ def print_summary(ctx: Context) -> None:
         f"{ctx.restarts} restart(s); exit code {ctx.exit_code}",
         file=out,
     )
-    failures = ctx.failures or ([ctx.failure] if ctx.failure is not None else [])  # INIT's fatal skips FAILED
+    failures = ctx.failures  # SHUTDOWN adds a fatal failure that skipped FAILED
     for f in failures[:-1]:
         print(f"runner:   attempt {f.attempt}: {f.reason}", file=out)
     if failures and ctx.outcome is not Outcome.SUCCEEDED:
