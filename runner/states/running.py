@@ -83,7 +83,6 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
     assert ctx.group is not None  # is_stale() is False, so the worker is one of the group's
     worker = ctx.group.workers[event.local_rank]
     ctx.log.info("worker_exited", rank=event.rank, pid=event.pid, exit_code=event.exit_code)
-    await ctx.publish()
     if event.exit_code != 0:
         ctx.failure = worker_failure(ctx.attempt, event.rank, event.local_rank, event.exit_code, worker.plan.log_dir)
         return Step(Trigger.worker_failed, ctx.failure.reason)
@@ -94,6 +93,7 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
             Outcome.SUCCEEDED,
             EXIT_OK,
         )
+    await ctx.publish()  # the exit code for `runner status` (an exit that ends the attempt is published with it)
     return None
 
 
