@@ -66,18 +66,7 @@ def agent_identity() -> dict[str, Any]:
 
 def holds_run_file(pid: int, run_dir: str) -> bool:
     """True if process `pid` has one of the agent's files of `run_dir` open (only the agent of that run does)."""
-    wanted = {os.path.join(run_dir, name) for name in AGENT_FILES}
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
-                return True
-        except OSError:
-            continue
-    return False
+    return procs.holds_open(pid, {os.path.join(run_dir, name) for name in AGENT_FILES})
 
 
 def _proven(pid: int, node: dict[str, Any]) -> bool:

@@ -94,6 +94,21 @@ def environ_has(pid: int, entry: bytes) -> bool:
     return any(item.startswith(entry) for item in data.split(b"\0"))
 
 
+def holds_open(pid: int, targets: set[str]) -> bool:
+    """True if process `pid` has an open descriptor whose /proc link is one of `targets` (a path, `socket:[inode]`)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in targets:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def pids() -> Iterator[int]:
     """Every pid in /proc (this pid namespace)."""
     for name in os.listdir("/proc"):

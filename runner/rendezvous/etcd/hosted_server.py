@@ -63,18 +63,7 @@ def listens(pid: int, port: int) -> bool:
     for name in ("tcp", "tcp6"):
         with contextlib.suppress(OSError):
             inodes |= {i for _, p, i in tcp_listeners(Path(f"/proc/{pid}/net/{name}").read_text()) if p == port}
-    if not inodes:
-        return False
-    wanted = {f"socket:[{i}]" for i in inodes}
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
-                return True
-    return False
+    return bool(inodes) and procs.holds_open(pid, {f"socket:[{i}]" for i in inodes})
 
 
 class HostedEtcd:
