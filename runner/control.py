@@ -12,6 +12,7 @@ from typing import Any
 
 from runner.config.spec import JobSpec
 from runner.errors import RunnerError
+from runner.signals import GRACEFUL_SIGNAL
 from runner.workers import procs
 
 
@@ -49,7 +50,7 @@ def request_stop(spec: JobSpec, graceful: bool) -> str:
     node = status["nodes"][0]
     if status["status"] != "running":
         return f"job '{spec.name}' is not running ({status['status']}): nothing to stop"
-    sig = signal.SIGUSR2 if graceful else signal.SIGTERM
+    sig = GRACEFUL_SIGNAL if graceful else signal.SIGTERM
     if not signal_agent(node, sig):
         return f"job '{spec.name}' is not running (its agent, pid {node.get('agent_pid')}, is gone): nothing to stop"
     return f"{'graceful ' if graceful else ''}stop sent to the agent (pid {node['agent_pid']})"

@@ -7,12 +7,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+from runner.rendezvous.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -70,12 +71,6 @@ def test_a_full_log_dir_never_kills_healthy_workers_and_the_report_goes_elsewher
         assert str(reports[0]) in done.stderr
 
 
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_is_honoured_within_a_second_while_etcd_never_answers(job, signum):
     j = job(f"""
@@ -85,7 +80,7 @@ def test_a_stop_is_honoured_within_a_second_while_etcd_never_answers(job, signum
         nproc_per_node: 1
         rendezvous:
           backend: etcd
-          endpoints: ["127.0.0.1:{closed_port()}"]
+          endpoints: ["127.0.0.1:{free_port("127.0.0.1")}"]
           connect_timeout: 60s
         logs: {{dir: "${{LOGS}}"}}
     """)

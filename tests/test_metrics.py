@@ -4,7 +4,6 @@ changes; without metrics.enabled the agent never imports prometheus_client."""
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_for
+
+from runner.rendezvous.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -25,13 +26,6 @@ open(os.path.join(out, "running-" + os.environ["RANK"]), "w").close()
 while not os.path.exists(os.path.join(out, "release")):
     time.sleep(0.1)
 """
-
-
-def free_port() -> int:
-    """A loopback port free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape(port: int) -> str:
@@ -49,7 +43,7 @@ def value(text: str, series: str) -> float | None:
 def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Path) -> None:
     """Attempt 0 fails (rank 1 exits 7), attempt 1 runs: the endpoint shows RUNNING, attempt 1, one restart used,
     one failed exit, two rendezvous rounds and the FAILED -> RESTARTING transition."""
-    out, port = tmp_path / "out", free_port()
+    out, port = tmp_path / "out", free_port("127.0.0.1")
     out.mkdir()
     (tmp_path / "worker.py").write_text(WORKER)
     (tmp_path / "job.yaml").write_text(textwrap.dedent(f"""\

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import Job, wait_for
 from etcd_server import EtcdServer, etcd_server
+
+from runner.rendezvous.ports import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -24,12 +25,6 @@ HONOURED_WITHIN_S = 5.0  # the contract is one second; the rest is room for a lo
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
     with etcd_server(tmp_path_factory.mktemp("etcd")) as server:
         yield server
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def status_state(j: Job) -> str | None:
@@ -46,7 +41,7 @@ def in_init(job: Callable[[str], Job], _etcd: EtcdServer) -> Job:
         name: sig-init
         entrypoint: {{command: ["true"]}}
         nproc_per_node: 1
-        rendezvous: {{backend: etcd, endpoints: ["127.0.0.1:{closed_port()}"], connect_timeout: 60s}}
+        rendezvous: {{backend: etcd, endpoints: ["127.0.0.1:{free_port("127.0.0.1")}"], connect_timeout: 60s}}
         logs: {{dir: "${{LOGS}}"}}
     """)
     j.start()

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, wait_for
 
+from runner.rendezvous.ports import free_port
+
 pytestmark = pytest.mark.integration
 
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "scancel")
@@ -39,20 +41,13 @@ def binary(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
 
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def slurm_conf(base: Path, host: str) -> str:
     """A one-node cluster on loopback: no cgroups (proctrack/linuxproc), everything under `base`."""
     return textwrap.dedent(f"""\
         ClusterName=runnertest
         SlurmctldHost={host}(127.0.0.1)
-        SlurmctldPort={free_port()}
-        SlurmdPort={free_port()}
+        SlurmctldPort={free_port("127.0.0.1")}
+        SlurmdPort={free_port("127.0.0.1")}
         SlurmUser=root
         SlurmdUser=root
         AuthType=auth/munge

@@ -39,7 +39,7 @@ from runner.errors import SpecProblem
 
 PREFIX_FIELDS = ("node", "rank", "local_rank", "attempt")
 _SAMPLE: dict[str, str | int] = {"node": "node-0", "rank": 0, "local_rank": 0, "attempt": 0}  # console's types
-UNHANDLEABLE = {  # signals shutdown.signals_to_handle refuses, and why
+UNHANDLEABLE = {  # signals shutdown.signals_to_handle refuses (and `runner convert` notes), and why
     "SIGKILL": "no process can catch it",
     "SIGSTOP": "no process can catch it",
     "SIGUSR2": "it is the graceful-stop signal (runner stop --graceful)",

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from runner.config.build import UNHANDLEABLE
 from runner.config.devices import KINDS
 from runner.config.torchrun_flags import FLAGS, ConvertError, Parsed, read_argv
 
@@ -30,9 +31,6 @@ HOSTED_PORT = 29400  # torchrun's default c10d port: the self-hosted rendezvous 
 STD_VALUE = re.compile(r"^[0123]$")
 STD_MAP = re.compile(r"^(\d:[0123],)*(\d:[0123])$")  # torch's _MAPPING_REGEX: local ranks 0-9 only
 STREAMS = {0: "none", 1: "stdout", 2: "stderr", 3: "all"}
-NOT_HANDLED = {"SIGUSR2": "it is the runner's graceful stop (runner stop --graceful)",
-               "SIGKILL": "no process can catch it", "SIGSTOP": "no process can catch it",
-               "SIGCHLD": "the agent needs it for its workers"}
 
 
 class Conversion:
@@ -217,8 +215,8 @@ class Conversion:
                 name = raw.strip()
                 if not name.startswith("SIG") or not isinstance(getattr(signal, name, None), signal.Signals):
                     self.note(f"--signals-to-handle {name}: not a signal name; skipped (torchrun warns and skips it)")
-                elif name in NOT_HANDLED:
-                    self.note(f"--signals-to-handle {name}: not handled: {NOT_HANDLED[name]}")
+                elif name in UNHANDLEABLE:
+                    self.note(f"--signals-to-handle {name}: not handled: {UNHANDLEABLE[name]}")
                 elif name not in kept:
                     kept.append(name)
             if kept:
