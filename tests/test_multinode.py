@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, PROBE, alive, wait_for
 
-from tests.etcd_server import EtcdServer, etcd_server
+from tests.etcd_server import EtcdServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -177,13 +177,6 @@ class Cluster:
             for pid in (info.get("pid"), info.get("child_pid")):
                 if pid and alive(pid):
                     os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """A real etcd on free loopback ports, killed and reaped after the test."""
-    with etcd_server(tmp_path / "etcd") as server:
-        yield server
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_multinode import Cluster, cluster, etcd, probe_args, spec_text, wait_for
+from tests.test_multinode import Cluster, cluster, probe_args, spec_text, wait_for
 
-__all__ = ["cluster", "etcd"]  # fixtures used by the tests below
+__all__ = ["cluster"]  # the fixture used by the tests below (`etcd` comes from conftest)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 EXIT_INFRA = 3

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.etcd_server import EtcdServer, etcd_server, free_port
-from tests.test_multinode import Cluster, cluster, etcd, probe_args, spec_text, wait_for
+from tests.test_multinode import Cluster, cluster, probe_args, spec_text, wait_for
 
-__all__ = ["cluster", "etcd"]  # fixtures used by the tests below
+__all__ = ["cluster"]  # the fixture used by the tests below (`etcd` comes from conftest)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 EXIT_INFRA = 3

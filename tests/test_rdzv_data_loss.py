@@ -7,8 +7,6 @@ EMPTY data dir (same ports, so the same cluster id: the revision going back and 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from aetcd import rpc
@@ -19,7 +17,7 @@ from runner.events import PeerLost
 from runner.rendezvous.etcd.admin import read_status
 from runner.rendezvous.etcd.identity import ClusterIdentity
 from runner.rendezvous.etcd.keys import JobKeys
-from tests.etcd_server import EtcdServer, etcd_server
+from tests.etcd_server import EtcdServer
 from tests.test_rdzv_etcd import Node, close_all, make_spec, open_nodes, rounds, run
 
 pytestmark = pytest.mark.integration
@@ -69,13 +67,6 @@ class TestClusterIdentity:
         seen = ClusterIdentity()
         seen.check(header(7, 40), floor=0)
         assert seen.check(header(7, 2), floor=None) is None
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """A real etcd on free loopback ports, reaped after the test."""
-    with etcd_server(tmp_path) as server:
-        yield server
 
 
 async def epoch(node: Node) -> bytes:

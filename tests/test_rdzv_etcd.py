@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,6 @@ from tests.etcd_server import EtcdServer, etcd_server, free_port
 
 pytestmark = pytest.mark.integration
 WAIT_S = 30.0
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """A real etcd on free loopback ports, reaped after the test."""
-    with etcd_server(tmp_path) as server:
-        yield server
 
 
 def make_spec(endpoint: str, *, nmin: int = 2, nmax: int = 2, name: str = "job", **rdzv: Any) -> JobSpec:

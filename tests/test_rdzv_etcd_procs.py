@@ -6,13 +6,12 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from runner.events import PeerLost
-from tests.etcd_server import EtcdServer, etcd_server
+from tests.etcd_server import EtcdServer
 from tests.test_rdzv_etcd import Node, make_spec, run
 
 pytestmark = pytest.mark.integration
@@ -33,13 +32,6 @@ async def main():
 
 asyncio.run(main())
 """
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """A real etcd on free loopback ports, reaped after the test."""
-    with etcd_server(tmp_path) as server:
-        yield server
 
 
 def spawn(endpoint: str, name: str, *, hang: bool = False) -> subprocess.Popen[str]:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -12,7 +9,7 @@ from hypothesis import strategies as st
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.admin import read_status
 from runner.rendezvous.etcd.keys import MAX_NODE_ID_BYTES, JobKeys, check_node_id, decode_node, encode_node
-from tests.etcd_server import EtcdServer, etcd_server
+from tests.etcd_server import EtcdServer
 from tests.test_rdzv_etcd import Node, close_all, make_spec, open_nodes, rounds, run
 
 # every str Python can hold, lone surrogates included (undecodable argv bytes arrive as surrogates)
@@ -62,13 +59,6 @@ def test_empty_and_huge_ids_are_refused_clearly() -> None:
         check_node_id("x" * (MAX_NODE_ID_BYTES + 1))
     assert "--node" in huge.value.fix
     check_node_id("x" * MAX_NODE_ID_BYTES)
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """A real etcd on free loopback ports, reaped after the test."""
-    with etcd_server(tmp_path) as server:
-        yield server
 
 
 def test_ids_with_slashes_and_unicode_form_a_round(etcd: EtcdServer) -> None:

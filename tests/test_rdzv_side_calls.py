@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
@@ -22,19 +21,12 @@ from runner.errors import RendezvousError
 from runner.rendezvous.etcd.client import prefix_range
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.spec_check import SECRET_DIGEST_PREFIX, shared_tree
-from tests.etcd_server import EtcdServer, etcd_server
+from tests.etcd_server import EtcdServer
 from tests.test_rdzv_etcd import Node, close_all, make_spec, open_nodes, rounds, run
 
 pytestmark = pytest.mark.integration
 CONNECT_TIMEOUT_S = 2.0
 SLACK_S = 3.0  # event-loop scheduling and process teardown around the bound, not a performance target
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """A real etcd on free loopback ports, reaped after the test."""
-    with etcd_server(tmp_path) as server:
-        yield server
 
 
 async def bounded(call: Awaitable[Any]) -> tuple[BaseException | None, float]:

@@ -17,7 +17,7 @@ import pytest
 from conftest import EXAMPLES
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_multinode import Cluster, cluster, etcd, probe_args, spec_text  # noqa: F401 - fixtures `cluster`, `etcd`
+from test_multinode import Cluster, cluster, probe_args, spec_text  # noqa: F401 - fixture `cluster`
 
 from runner.report.page import render
 from runner.report.story import read_story
