@@ -152,6 +152,10 @@ shepherd.watch(worker.pid)
 old = worker.pid
 # The bug this guards against: a worker reaped while still listed, its pid then given to another process.
 worker.kill(); worker.wait()
+# A start time is counted in clock ticks (10 ms): a pid the kernel recycles after wrapping around belongs to a
+# process that starts far later. Forcing the reuse with ns_last_pid, let at least two ticks pass first, or the
+# impostor could share the worker's tick and be indistinguishable by any pid + start time check.
+time.sleep(0.05)
 impostor = fork_at(old)
 assert impostor.pid == old, (impostor.pid, old)
 time.sleep(0.5)  # let the impostor's setsid() run: it now leads a group and a session of the old id
