@@ -213,6 +213,9 @@ class Builder:
             ),
             non_retryable_exit_codes=tuple(dict.fromkeys(int(c) for c in raw.get("non_retryable_exit_codes", ()))),
             scope=raw.get("scope", default.scope),
+            standby=bool(raw.get("standby", default.standby)),
+            preload=tuple(dict.fromkeys(raw.get("preload", default.preload))),
+            standby_max_memory_mb=int(raw.get("standby_max_memory_mb", default.standby_max_memory_mb)),
         )
 
     def shutdown(self, raw: dict[str, Any]) -> Shutdown:

@@ -100,6 +100,9 @@ class Restart:
     backoff: Backoff = field(default_factory=Backoff)
     non_retryable_exit_codes: tuple[int, ...] = ()
     scope: Scope = "group"
+    standby: bool = True  # pre-warmed standby workers (runner/workers/standby.py)
+    preload: tuple[str, ...] = ("torch",)  # what a standby imports ahead of time
+    standby_max_memory_mb: int = 4096  # a standby above this once warm is stopped, standbys off
 
 
 @dataclass(frozen=True)
