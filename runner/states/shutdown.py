@@ -27,6 +27,8 @@ async def handle(ctx: Context) -> None:
     spec = ctx.spec
     if ctx.failure is not None and ctx.failure not in ctx.failures:  # a fatal error that skipped FAILED
         ctx.failures.append(ctx.failure)
+    if ctx.standbys is not None:
+        ctx.standbys.close()
     if ctx.group is not None:
         await ctx.group.stop(forwarded_signal(ctx), spec.shutdown.grace_period, ctx.hurry)
     if ctx.timer is not None:
@@ -66,6 +68,7 @@ def report(ctx: Context) -> dict[str, Any]:
         "restarts": ctx.restarts,
         "duration_s": round(time.monotonic() - ctx.started, 3),
         "failures": [f.to_dict() for f in ctx.failures],
+        "standby": ctx.standbys.summary() if ctx.standbys is not None else {"enabled": False},
         "warnings": list(ctx.warnings),
         "run_dir": str(ctx.run_dir),
     }

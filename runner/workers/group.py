@@ -27,7 +27,9 @@ from runner.progress import Progress
 from runner.workers import procs
 from runner.workers.cgroup import JobCgroup
 from runner.workers.launch_plan import LaunchPlan, WorkerPlan
+from runner.workers.procs import exit_code
 from runner.workers.shepherd import TAG_VAR, Shepherd
+from runner.workers.standby import Standby, StandbyPool
 from runner.workers.tee import Console, Tee
 
 KILL_TIMEOUT_S = 10.0  # after SIGKILL: how long to wait before reporting a process that does not die
@@ -69,11 +71,6 @@ def signal_number(sig: int | str) -> signal.Signals:
     return signal.Signals(sig)
 
 
-def exit_code(result: os.waitid_result) -> int:
-    """Exit code as Popen reports it: negative -N when killed by signal N."""
-    return result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
-
-
 class WorkerGroup:
     """The workers of one node. Exits are reported as WorkerExited events on `events`.
 
@@ -90,6 +87,7 @@ class WorkerGroup:
         prefix: str,
         log: Any = None,
         kill_timeout: float = KILL_TIMEOUT_S,
+        standbys: StandbyPool | None = None,
     ) -> None:
         self.events = events
         self.shepherd = shepherd
@@ -97,6 +95,7 @@ class WorkerGroup:
         self.prefix = prefix
         self.log = log or structlog.get_logger()
         self.kill_timeout = kill_timeout
+        self.standbys = standbys  # where a worker starts warm (runner.workers.standby); None: always cold
         self.workers: dict[int, Worker] = {}  # by local rank
         self.stuck: list[Worker] = []  # stopped but not dead: never reaped by us, still watched by the shepherd
         self.unkillable: list[dict[str, object]] = []
@@ -109,14 +108,38 @@ class WorkerGroup:
             self.start_one(wp, plan)
 
     def start_one(self, wp: WorkerPlan, plan: LaunchPlan) -> Worker:
-        """Spawn (or replace: stop the old one first) the worker of `wp.local_rank`."""
+        """Spawn (or replace: stop the old one first) the worker of `wp.local_rank`: in its standby, else cold."""
         Path(wp.log_dir).mkdir(parents=True, exist_ok=True)
-        tag = self.shepherd.worker_tag(plan.attempt, wp.local_rank)
-        cgroup = self.shepherd.worker_cgroup(plan.attempt, wp.local_rank)
-        argv = list(wp.argv) if cgroup is None else JobCgroup.enter(cgroup, list(wp.argv))
         # A stream echoed on the console is piped through a Tee; any other goes straight to the rank's log file
         # (logs.tee off, or torchrun's --redirects / --local-ranks-filter for this rank: logs.console_streams).
         echoed = (self.tee and wp.stdout_to_console, self.tee and wp.stderr_to_console)
+        standby = self.standbys.take(wp) if self.standbys is not None else None
+        if standby is None:
+            proc, pipes, tag, cgroup = self._spawn(wp, plan, echoed)
+            pidfd = os.pidfd_open(proc.pid)  # not reaped by anyone but us: the pid is still this process's
+            self.shepherd.watch(proc.pid)
+        else:
+            proc, pidfd, tag, cgroup = standby.proc, standby.pidfd, standby.tag, standby.cgroup
+            pipes = self._hand_off(standby, wp, echoed)
+        loop = asyncio.get_running_loop()
+        worker = Worker(wp, plan.attempt, proc, pidfd, loop.create_future(), tag, cgroup)
+        label = self.prefix.format(node=plan.node, rank=wp.rank, local_rank=wp.local_rank, attempt=plan.attempt)
+        for pipe, path, console in zip(pipes, (wp.stdout_path, wp.stderr_path), (sys.stdout, sys.stderr), strict=True):
+            if pipe is not None:
+                worker.tees.append(Tee(pipe, path, console, label))
+        loop.add_reader(pidfd, self._on_exit, worker)
+        self.workers[wp.local_rank] = worker
+        self.log.info("worker_started", rank=wp.rank, local_rank=wp.local_rank, pid=proc.pid,
+                      standby=standby is not None)
+        return worker
+
+    def _spawn(
+        self, wp: WorkerPlan, plan: LaunchPlan, echoed: tuple[bool, bool]
+    ) -> tuple[subprocess.Popen[bytes], tuple[IO[bytes] | None, IO[bytes] | None], str, Path | None]:
+        """A cold worker: a new process for `wp`; (process, its stdout/stderr pipes or None, tag, cgroup)."""
+        tag = self.shepherd.worker_tag(plan.attempt, wp.local_rank)
+        cgroup = self.shepherd.worker_cgroup(plan.attempt, wp.local_rank)
+        argv = list(wp.argv) if cgroup is None else JobCgroup.enter(cgroup, list(wp.argv))
         files = [None if echo else Path(path).open("ab")  # noqa: SIM115 - handed to the child, closed below
                  for echo, path in zip(echoed, (wp.stdout_path, wp.stderr_path), strict=True)]
         stdout, stderr = (subprocess.PIPE if f is None else f for f in files)
@@ -134,19 +157,29 @@ class WorkerGroup:
             for f in files:
                 if f is not None:
                     f.close()
-        pidfd = os.pidfd_open(proc.pid)  # not reaped by anyone but us: the pid is still this process's
-        self.shepherd.watch(proc.pid)
-        loop = asyncio.get_running_loop()
-        worker = Worker(wp, plan.attempt, proc, pidfd, loop.create_future(), tag, cgroup)
-        label = self.prefix.format(node=plan.node, rank=wp.rank, local_rank=wp.local_rank, attempt=plan.attempt)
-        if proc.stdout is not None:
-            worker.tees.append(_tee(proc.stdout, wp.stdout_path, sys.stdout, label))
-        if proc.stderr is not None:
-            worker.tees.append(_tee(proc.stderr, wp.stderr_path, sys.stderr, label))
-        loop.add_reader(pidfd, self._on_exit, worker)
-        self.workers[wp.local_rank] = worker
-        self.log.info("worker_started", rank=wp.rank, local_rank=wp.local_rank, pid=proc.pid)
-        return worker
+        return proc, (proc.stdout, proc.stderr), tag, cgroup
+
+    @staticmethod
+    def _hand_off(
+        standby: Standby, wp: WorkerPlan, echoed: tuple[bool, bool]
+    ) -> tuple[IO[bytes] | None, IO[bytes] | None]:
+        """Give `standby` its orders with the worker's stdout and stderr: a pipe (echoed) or the log file."""
+        ends: list[int] = []  # the worker's ends, ours to close once sent
+        pipes: list[IO[bytes] | None] = []
+        try:
+            for echo, path in zip(echoed, (wp.stdout_path, wp.stderr_path), strict=True):
+                if echo:
+                    r, w = os.pipe()
+                    pipes.append(open(r, "rb", buffering=0))  # noqa: SIM115 - the Tee closes it at EOF
+                    ends.append(w)
+                else:
+                    pipes.append(None)
+                    ends.append(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            standby.hand_off(wp, TAG_VAR, ends[0], ends[1])
+        finally:
+            for fd in ends:
+                os.close(fd)
+        return pipes[0], pipes[1]
 
     def _on_exit(self, worker: Worker) -> None:
         """The pidfd is readable: read the exit status but leave the worker unreaped (its ids stay ours)."""
@@ -385,8 +418,3 @@ class WorkerGroup:
                 with contextlib.suppress(RuntimeError, ValueError):
                     asyncio.get_running_loop().remove_reader(w.pidfd)
                 self._reap(w)
-
-
-def _tee(pipe: IO[bytes] | None, log_path: str, console: IO[str], label: str) -> Tee:
-    assert pipe is not None
-    return Tee(pipe, log_path, console, label)

@@ -184,6 +184,22 @@ def contract_env(
     }
 
 
+def attempt_free_env(spec: JobSpec, base_env: Mapping[str, str], nproc_per_node: int) -> dict[str, str]:
+    """A worker's environment before its contract: what every attempt shares (and a standby starts with).
+
+    `base_env` (as torchrun: the agent's environment), then the defaults, then `spec.env`; without the agent's
+    secret sources.
+    """
+    env = dict(base_env)
+    if nproc_per_node > 1:  # as torchrun: only when workers share the node, and never over the user's
+        env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env.update(dict(spec.env))
+    for name in agent_secret_vars(spec):
+        env.pop(name, None)
+    return env
+
+
 def build_plan(
     spec: JobSpec,
     rdzv: RendezvousResult,
@@ -216,11 +232,7 @@ def build_plan(
             contract[HEARTBEAT_ENV] = heartbeat_file(log_dir)
         contract.update(extra_env or {})
         contract.update((rank_env or {}).get(local_rank, {}))  # e.g. the rank's own TORCHELASTIC_TIMER_FILE
-        env = dict(base_env)
-        if rdzv.nproc_per_node > 1:  # as torchrun: only when workers share the node, and never over the user's
-            env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        env.update(dict(spec.env))
+        env = attempt_free_env(spec, base_env, rdzv.nproc_per_node)
         env.update(contract)
         for name in withheld:
             env.pop(name, None)

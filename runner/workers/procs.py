@@ -116,6 +116,11 @@ def pids() -> Iterator[int]:
             yield int(name)
 
 
+def exit_code(result: os.waitid_result) -> int:
+    """Exit code as Popen reports it: negative -N when killed by signal N."""
+    return result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
+
+
 def describe(pid: int) -> dict[str, object]:
     """What a report says about a process: pid, state, wchan and command line."""
     st = read_stat(pid)

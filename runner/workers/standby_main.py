@@ -1,0 +1,138 @@
+"""A standby worker: an interpreter that imports `restart.preload` ahead of time, then becomes a worker on orders.
+
+Run by the agent (runner.workers.standby) as `python -u <this file> <socket fd> <sys.path[0]> <module>...` with the
+worker's python, in the worker's own session, cgroup and environment (less the per-attempt contract variables).
+Standard library only, and never imported as part of the `runner` package: the interpreter must hold nothing of
+the agent's.
+
+1. Puts `<sys.path[0]>` (where the worker's own modules are found) first on sys.path and imports each module
+   (CUDA is never initialised: importing torch does not). A module that fails to import is reported (`failed
+   <module>` instead of `ready`, the error on stderr): the agent then stops it and starts workers cold.
+2. Says `ready` on the socket and waits for its orders: one length-prefixed JSON message
+   {"argv": [...], "env": {...}, "cwd": "..."} with the worker's stdout and stderr file descriptors attached.
+3. Becomes the worker: stdout/stderr replaced, cwd and the whole environment set, then runs `python -u script args`
+   or `python -u -m module args` exactly as a fresh interpreter would: `__main__`, sys.argv, sys.path[0], `__file__`,
+   sys.orig_argv; uncaught exceptions, SystemExit and KeyboardInterrupt end the process as they would there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import types
+from collections.abc import Callable
+
+HEADER = 8  # bytes of the big-endian length before the JSON orders
+MAX_ORDERS = 64 << 20  # an environment and argv larger than this are refused (the agent then starts a cold worker)
+_HERE = os.path.abspath(__file__)
+
+
+def main() -> None:
+    """Preload, wait for orders, run them."""
+    fd, path0, modules = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    sys.path[0] = path0
+    said = b"ready\n"
+    for name in modules:
+        try:
+            __import__(name)
+        except BaseException as e:  # even SystemExit or KeyboardInterrupt from a module: the preload failed
+            print(f"runner standby: preload of {name!r} failed: {type(e).__name__}: {e}", file=sys.stderr)
+            said = f"failed {name}\n".encode()
+            break
+    sock = socket.socket(fileno=fd)
+    with contextlib.suppress(OSError):
+        sock.sendall(said)
+    orders, fds = receive(sock)
+    sock.close()
+    if orders is None:
+        raise SystemExit(0)  # the agent hung up: this standby is no longer wanted
+    become(orders, fds)  # orders sent before a failed preload ended run as a cold worker would
+
+
+def receive(sock: socket.socket) -> tuple[dict[str, object] | None, list[int]]:
+    """The orders and the two descriptors, or (None, []) when the agent hung up first."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 2)
+    if len(data) < HEADER:
+        return None, fds
+    size = int.from_bytes(data[:HEADER], "big")
+    if size > MAX_ORDERS:
+        return None, fds
+    body = bytearray(data[HEADER:])
+    while len(body) < size:
+        chunk = sock.recv(min(size - len(body), 1 << 20))
+        if not chunk:
+            return None, fds
+        body += chunk
+    return json.loads(bytes(body)), fds
+
+
+def become(orders: dict[str, object], fds: list[int]) -> None:
+    """Turn this interpreter into the worker `orders` describes, and run it."""
+    argv = [str(a) for a in orders["argv"]]  # type: ignore[attr-defined]
+    env: dict[str, str] = orders["env"]  # type: ignore[assignment]
+    out, err = fds
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.close(out)
+    os.close(err)
+    os.chdir(str(orders["cwd"]))
+    os.environ.clear()
+    os.environ.update(env)
+    sys.orig_argv = list(argv)
+    sys.excepthook = without_own_frames(sys.excepthook)
+    rest = argv[2:]  # past `python -u`
+    if rest[0] == "-m":
+        run_module(rest[1], rest[2:])
+    else:
+        run_script(rest[0], rest[1:])
+
+
+def run_script(script: str, args: list[str]) -> None:
+    """What `python -u script args` does once the interpreter is up."""
+    path = os.path.abspath(script)
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    with open(path, "rb") as f:
+        source = f.read()
+    from importlib.machinery import SourceFileLoader
+
+    main_module = types.ModuleType("__main__")
+    main_module.__dict__.update(
+        __file__=path, __cached__=None, __package__=None, __spec__=None, __annotations__={},
+        __loader__=SourceFileLoader("__main__", path), __builtins__=__builtins__,
+    )
+    sys.modules["__main__"] = main_module
+    code = compile(source, path, "exec", dont_inherit=True)
+    exec(code, main_module.__dict__)  # noqa: S102 - running the user's own script is this process's purpose
+
+
+def run_module(module: str, args: list[str]) -> None:
+    """What `python -u -m module args` does once the interpreter is up."""
+    import runpy
+
+    sys.argv = [module, *args]  # runpy puts the module's file in argv[0], as -m does
+    sys.path[0] = os.getcwd()
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+Hook = Callable[[type[BaseException], BaseException, types.TracebackType | None], object]
+
+
+def without_own_frames(hook: Hook) -> Hook:
+    """sys.excepthook that leaves this file's frames out of a traceback, as a fresh interpreter has none of them."""
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
+        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) == _HERE:
+            tb = tb.tb_next
+        hook(kind, value.with_traceback(tb), tb)
+
+    return excepthook
+
+
+if __name__ == "__main__":
+    main()
