@@ -55,7 +55,8 @@ class Job:
     def env(self) -> dict[str, str]:
         """The environment the spec's ${VARS} come from."""
         return dict(os.environ, PROBE=str(PROBE), OUT=str(self.out), LOGS=str(self.logs), PYTHONUNBUFFERED="1",
-                    XDG_STATE_HOME=str(self.tmp / "state"))  # the runs index of this test, not the user's
+                    XDG_STATE_HOME=str(self.tmp / "state"),  # the runs index of this test, not the user's
+                    RUNNER_STANDBY="0")  # no torch-importing standbys unless a test asks (tests/test_standby.py)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run `runner ARGS job.yaml` (status, stop, validate...) to completion."""

@@ -47,6 +47,7 @@ HEADER = 8  # standby_main.HEADER: big-endian length of the JSON orders
 REFILL_DELAY_S = 1.0
 MAX_LOSSES = 3  # standbys that died while waiting before the pool gives up
 KILL_WAIT_S = 5.0
+OFF_VAR = "RUNNER_STANDBY"  # "0" turns standbys off on this machine whatever the spec says (e.g. a test suite)
 
 
 def entry(argv: tuple[str, ...], python: str) -> tuple[str, str, tuple[str, ...]] | None:
@@ -177,9 +178,9 @@ class StandbyPool:
         self._refills: dict[int, asyncio.TimerHandle] = {}
 
     @staticmethod
-    def wanted(spec: JobSpec) -> bool:
-        """Standbys are on and the entrypoint is a script or a module."""
-        return spec.restart.standby and spec.entrypoint.command is None
+    def wanted(spec: JobSpec, environ: Mapping[str, str]) -> bool:
+        """Standbys are on (the spec, and no RUNNER_STANDBY=0 on this machine) and the entrypoint is a script/module."""
+        return spec.restart.standby and environ.get(OFF_VAR) != "0" and spec.entrypoint.command is None
 
     def fill(self) -> None:
         """Start a standby for every local rank that has none."""
