@@ -39,3 +39,18 @@ class FailureKind(enum.Enum):
     def one_worker(self) -> bool:
         """Confined to one worker, so `restart.scope: worker` can replace just that one."""
         return self is FailureKind.WORKER or self is FailureKind.WATCHDOG
+
+
+class FailureClass(enum.Enum):
+    """Why an attempt failed, as the restart budgets count it (docs/failure_classes.md: the evidence of each)."""
+
+    EXCEPTION = "exception"  # a worker exited non-zero (a Python error: traceback from torch's error file or stderr)
+    OOM = "oom"  # the kernel's OOM killer killed a worker (its cgroup's oom_kill count rose, or the kernel log says so)
+    SIGNAL = "signal"  # a worker was killed by a signal, with no evidence of the OOM killer
+    HANG = "hang"  # the watchdog: a file timer, the heartbeat or (not retried) max_run_time
+    NODE_LOST = "node_lost"  # another node left the attempt: its agent vanished, its lease expired, or it failed
+    PREEMPTED = "preempted"  # the scheduler's stop signal (SIGTERM) reached a worker or a peer's agent
+    INFRA = "infra"  # the rendezvous, etcd or the guard failed: not the workers' fault
+
+    def __str__(self) -> str:
+        return self.value

@@ -21,6 +21,8 @@ from runner.config.spec import (
     TLS,
     Auth,
     Backoff,
+    Budgets,
+    ClassBudget,
     Cluster,
     Entrypoint,
     JobSpec,
@@ -216,7 +218,21 @@ class Builder:
             standby=bool(raw.get("standby", default.standby)),
             preload=tuple(dict.fromkeys(raw.get("preload", default.preload))),
             standby_max_memory_mb=int(raw.get("standby_max_memory_mb", default.standby_max_memory_mb)),
+            budgets=self.budgets(raw.get("budgets", {})),
+            crash_loop=int(raw.get("crash_loop", default.crash_loop)),
         )
+
+    @staticmethod
+    def budgets(raw: dict[str, Any]) -> Budgets:
+        """restart.budgets: N, null or {max, charged} per class; a class not written keeps its default."""
+        default = Budgets()
+        out: dict[str, ClassBudget] = {}
+        for name, value in raw.items():
+            base: ClassBudget = getattr(default, name)
+            limit, charged = (value.get("max", base.max), value.get("charged", base.charged)) if isinstance(
+                value, dict) else (value, base.charged)
+            out[name] = ClassBudget(max=None if limit is None else int(limit), charged=bool(charged))
+        return Budgets(**out)
 
     def shutdown(self, raw: dict[str, Any]) -> Shutdown:
         """Signal normalised to its SIGxxx name."""

@@ -39,6 +39,9 @@ def _backoff(spec: JobSpec) -> Iterator[Found]:
         yield (("restart", "backoff", "initial"),
                f"backoff.initial ({backoff.initial:g} s) is greater than backoff.max ({backoff.max:g} s)",
                "lower initial or raise max")
+    if spec.restart.crash_loop == 1:
+        yield (("restart", "crash_loop"), "crash_loop: 1 would call any first exception a crash loop",
+               "use 2 or more (0 = off); restart.budgets.exception: 0 stops at the first exception")
     if 0 in spec.restart.non_retryable_exit_codes:
         yield (("restart", "non_retryable_exit_codes"), "exit code 0 means success, it cannot be a failure",
                "remove 0")

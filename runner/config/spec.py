@@ -10,6 +10,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from runner.outcomes import FailureClass
+
 Scope = Literal["group", "worker"]
 LogFormat = Literal["auto", "console", "json"]
 
@@ -93,6 +95,40 @@ class Backoff:
 
 
 @dataclass(frozen=True)
+class ClassBudget:
+    """Restarts one failure class may use (docs/failure_classes.md).
+
+    `max`: at most this many failures of the class are restarted, job-wide (None: no limit of its own).
+    `charged`: its restarts also count against restart.max_restarts.
+    """
+
+    max: int | None = None
+    charged: bool = True
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """restart.budgets: one ClassBudget per failure class (runner.outcomes.FailureClass), on top of max_restarts.
+
+    Defaults: an OOM kill or an infrastructure failure is not restarted (the same memory, the same etcd would fail
+    again); a lost or preempted node is restarted without spending max_restarts (the job did nothing wrong).
+    """
+
+    exception: ClassBudget = field(default_factory=ClassBudget)
+    oom: ClassBudget = field(default_factory=lambda: ClassBudget(max=0))
+    signal: ClassBudget = field(default_factory=ClassBudget)
+    hang: ClassBudget = field(default_factory=ClassBudget)
+    node_lost: ClassBudget = field(default_factory=lambda: ClassBudget(charged=False))
+    preempted: ClassBudget = field(default_factory=lambda: ClassBudget(charged=False))
+    infra: ClassBudget = field(default_factory=lambda: ClassBudget(max=0))
+
+    def of(self, failure_class: FailureClass) -> ClassBudget:
+        """The budget of `failure_class`."""
+        budget: ClassBudget = getattr(self, failure_class.value)
+        return budget
+
+
+@dataclass(frozen=True)
 class Restart:
     """Restart policy after a worker failure."""
 
@@ -103,6 +139,8 @@ class Restart:
     standby: bool = True  # pre-warmed standby workers (runner/workers/standby.py)
     preload: tuple[str, ...] = ("torch",)  # what a standby imports ahead of time
     standby_max_memory_mb: int = 4096  # a standby above this once warm is stopped, standbys off
+    budgets: Budgets = field(default_factory=Budgets)  # per failure class, on top of max_restarts
+    crash_loop: int = 3  # the same exception on this many consecutive attempts stops the job (0 = off)
 
 
 @dataclass(frozen=True)

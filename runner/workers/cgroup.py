@@ -115,6 +115,22 @@ class JobCgroup:
             return False
 
     @staticmethod
+    def oom_kills(path: Path) -> int:
+        """How many processes in `path` or below the OOM killer has killed (memory.events' oom_kill).
+
+        0 without the memory controller, or when the cgroup is gone.
+        """
+        try:
+            text = _read(path / "memory.events")
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
+
+    @staticmethod
     def procs(path: Path) -> list[int]:
         """Pids in `path` itself (not its children)."""
         try:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from runner.outcomes import FailureKind
+from runner.outcomes import FailureClass, FailureKind
 from runner.workers.launch_plan import error_file
 
 _HINTS = {
@@ -19,6 +20,13 @@ _HINTS = {
     "SIGTERM": "terminated from outside the runner (a scheduler preemption or a kill)",
 }
 TAIL_LINES = 20
+OOM_HINT = "the kernel's OOM killer: the worker needs more memory than its limit (cgroup memory.max, the machine)"
+# How a peer's loss reads (runner/rendezvous/etcd/monitor.py words it): a node that ended "stopped" left because
+# its agent got a stop signal (the scheduler's SIGTERM: preemption); anything else is a lost node.
+PEER_STOPPED = "node ended (stopped)"
+_TRACEBACK = "Traceback (most recent call last):"
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line \d+, in (?P<func>.*)$')
+_VARIES = re.compile(r"0x[0-9a-fA-F]+|\d+")  # addresses and numbers: differ from one attempt to the next
 
 
 @dataclass(frozen=True)
@@ -39,10 +47,29 @@ class Failure:
     stacks: str = ""  # Python stacks captured before a watchdog kill
     log_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    classified: FailureClass | None = None  # set from evidence; None: the kind's usual class (default_class)
+    evidence: str = ""  # what decided the class beyond the kind (the OOM killer's record, ...)
+
+    @property
+    def failure_class(self) -> FailureClass:
+        """The class the restart budgets charge (docs/failure_classes.md)."""
+        return self.classified or default_class(self.kind, self.signal, self.reason)
+
+    @property
+    def fingerprint(self) -> str:
+        """Exception type, message and innermost frame, numbers removed: the same on every attempt of a crash loop.
+
+        "" when there is no Python traceback (a plain non-zero exit, a signal): such failures never make a loop.
+        """
+        if self.failure_class is not FailureClass.EXCEPTION:
+            return ""
+        return fingerprint(self.traceback or self.stderr_tail, self.error)
 
     def report(self) -> str:
         """A few lines a human reads first."""
-        lines = [f"root cause (attempt {self.attempt}): {self.reason}"]
+        lines = [f"root cause (attempt {self.attempt}, {self.failure_class}): {self.reason}"]
+        if self.evidence:
+            lines.append(f"  evidence: {self.evidence}")
         if self.hint:
             lines.append(f"  hint: {self.hint}")
         if self.error:
@@ -61,9 +88,66 @@ class Failure:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form for the failure file and status."""
-        out = {k: v for k, v in self.__dict__.items() if v not in (None, "", {})}
+        out = {k: v for k, v in self.__dict__.items() if v not in (None, "", {}) and k != "classified"}
         out["kind"] = self.kind.value
+        out["class"] = self.failure_class.value
+        if self.fingerprint:
+            out["fingerprint"] = self.fingerprint
         return out
+
+    def with_oom_evidence(self, evidence: str) -> Failure:
+        """This failure classed `oom` on `evidence` (runner.workers.oom); unchanged when there is none."""
+        if not evidence:
+            return self
+        return replace(self, classified=FailureClass.OOM, evidence=evidence, hint=OOM_HINT)
+
+
+def default_class(kind: FailureKind, sig: str | None, reason: str = "") -> FailureClass:
+    """The class a failure of `kind` gets from what the agent saw, before any further evidence.
+
+    A worker killed by SIGTERM from outside the runner is `preempted` (Slurm signals a job step's processes when it
+    preempts or cancels it); any other signal is `signal` (SIGKILL becomes `oom` only on evidence). A plain non-zero
+    exit is `exception`, with or without a traceback. A peer that ended "stopped" (its agent got a stop signal) is
+    `preempted`; any other loss of a peer, `node_lost`.
+    """
+    if kind is FailureKind.WORKER:
+        if sig == "SIGTERM":
+            return FailureClass.PREEMPTED
+        return FailureClass.SIGNAL if sig else FailureClass.EXCEPTION
+    if kind is FailureKind.PEER:
+        return FailureClass.PREEMPTED if reason.endswith(PEER_STOPPED) else FailureClass.NODE_LOST
+    if kind in (FailureKind.WATCHDOG, FailureKind.DEADLINE):
+        return FailureClass.HANG
+    return FailureClass.INFRA
+
+
+def traceback_parts(text: str) -> tuple[str, str] | None:
+    """(exception line, innermost frame "file:function") of the last Python traceback in `text`, or None."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    if not starts:
+        return None
+    frame, exc = "", ""
+    for line in lines[starts[-1] + 1 :]:
+        m = _FRAME.match(line)
+        if m:
+            frame = f"{m['file']}:{m['func'].strip()}"
+        elif line and not line[0].isspace():
+            exc = line.strip()
+            break
+    return (exc, frame) if exc else None
+
+
+def fingerprint(traceback: str, error: str = "") -> str:
+    """The normalised identity of the exception `traceback` shows ("" without one).
+
+    `error` (torch's error file message) stands in for a missing exception line.
+    """
+    parts = traceback_parts(traceback)
+    if parts is None:
+        return ""
+    exc, frame = parts
+    return _VARIES.sub("N", f"{exc or error} @ {frame}")
 
 
 def signal_name(exit_code: int) -> str | None:
