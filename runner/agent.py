@@ -75,6 +75,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
         from runner.metrics import AgentMetrics
 
         metrics = AgentMetrics(spec, node)
+        ctx.recoveries.observe = metrics.on_recovery  # runner_time_to_recover_seconds
     on_transition = TransitionLog(ctx, transitions, metrics)
     model, _ = build_machine(GUARDS)
     try:
@@ -115,6 +116,8 @@ class TransitionLog:
             self.metrics.on_transition(src.value, dst.value, edge.trigger.value, ctx.attempt, ctx.restarts)
         event: dict[str, object] = {
             "event": "transition",
+        if dst is JobState.FAILED or (src is JobState.RUNNING and dst is JobState.RESTARTING):
+            ctx.attempt_failed(edge.trigger.value)  # a recovery starts here if the policy restarts
             "src": src.value,
             "dst": dst.value,
             "trigger": edge.trigger.value,

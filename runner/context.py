@@ -18,8 +18,10 @@ from runner.events import Event, StopRequested, TimerExpired, WorkerExited
 from runner.machine import JobState
 from runner.outcomes import Outcome
 from runner.private_files import write_private
+from runner.recovery import Recoveries
+from runner.watchdog.readiness import Readiness
 from runner.workers.failures import Failure
-from runner.workers.group import WorkerGroup
+from runner.workers.group import Worker, WorkerGroup
 from runner.workers.launch_plan import LaunchPlan, build_plan
 from runner.workers.shepherd import Shepherd
 
@@ -61,6 +63,14 @@ class Context:
     budget_error: str = ""  # why the restart budget could not be charged (etcd unreachable), if it could not
 
     def status(self) -> dict[str, Any]:
+    recoveries: Recoveries = field(init=False)  # time to recover: the launch and every restart (runner/recovery.py)
+    readiness: Readiness | None = None  # who of the current attempt has not said it is ready (made at first spawn)
+    publishing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one publish at a time, in order
+    side_tasks: set[asyncio.Task[None]] = field(default_factory=set)  # publishes started by a callback
+
+    def __post_init__(self) -> None:
+        """The launch is timed from the agent's start."""
+        self.recoveries = Recoveries(launched_at=self.started)
         """This node's live state, as published for `runner status` (the JSON boundary: strings from here on)."""
         workers = []
         if self.group is not None:
@@ -80,6 +90,7 @@ class Context:
             "outcome": self.outcome.value if self.outcome is not None else None,
         }
 
+            **self.recoveries.status(),  # launch and the last recovery: running_s, ready_s (docs/time_to_recover.md)
     def make_plan(self) -> LaunchPlan:
         """Plan this node's workers for the current attempt from the last rendezvous result."""
         assert self.result is not None  # only called after a completed round
@@ -105,15 +116,53 @@ class Context:
             self.warnings.append(event)
             self.log.warning(event, **fields)
 
-    async def publish(self) -> None:
-        """Publish status to <run dir>/status.json and to the rendezvous backend; failures there are warnings."""
-        status = self.status()
-        path = self.run_dir / "status.json"
-        try:
-            write_private(path, json.dumps(status, indent=2))
-        except OSError as e:
-            self.warn("status_write_failed", path=str(path), error=str(e))
-        try:
-            await self.rendezvous.publish(status)
-        except RendezvousError as e:
-            self.warn("status_publish_failed", error=e.message)
+    async def publish(self, *, only_in: JobState | None = None) -> None:
+        """Publish status to <run dir>/status.json and to the rendezvous backend; failures there are warnings.
+
+        Publishes never overlap (the last one started is the last one written); with `only_in`, nothing is
+        published unless the agent is still in that state when its turn comes.
+        """
+        async with self.publishing:
+            if only_in is not None and self.state is not only_in:
+                return
+            status = self.status()
+            path = self.run_dir / "status.json"
+            try:
+                write_private(path, json.dumps(status, indent=2))
+            except OSError as e:
+                self.warn("status_write_failed", path=str(path), error=str(e))
+            try:
+                await self.rendezvous.publish(status)
+            except RendezvousError as e:
+                self.warn("status_publish_failed", error=e.message)
+
+    def event_seen(self) -> None:
+        """RUNNING took an event off the queue: if it ends the attempt, this is when the agent learnt of it."""
+        self.recoveries.seen(asyncio.get_running_loop().time())
+
+    def attempt_failed(self, trigger: str) -> None:
+        """The attempt ended in a failure (or a membership change): the start of a recovery, if one follows."""
+        failure = self.failure.to_dict() if self.failure is not None else None
+        self.recoveries.failed(asyncio.get_running_loop().time(), trigger, failure)
+        if self.readiness is not None:
+            self.readiness.clear()
+
+    def workers_spawned(self, workers: list[Worker], *, scope: str = "job") -> None:
+        """Every worker of this attempt (`workers`) is spawned: "running"; watch each until it says it is ready."""
+        loop = asyncio.get_running_loop()
+        self.recoveries.running(loop.time(), self.attempt, [w.plan.local_rank for w in workers], scope=scope)
+        if self.readiness is None:
+            self.readiness = Readiness(self.worker_ready)
+        if self.timer is not None:
+            self.timer.on_first_request = self.readiness.request
+        self.readiness.watch({w.plan.local_rank: Path(w.plan.heartbeat_file) for w in workers})
+
+    def worker_ready(self, local_rank: int, at: float, source: str) -> None:
+        """A worker of this attempt said it is ready; once all have, publish it (status.json, etcd)."""
+        rec = self.recoveries.ready(local_rank, at, source)
+        if rec is not None:
+            self.log.info("workers_ready", attempt=rec.attempt, scope=rec.scope, running_s=rec.running_s,
+                          ready_s=rec.ready_s)
+            task = asyncio.get_running_loop().create_task(self.publish(only_in=JobState.RUNNING))
+            self.side_tasks.add(task)
+            task.add_done_callback(self.side_tasks.discard)

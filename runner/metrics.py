@@ -13,11 +13,13 @@ import structlog
 
 from runner.config.spec import JobSpec
 from runner.errors import RunnerError
+from runner.recovery import PHASES
 
 STATES = ("INIT", "RENDEZVOUS", "RUNNING", "FAILED", "RESTARTING", "SHUTDOWN")
 # trigger of a transition -> cause counted in runner_worker_exits_total (one per attempt's deciding exit)
 EXIT_CAUSES = {"workers_succeeded": "succeeded", "worker_failed": "failed", "timer_expired": "watchdog",
                "deadline_reached": "deadline"}
+RECOVER_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)  # runner_time_to_recover_seconds
 
 
 class AgentMetrics:
@@ -56,10 +58,15 @@ class AgentMetrics:
                                         registry=reg),
             "since": prom.Gauge("runner_seconds_since_last_transition", "Seconds since the last transition",
                                 registry=reg),
+            "recover": prom.Histogram("runner_time_to_recover_seconds",
+                                      "Failure -> every worker of the next attempt running / ready", ["phase"],
+                                      buckets=RECOVER_BUCKETS, registry=reg),
         }
         self._m["info"].info({"job": self.spec.name, "node": self.node})
         self._m["state"].state("INIT")
         self._m["budget"].set(self.spec.restart.max_restarts)
+        for phase in PHASES:  # both series from the start, empty until the first recovery
+            self._m["recover"].labels(phase)
         self._m["since"].set_function(lambda: time.monotonic() - self._last)
         try:
             self._server, self._thread = prom.start_http_server(self.spec.metrics.port, self.spec.metrics.host,
@@ -96,6 +103,11 @@ class AgentMetrics:
         """Observe how long a rendezvous round took."""
         if self._m:
             self._m["rdzv"].observe(duration_s)
+
+    def on_recovery(self, phase: str, seconds: float) -> None:
+        """Observe one recovery's failure -> all workers `phase` ("running" or "ready") time."""
+        if self._m:
+            self._m["recover"].labels(phase).observe(seconds)
 
     def stop(self) -> None:
         """Stop serving (idempotent)."""

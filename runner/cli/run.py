@@ -69,6 +69,8 @@ def print_summary(ctx: Context) -> None:
         print("runner: " + failures[-1].report().replace("\n", "\nrunner: "), file=out)
     elif failures:
         print(f"runner:   attempt {failures[-1].attempt}: {failures[-1].reason}", file=out)
+    if recovered := ctx.recoveries.line():
+        print(f"runner: {recovered}", file=out)
     for warning in ctx.warnings:
         what = warning.replace("_", " ")
         print(f"runner: warning: {what} (the job's result stands; details in agent.jsonl)", file=out)

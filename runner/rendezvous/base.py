@@ -44,8 +44,15 @@ class Rendezvous(Protocol):
     async def next_round(self, attempt: int) -> RendezvousResult:
         """Join the next round and wait until it closes. Raises RendezvousTimeout or JobClosed."""
 
-    async def charge_restart(self, max_restarts: int) -> int | None:
-        """Charge one restart to the job-wide budget; the new count, or None if the budget is spent."""
+    async def charge_restart(
+        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True
+    ) -> int | None:
+        """Charge one restart to the job-wide budget; the new count, or None if the budget is spent.
+
+        With `failure_class` (a FailureClass value), the restart also counts for that class, job-wide, and is
+        refused once `class_limit` of them were used (None: no limit); `charged=False` leaves the job-wide count
+        as it is (the count returned is the current one). The first node to charge a round decides for all.
+        """
 
     async def publish(self, state: dict[str, Any]) -> None:
         """Publish this node's live state (machine state, attempt, worker pids/exit codes) for `runner status`."""

@@ -23,6 +23,7 @@ class LocalRendezvous:
         self.nproc_per_node = nproc_per_node
         self.master_addr = master_addr
         self.restarts = 0
+        self.class_restarts: dict[str, int] = {}  # restarts charged per failure class
         self.state: dict[str, Any] = {}
         self._last_port: int | None = None
 
@@ -44,11 +45,17 @@ class LocalRendezvous:
             nodes=(self.node,),
         )
 
-    async def charge_restart(self, max_restarts: int) -> int | None:
-        """One more restart, or None when max_restarts are used up."""
-        if self.restarts >= max_restarts:
+    async def charge_restart(
+        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True
+    ) -> int | None:
+        """One more restart, or None when max_restarts (if `charged`) or the class's limit are used up."""
+        used = self.class_restarts.get(failure_class, 0)
+        if (charged and self.restarts >= max_restarts) or (class_limit is not None and used >= class_limit):
             return None
-        self.restarts += 1
+        if failure_class:
+            self.class_restarts[failure_class] = used + 1
+        if charged:
+            self.restarts += 1
         return self.restarts
 
     async def publish(self, state: dict[str, Any]) -> None:

@@ -48,7 +48,8 @@ async def handle(ctx: Context) -> Step:
     ctx.failure = None
     if one and ctx.group is not None and failure is not None and failure.local_rank is not None:
         plan = ctx.make_plan()
-        ctx.group.start_one(plan.workers[failure.local_rank], plan)
+        worker = ctx.group.start_one(plan.workers[failure.local_rank], plan)
+        ctx.workers_spawned([worker], scope="worker")  # the replaced worker running: time to recover
         if ctx.timer is not None:
             ctx.timer.watch(ctx.group)
         return Step(Trigger.worker_replaced, f"rank {failure.rank} replaced (scope worker), attempt {ctx.attempt}")

@@ -33,12 +33,15 @@ async def handle(ctx: Context) -> Step:
             ctx.events, ctx.shepherd, tee=ctx.spec.logs.tee, prefix=ctx.spec.logs.prefix, log=ctx.log
         )
         ctx.group.start(ctx.plan)
+        ctx.workers_spawned(list(ctx.group.workers.values()))  # all running: time to recover (runner/recovery.py)
         if ctx.timer is not None:
             ctx.timer.watch(ctx.group)
         arm_deadline(ctx)
         await ctx.publish()
     while True:
-        step = await on_event(ctx, await ctx.events.get())
+        event = await ctx.events.get()
+        ctx.event_seen()  # if it ends the attempt, the agent learnt of the failure now
+        step = await on_event(ctx, event)
         if step is not None:
             return step
 

@@ -68,6 +68,7 @@ def report(ctx: Context) -> dict[str, Any]:
         "restarts": ctx.restarts,
         "duration_s": round(time.monotonic() - ctx.started, 3),
         "failures": [f.to_dict() for f in ctx.failures],
+        **ctx.recoveries.report(),  # launch, recoveries, time_to_recover (docs/time_to_recover.md)
         "standby": ctx.standbys.summary() if ctx.standbys is not None else {"enabled": False},
         "warnings": list(ctx.warnings),
         "run_dir": str(ctx.run_dir),

@@ -63,7 +63,9 @@ class Watchdog:
             check_interval=cfg.check_interval,
             capture_stacks=cfg.capture_stacks,
             log=log,
+            on_first_request=self.first_request,
         )
+        self.on_first_request: Callable[[int, float], None] | None = None  # readiness (runner/watchdog/readiness.py)
         self.monitor = (
             HeartbeatMonitor(
                 cfg.heartbeat_timeout, self.on_silent, clock=self.clock, activity=self.server.last_activity, log=log
@@ -82,6 +84,11 @@ class Watchdog:
     def worker_env(self, local_ranks: Iterable[int]) -> dict[int, dict[str, str]]:
         """Per local rank: TORCHELASTIC_TIMER_FILE, that rank's own FIFO (FileTimerClient's channel)."""
         return {r: {TIMER_ENV: self.server.channel(r)} for r in local_ranks}
+
+    def first_request(self, local_rank: int, at: float) -> None:
+        """The first timer request of `local_rank`'s current worker was read at `at`: pass it on (readiness)."""
+        if self.on_first_request is not None:
+            self.on_first_request(local_rank, at)
 
     def _worker(self, local_rank: int) -> Worker | None:
         group = self.group()

@@ -107,6 +107,8 @@ class FileTimerServer:
     owner(pid) -> local rank when pid is one of this runner's workers (or a descendant), else None.
     check_interval: expiries are coalesced: two expiry wake-ups are at least this far apart, so a burst
     of expiries is handled together and a scope is reported at most this late (plus stack capture).
+    on_first_request(local_rank, monotonic time), when given, is called for the first accepted request of each
+    rank's worker (again after `forget()` or `clear()`): that worker says it is ready (runner/recovery.py).
     """
 
     def __init__(
@@ -121,8 +123,10 @@ class FileTimerServer:
         max_scopes: int = MAX_SCOPES_PER_WORKER,
         summary_interval: float = 10.0,
         log: structlog.typing.FilteringBoundLogger | None = None,
+        on_first_request: Callable[[int, float], None] | None = None,
     ) -> None:
         self._dir = Path(run_dir) / "timer"
+        self._on_first_request = on_first_request  # (local rank, monotonic time): its worker's first request
         self._owner = owner
         self._on_expiry = on_expiry
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -275,7 +279,7 @@ class FileTimerServer:
             )
             return
         self._accepted += 1
-        self._activity[owner] = batch.mono
+        self._note_activity(owner, batch.mono)
         if req.pid in self._expiring:
             return  # already being reported; its timers go away with it
         scopes = self._timers.get(req.pid)
@@ -299,6 +303,13 @@ class FileTimerServer:
         scopes[req.scope] = _Timer(owner, deadline_mono, req.expiration_time, timeout_s, req.signal, self._seq)
         heapq.heappush(self._heap, (deadline_mono, self._seq, req.pid, req.scope))
         self._log.debug("timer_acquired", pid=req.pid, scope=req.scope, timeout_s=timeout_s)
+
+    def _note_activity(self, local_rank: int, at: float) -> None:
+        """A request of `local_rank` was accepted at `at`; the first one (since forget/clear) is passed on."""
+        first = local_rank not in self._activity
+        self._activity[local_rank] = at
+        if first and self._on_first_request is not None:
+            self._on_first_request(local_rank, at)
 
     # -- summaries of refused requests -------------------------------------------------------------
 

@@ -298,17 +298,23 @@ class EtcdRendezvous:
             msg = f"etcd {what} failed: {type(exc).__name__}: {exc}"
             raise RendezvousError(msg) from exc
 
-    async def charge_restart(self, max_restarts: int) -> int | None:
-        """Charge the failure of the current round once, job-wide; the new count or None when spent."""
-        return await self._bounded("charge_restart", self._charge(max_restarts))
+    async def charge_restart(
+        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True
+    ) -> int | None:
+        """Charge the failure of the current round once, job-wide; the new count or None when spent.
 
-    async def _charge(self, max_restarts: int) -> int | None:
+        A class's count is one more key, `restarts/<class>`, moved in the same transaction as the job's.
+        """
+        return await self._bounded("charge_restart", self._charge(max_restarts, failure_class, class_limit, charged))
+
+    async def _charge(self, max_restarts: int, cls: str, class_limit: int | None, job_wide: bool) -> int | None:
         await self._recover()
         r = self._result.round if self._result else -1
         k, charge = self._keys, self._keys.restart_charge(r)
+        cls_key = k.restarts + b"/" + cls.encode() if cls else None
         while True:
-            _, (marker, total) = await self.session.call(
-                lambda c: c.snapshot([key_range(charge), key_range(k.restarts)]))
+            _, (marker, total, *of_class) = await self.session.call(lambda c: c.snapshot(
+                [key_range(charge), key_range(k.restarts), *([key_range(cls_key)] if cls_key else [])]))
             if marker:
                 charged = load(marker[0].value)
                 count = charged.get("count") if isinstance(charged, dict) else None
@@ -316,12 +322,18 @@ class EtcdRendezvous:
                 return int(count) if count is not None else None
             count = int(total[0].value) if total else 0
             self._restarts_known = max(self._restarts_known, count)
-            new = count + 1 if count < max_restarts else None
+            used = int(of_class[0][0].value) if of_class and of_class[0] else 0
+            allowed = (not job_wide or count < max_restarts) and (class_limit is None or used < class_limit)
+            new = (count + 1 if job_wide else count) if allowed else None
             guard = value_is(k.restarts, str(count).encode()) if total else absent(k.restarts)
-            puts = [put_op(charge, dump({"count": new, "by": self._node}))]
-            if new is not None:
+            puts = [put_op(charge, dump({"count": new, "by": self._node, "class": cls}))]
+            compare = [absent(charge), guard]
+            if new is not None and job_wide:
                 puts.append(put_op(k.restarts, str(new).encode()))
-            done = await self.session.call(partial(Connection.txn, compare=[absent(charge), guard], success=puts))
+            if new is not None and cls_key is not None:
+                compare.append(value_is(cls_key, str(used).encode()) if of_class[0] else absent(cls_key))
+                puts.append(put_op(cls_key, str(used + 1).encode()))
+            done = await self.session.call(partial(Connection.txn, compare=compare, success=puts))
             if done.succeeded:
                 self._restarts_known = max(self._restarts_known, new or 0)
                 self._log.info("restart_charged", round=r, count=new, max_restarts=max_restarts)

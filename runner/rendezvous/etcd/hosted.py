@@ -88,9 +88,11 @@ class HostedRendezvous:
         """As the etcd backend."""
         return await self._inner.next_round(attempt)
 
-    async def charge_restart(self, max_restarts: int) -> int | None:
+    async def charge_restart(
+        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True
+    ) -> int | None:
         """As the etcd backend."""
-        return await self._inner.charge_restart(max_restarts)
+        return await self._inner.charge_restart(max_restarts, failure_class, class_limit, charged=charged)
 
     async def publish(self, state: dict[str, Any]) -> None:
         """As the etcd backend."""
