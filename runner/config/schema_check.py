@@ -1,6 +1,7 @@
 """JSON-Schema validation of a parsed spec, every error turned into a located, worded SpecProblem.
 
-jsonschema is imported lazily (it costs ~100 ms) so `import runner.config` stays cheap.
+A spec that passes is told apart by the schema compiled into one yes/no function (runner/config/schema_compiled.py,
+exact); jsonschema (~60 ms to import) is imported only to find and word the problems of a spec that does not.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
 
-from runner.config import valid_cache
 from runner.config.limits import MAX_PROBLEMS
 from runner.config.problems import describe, did_you_mean, join_or, type_fix, type_noun
+from runner.config.schema_compiled import Check, compile_schema
 from runner.config.yaml_source import Document, Path, dotted, shown
 from runner.errors import SpecProblem
 
@@ -48,6 +49,18 @@ def load_schema() -> dict[str, Any]:
 
 
 @functools.cache
+def _compiled() -> Check | None:
+    """The job schema as one yes/no function (None if it used a keyword schema_compiled does not know)."""
+    return compile_schema(load_schema())
+
+
+def passes(data: Any) -> bool:
+    """True if jsonschema would find no problem in `data`, without importing it; False: ask jsonschema."""
+    check = _compiled()
+    return check is not None and check(data)
+
+
+@functools.cache
 def _validator() -> Any:
     from jsonschema import Draft202012Validator
 
@@ -57,12 +70,10 @@ def _validator() -> Any:
 def schema_problems(doc: Document, skip: frozenset[str] = frozenset()) -> list[SpecProblem]:
     """Every schema violation in `doc.data`, except at the dotted paths in `skip` (already reported).
 
-    Validation is a pure function of (schema, data): with RUNNER_CACHE_DIR set, a document that passed once
-    is remembered by the hash of its typed content, which spares the next run jsonschema's ~100 ms import
-    (see valid_cache). At most MAX_PROBLEMS problems are collected.
+    A document that passes the compiled schema has no problem at all (whatever `skip` holds), so jsonschema is
+    only run on one that does not. At most MAX_PROBLEMS problems are collected.
     """
-    key = None if skip or valid_cache.folder() is None else valid_cache.key(load_schema_text(), doc.data)
-    if valid_cache.seen(key):
+    if passes(doc.data):
         return []
     found: dict[SpecProblem, None] = {}  # ordered set: de-duplication stays linear
     for error in _validator().iter_errors(doc.data):
@@ -71,8 +82,6 @@ def schema_problems(doc: Document, skip: frozenset[str] = frozenset()) -> list[S
                 found[problem] = None
         if len(found) > MAX_PROBLEMS:  # one more than shown, so that the list says it was cut
             break
-    if not found:
-        valid_cache.remember(key)
     return list(found)
 
 
@@ -82,6 +91,8 @@ def invalid_parts(data: dict[str, Any]) -> tuple[set[Path], set[str]] | None:
     (paths to drop, required top-level keys missing), or None when data passes. A path inside a list stands
     for the whole list, so that the indexes of what remains do not move.
     """
+    if passes(data):
+        return None
     drop: set[Path] = set()
     missing: set[str] = set()
     for error in itertools.islice(_validator().iter_errors(data), MAX_PROBLEMS):
