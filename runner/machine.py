@@ -60,9 +60,10 @@ class Guard(enum.Enum):
     """A condition on an edge of the restart policy (evaluated by runner/restart_policy.py, in table order)."""
 
     stopping = "a stop was requested"
-    infrastructure = "the failure is not the workers' (rendezvous, a lost guard)"
+    class_spent = "the failure's class has no restart left (restart.budgets: oom 0, infra 0 by default)"
+    crash_loop = "the same exception on restart.crash_loop consecutive attempts"
     non_retryable_exit = "the exit code is in restart.non_retryable_exit_codes"
-    restart_charged = "a restart could be charged to the budget"
+    restart_charged = "a restart could be charged to the class's and the job's budgets"
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,11 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(T.membership_changed, (S.RUNNING,), S.RESTARTING),
     # The restart policy: FAILED fires `decide`; the first edge whose guard holds is taken.
     decided(T.give_up, S.SHUTDOWN, G.stopping),
-    decided(T.give_up, S.SHUTDOWN, G.infrastructure),
+    decided(T.give_up, S.SHUTDOWN, G.class_spent),
+    decided(T.give_up, S.SHUTDOWN, G.crash_loop),
     decided(T.non_retryable, S.SHUTDOWN, G.non_retryable_exit),
     decided(T.retry, S.RESTARTING, G.restart_charged),
-    decided(T.give_up, S.SHUTDOWN),  # the budget is spent
+    decided(T.give_up, S.SHUTDOWN),  # a budget is spent (job-wide: max_restarts, or the class's)
     Edge(T.restarted, (S.RESTARTING,), S.RENDEZVOUS),
     Edge(T.worker_replaced, (S.RESTARTING,), S.RUNNING),
     Edge(T.stop_requested, LIVE, S.SHUTDOWN),

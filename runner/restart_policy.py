@@ -1,19 +1,63 @@
 """Where a restart is decided.
 
 The guards of FAILED's edges (runner/machine.py lists them in order) and what each edge means for the job (reason,
-outcome, exit code).
+outcome, exit code). A failure's class (runner.outcomes.FailureClass) picks its budget in restart.budgets; the
+job-wide restart.max_restarts counts the classes that are charged (docs/failure_classes.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED, RendezvousError
 from runner.machine import Edge, Guard, GuardCheck, Step, Trigger
-from runner.outcomes import Outcome
+from runner.outcomes import FailureClass, Outcome
+from runner.workers.failures import traceback_parts
 
 if TYPE_CHECKING:
+    from runner.config.spec import ClassBudget
     from runner.context import Context
+    from runner.workers.failures import Failure
+
+
+def current(ctx: Context) -> Failure:
+    """The failure FAILED recorded (every edge into FAILED sets it)."""
+    assert ctx.failure is not None
+    return ctx.failure
+
+
+def budget_of(ctx: Context) -> ClassBudget:
+    """restart.budgets' entry for the current failure's class."""
+    return ctx.spec.restart.budgets.of(current(ctx).failure_class)
+
+
+def used_here(ctx: Context) -> int:
+    """Restarts this node has made after failures of the current failure's class (the earlier ones: all retried)."""
+    cls = current(ctx).failure_class
+    return sum(1 for f in ctx.failures[:-1] if f.failure_class is cls)
+
+
+def looping(ctx: Context) -> list[Failure]:
+    """The last restart.crash_loop failures when they are the same exception on consecutive attempts, else []."""
+    n = ctx.spec.restart.crash_loop
+    last = ctx.failures[-n:] if n else []
+    if len(last) < n or not last or not last[-1].fingerprint:
+        return []
+    same = all(f.fingerprint == last[-1].fingerprint for f in last)
+    consecutive = [f.attempt for f in last] == list(range(last[0].attempt, last[0].attempt + n))
+    return last if same and consecutive else []
+
+
+async def refuse_round(ctx: Context) -> None:
+    """Tell the other nodes, through the round's charge, that this failure is not restarted (best effort).
+
+    The first node to charge a round decides for all: a peer that lost this node charges the same round and gives
+    up too, instead of waiting for it in the next rendezvous.
+    """
+    with contextlib.suppress(RendezvousError):
+        await ctx.rendezvous.charge_restart(0)
 
 
 async def stopping(ctx: Context) -> bool:
@@ -21,25 +65,44 @@ async def stopping(ctx: Context) -> bool:
     return ctx.stop is not None
 
 
-async def infrastructure(ctx: Context) -> bool:
-    """The failure is not the workers' (rendezvous, a lost guard): retrying the workers would not help."""
-    return ctx.failure is not None and ctx.failure.kind.infrastructure
+async def class_spent(ctx: Context) -> bool:
+    """The failure's class has no restart left here (`oom: 0` and `infra: 0` by default).
+
+    Decided before any etcd call: an infrastructure failure is not retried even when etcd is gone.
+    """
+    limit = budget_of(ctx).max
+    if limit is None or used_here(ctx) < limit:
+        return False
+    if current(ctx).failure_class is not FailureClass.INFRA:
+        await refuse_round(ctx)
+    return True
+
+
+async def crash_loop(ctx: Context) -> bool:
+    """The same exception (type, message, innermost frame) on restart.crash_loop consecutive attempts."""
+    if not looping(ctx):
+        return False
+    await refuse_round(ctx)
+    return True
 
 
 async def non_retryable_exit(ctx: Context) -> bool:
     """The failed worker's exit code is one the spec says never to retry."""
-    code = ctx.failure.exit_code if ctx.failure is not None else None
+    code = current(ctx).exit_code
     return code is not None and code in ctx.spec.restart.non_retryable_exit_codes
 
 
 async def restart_charged(ctx: Context) -> bool:
-    """Charge one restart to the job's budget (shared by every node with etcd).
+    """Charge one restart to the class's budget and (unless the class is uncharged) the job's, shared by every node.
 
-    False once it is spent, or when the budget cannot be reached (etcd down past its connect timeout): no node
+    False once either is spent, or when the budgets cannot be reached (etcd down past its connect timeout): no node
     restarts on a budget it cannot count.
     """
+    budget, cls = budget_of(ctx), current(ctx).failure_class
     try:
-        used = await ctx.rendezvous.charge_restart(ctx.spec.restart.max_restarts)
+        used = await ctx.rendezvous.charge_restart(
+            ctx.spec.restart.max_restarts, cls.value, budget.max, charged=budget.charged
+        )
     except RendezvousError as e:
         ctx.budget_error = e.message
         return False
@@ -51,28 +114,79 @@ async def restart_charged(ctx: Context) -> bool:
 
 GUARDS: dict[Guard, GuardCheck] = {
     Guard.stopping: stopping,
-    Guard.infrastructure: infrastructure,
+    Guard.class_spent: class_spent,
+    Guard.crash_loop: crash_loop,
     Guard.non_retryable_exit: non_retryable_exit,
     Guard.restart_charged: restart_charged,
 }
 
 
+def retried(ctx: Context, edge: Edge) -> Step:
+    """The retry's reason: which restart this is, of which budget."""
+    limit, budget = ctx.spec.restart.max_restarts, budget_of(ctx)
+    cls = current(ctx).failure_class
+    own = f"; {cls} {used_here(ctx) + 1} of {budget.max}" if budget.max is not None else ""
+    if budget.charged:
+        return Step(edge.trigger, f"restart {ctx.restarts} of {limit}{own}")
+    return Step(edge.trigger, f"restart after {cls}, not charged to max_restarts ({ctx.restarts} of {limit} used{own})")
+
+
+Why = tuple[str, int]  # a give-up's reason and exit code
+
+
+def why_stopping(_ctx: Context) -> Why:
+    """A stop arrived: the job is stopping, nothing restarts."""
+    return "stopping: no restart", EXIT_WORKERS_FAILED
+
+
+def why_class_spent(ctx: Context) -> Why:
+    """The class's own budget: an infrastructure failure keeps its own reason (and exit code 3)."""
+    failure, cls = current(ctx), current(ctx).failure_class
+    if cls is FailureClass.INFRA:
+        return f"not retried: {failure.reason}", EXIT_INFRA
+    reason = f"not retried: {cls} failures have no restart left (restart.budgets.{cls}: {budget_of(ctx).max})"
+    return reason, EXIT_WORKERS_FAILED
+
+
+def why_crash_loop(ctx: Context) -> Why:
+    """The exception that repeats, as the last attempt raised it."""
+    failure = current(ctx)
+    parts = traceback_parts(failure.traceback or failure.stderr_tail)
+    exc, frame = parts if parts is not None else (failure.error, "")
+    where = f" (in {frame})" if frame else ""
+    n = len(looping(ctx))
+    return f"crash loop: the same exception on {n} consecutive attempts: {exc}{where}", EXIT_WORKERS_FAILED
+
+
+def why_non_retryable(ctx: Context) -> Why:
+    """The exit code the spec lists."""
+    return f"exit code {current(ctx).exit_code} is non-retryable", EXIT_WORKERS_FAILED
+
+
+def why_spent(ctx: Context) -> Why:
+    """restart_charged refused: the budgets unreachable, the job's spent, the class's (job-wide), or a peer's no."""
+    if ctx.budget_error:
+        return f"not retried: the restart budget is unreachable ({ctx.budget_error})", EXIT_INFRA
+    limit, budget, cls = ctx.spec.restart.max_restarts, budget_of(ctx), current(ctx).failure_class
+    code = EXIT_INFRA if cls is FailureClass.INFRA else EXIT_WORKERS_FAILED
+    if budget.charged and ctx.restarts >= limit:
+        return f"restart budget spent ({limit} of {limit} used)", code
+    if budget.max is not None:
+        return f"restart budget spent (max_restarts {limit}, or {cls}'s {budget.max} job-wide)", code
+    return "not retried: another node stopped this round's restart (its report says why)", code
+
+
+WHY: dict[Guard, Callable[[Context], Why]] = {
+    Guard.stopping: why_stopping,
+    Guard.class_spent: why_class_spent,
+    Guard.crash_loop: why_crash_loop,
+    Guard.non_retryable_exit: why_non_retryable,
+}
+
+
 def settle(ctx: Context, edge: Edge) -> Step:
     """The reason, outcome and exit code of the policy edge `edge`, taken from FAILED."""
-    failure = ctx.failure
-    limit = ctx.spec.restart.max_restarts
     if edge.trigger is Trigger.retry:
-        return Step(edge.trigger, f"restart {ctx.restarts} of {limit}")
-
-    def gave_up(reason: str, exit_code: int = EXIT_WORKERS_FAILED) -> Step:
-        return Step(edge.trigger, reason, Outcome.FAILED, exit_code)
-
-    if edge.when is Guard.stopping:
-        return gave_up("stopping: no restart")
-    if edge.when is Guard.infrastructure:
-        return gave_up(f"not retried: {failure.reason if failure else 'infrastructure failure'}", EXIT_INFRA)
-    if edge.when is Guard.non_retryable_exit:
-        return gave_up(f"exit code {failure.exit_code if failure else None} is non-retryable")
-    if ctx.budget_error:
-        return gave_up(f"not retried: the restart budget is unreachable ({ctx.budget_error})", EXIT_INFRA)
-    return gave_up(f"restart budget spent ({limit} of {limit} used)")
+        return retried(ctx, edge)
+    reason, exit_code = WHY[edge.when](ctx) if edge.when is not None else why_spent(ctx)
+    return Step(edge.trigger, reason, Outcome.FAILED, exit_code)

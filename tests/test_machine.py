@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from runner.config.spec import Budgets
 from runner.errors import RendezvousError
 from runner.machine import (
     TRANSITIONS,
@@ -20,7 +21,9 @@ from runner.machine import (
     edges,
     mermaid,
 )
+from runner.outcomes import FailureKind
 from runner.restart_policy import GUARDS, settle
+from runner.workers.failures import Failure
 
 S, T, G = JobState, Trigger, Guard
 LIVE = [s for s in JobState if s is not S.SHUTDOWN]
@@ -42,7 +45,8 @@ EXPECTED = {
     (S.RUNNING, T.guard_lost, S.SHUTDOWN, None),
     (S.RUNNING, T.membership_changed, S.RESTARTING, None),
     (S.FAILED, T.give_up, S.SHUTDOWN, G.stopping),
-    (S.FAILED, T.give_up, S.SHUTDOWN, G.infrastructure),
+    (S.FAILED, T.give_up, S.SHUTDOWN, G.class_spent),
+    (S.FAILED, T.give_up, S.SHUTDOWN, G.crash_loop),
     (S.FAILED, T.non_retryable, S.SHUTDOWN, G.non_retryable_exit),
     (S.FAILED, T.retry, S.RESTARTING, G.restart_charged),
     (S.FAILED, T.give_up, S.SHUTDOWN, None),
@@ -50,8 +54,9 @@ EXPECTED = {
     (S.RESTARTING, T.worker_replaced, S.RUNNING, None),
     *((s, T.stop_requested, S.SHUTDOWN, None) for s in LIVE),
 }
-# The order in which FAILED's guards are tried: a stop beats everything, the budget is charged last.
-POLICY_ORDER = [G.stopping, G.infrastructure, G.non_retryable_exit, G.restart_charged, None]
+# The order in which FAILED's guards are tried: a stop beats everything, a spent class or a crash loop stops before
+# any charge, the budgets are charged last.
+POLICY_ORDER = [G.stopping, G.class_spent, G.crash_loop, G.non_retryable_exit, G.restart_charged, None]
 
 
 def test_the_table_is_exactly_the_designed_edges():
@@ -69,24 +74,30 @@ class Budget:
     def __init__(self, left: int) -> None:
         self.left, self.used = left, 0
 
-    async def charge_restart(self, max_restarts: int) -> int | None:
+    async def charge_restart(self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *,
+                             charged: bool = True) -> int | None:
         if self.left < 0:
             raise RendezvousError("etcd unreachable")
-        if self.left <= 0:
+        if self.left <= 0 or self.used >= max_restarts:
             return None
         self.left -= 1
         self.used += 1
         return self.used
 
 
-def failed_ctx(*, kind="worker", exit_code=1, stop=None, budget=1, non_retryable=()):
-    """A hand-written stand-in for Context with what the guards read."""
-    from runner.outcomes import FailureKind
+def failed_ctx(*, kind="worker", exit_code=1, stop=None, budget=1, non_retryable=(), crash_loop=3, earlier=()):
+    """A hand-written stand-in for Context with what the guards read (`earlier`: failures before this one)."""
+    failure = Failure(kind=FailureKind(kind), reason="rank 0 exited with code 1", attempt=len(earlier),
+                      exit_code=exit_code, traceback=TRACEBACK if kind == "worker" else "")
+    spec = SimpleNamespace(restart=SimpleNamespace(max_restarts=3, non_retryable_exit_codes=tuple(non_retryable),
+                                                   budgets=Budgets(), crash_loop=crash_loop))
+    return SimpleNamespace(failure=failure, failures=[*earlier, failure], spec=spec, stop=stop,
+                           rendezvous=Budget(budget), restarts=0, budget_error="")
 
-    failure = SimpleNamespace(kind=FailureKind(kind), exit_code=exit_code, reason="rank 0 exited with code 1")
-    spec = SimpleNamespace(restart=SimpleNamespace(max_restarts=3, non_retryable_exit_codes=tuple(non_retryable)))
-    return SimpleNamespace(failure=failure, spec=spec, stop=stop, rendezvous=Budget(budget), restarts=0,
-                           budget_error="")
+
+TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 9, in step\n    boom()\nValueError: bad 0x7f'
+LOOP = tuple(Failure(kind=FailureKind.WORKER, reason="rank 0 exited with code 1", attempt=a, exit_code=1,
+                     traceback=TRACEBACK) for a in (0, 1))
 
 
 def decide(ctx) -> tuple[JobState, Step]:
@@ -105,8 +116,12 @@ def decide(ctx) -> tuple[JobState, Step]:
         ({"kind": "rendezvous", "exit_code": None}, S.SHUTDOWN, T.give_up, 3, 0),
         ({"stop": object(), "non_retryable": (1,)}, S.SHUTDOWN, T.give_up, 1, 0),
         ({"budget": -1}, S.SHUTDOWN, T.give_up, 3, 0),
+        ({"earlier": LOOP}, S.SHUTDOWN, T.give_up, 1, 0),
+        ({"earlier": LOOP, "crash_loop": 0}, S.RESTARTING, T.retry, None, 1),
+        ({"kind": "watchdog", "exit_code": None}, S.RESTARTING, T.retry, None, 1),
     ],
-    ids=["retry", "budget-spent", "non-retryable", "infrastructure", "stopping-first", "budget-unreachable"],
+    ids=["retry", "budget-spent", "non-retryable", "infrastructure", "stopping-first", "budget-unreachable",
+         "crash-loop", "crash-loop-off", "hang"],
 )
 def test_restart_policy_edges(ctx_args, dst, trigger, exit_code, charged):
     ctx = failed_ctx(**ctx_args)

@@ -1,4 +1,4 @@
-"""FAILED: keep the root cause, then fire `decide`.
+"""FAILED: class the root cause on the evidence, keep it, then fire `decide`.
 
 The restart policy's guarded edges (runner/machine.py,
 runner/restart_policy.py) choose retry, give_up or non_retryable.
@@ -7,10 +7,13 @@ runner/restart_policy.py) choose retry, give_up or non_retryable.
 from __future__ import annotations
 
 import json
+import signal
 from typing import TYPE_CHECKING
 
 from runner.machine import Step, Trigger
+from runner.outcomes import FailureKind
 from runner.private_files import write_private
+from runner.workers import oom, procs
 
 if TYPE_CHECKING:
     from runner.context import Context
@@ -19,12 +22,30 @@ if TYPE_CHECKING:
 
 async def handle(ctx: Context) -> Step:
     """Record the failure (nothing is lost); the policy decides what follows."""
-    failure = ctx.failure
-    assert failure is not None  # every edge into FAILED sets it
+    assert ctx.failure is not None  # every edge into FAILED sets it
+    failure = ctx.failure = with_evidence(ctx, ctx.failure)
     ctx.failures.append(failure)
     save(ctx, failure)
     ctx.log.error("failure", **{k: v for k, v in failure.to_dict().items() if k not in ("traceback", "stacks")})
     return Step(Trigger.decide)
+
+
+def with_evidence(ctx: Context, failure: Failure) -> Failure:
+    """`failure` classed `oom` when the failed worker's cgroup or the kernel log shows the OOM killer at work.
+
+    The worker is still unreaped here (its cgroup and /proc entry remain until the group is stopped). The kernel
+    log is read only for a SIGKILL, the OOM killer's signal; the cgroup's count also catches a killed child (a
+    DataLoader worker) of a worker that then exited with an error.
+    """
+    if failure.kind is not FailureKind.WORKER or ctx.group is None or failure.local_rank is None:
+        return failure
+    worker = ctx.group.workers.get(failure.local_rank)
+    if worker is None or worker.plan.rank != failure.rank:
+        return failure
+    # The start time tells this worker's kernel log record from a recycled pid's; without it, the cgroup only.
+    stat = procs.read_stat(worker.pid) if failure.exit_code == -signal.SIGKILL else None
+    found = oom.evidence(worker.pid, worker.cgroup, stat.start_time if stat is not None else None)
+    return failure.with_oom_evidence(found)
 
 
 def save(ctx: Context, failure: Failure) -> None:
