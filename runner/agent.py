@@ -114,10 +114,10 @@ class TransitionLog:
             ctx.exit_code = step.exit_code
         if self.metrics is not None:
             self.metrics.on_transition(src.value, dst.value, edge.trigger.value, ctx.attempt, ctx.restarts)
-        event: dict[str, object] = {
-            "event": "transition",
         if dst is JobState.FAILED or (src is JobState.RUNNING and dst is JobState.RESTARTING):
             ctx.attempt_failed(edge.trigger.value)  # a recovery starts here if the policy restarts
+        event: dict[str, object] = {
+            "event": "transition",
             "src": src.value,
             "dst": dst.value,
             "trigger": edge.trigger.value,

@@ -61,8 +61,6 @@ class Context:
     warnings: list[str] = field(default_factory=list)  # side failures (status writes, etcd) that did not stop the job
     report_path: Path | None = None  # where report.json went (the run dir, or a fallback when it could not)
     budget_error: str = ""  # why the restart budget could not be charged (etcd unreachable), if it could not
-
-    def status(self) -> dict[str, Any]:
     recoveries: Recoveries = field(init=False)  # time to recover: the launch and every restart (runner/recovery.py)
     readiness: Readiness | None = None  # who of the current attempt has not said it is ready (made at first spawn)
     publishing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one publish at a time, in order
@@ -71,6 +69,8 @@ class Context:
     def __post_init__(self) -> None:
         """The launch is timed from the agent's start."""
         self.recoveries = Recoveries(launched_at=self.started)
+
+    def status(self) -> dict[str, Any]:
         """This node's live state, as published for `runner status` (the JSON boundary: strings from here on)."""
         workers = []
         if self.group is not None:
@@ -88,9 +88,9 @@ class Context:
             "heartbeat": time.time(),
             "workers": workers,
             "outcome": self.outcome.value if self.outcome is not None else None,
+            **self.recoveries.status(),  # launch and the last recovery: running_s, ready_s (docs/time_to_recover.md)
         }
 
-            **self.recoveries.status(),  # launch and the last recovery: running_s, ready_s (docs/time_to_recover.md)
     def make_plan(self) -> LaunchPlan:
         """Plan this node's workers for the current attempt from the last rendezvous result."""
         assert self.result is not None  # only called after a completed round
