@@ -56,6 +56,8 @@ class AgentMetrics:
                                   registry=reg),
             "transitions": prom.Counter("runner_transitions", "State transitions", ["src", "dst", "trigger"],
                                         registry=reg),
+            "failures": prom.Counter("runner_failures", "Failed attempts, by failure class (docs/failure_classes.md)",
+                                     ["class"], registry=reg),
             "since": prom.Gauge("runner_seconds_since_last_transition", "Seconds since the last transition",
                                 registry=reg),
             "recover": prom.Histogram("runner_time_to_recover_seconds",
@@ -93,6 +95,11 @@ class AgentMetrics:
         self._m["transitions"].labels(src, dst, trigger).inc()
         if trigger in EXIT_CAUSES:
             self.on_worker_exit(EXIT_CAUSES[trigger])
+
+    def on_failure(self, failure_class: str) -> None:
+        """Count a failed attempt under its class (runner_failures_total{class=...})."""
+        if self._m:
+            self._m["failures"].labels(failure_class).inc()
 
     def on_worker_exit(self, cause: str) -> None:
         """Count a worker exit that decided an attempt: succeeded, failed, watchdog, deadline, ..."""

@@ -177,7 +177,7 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
     if status.get("backend") == "etcd":
         title += f" · round {status.get('round')} · world {status.get('world_size')}"
         title += f" · restarts {status.get('restarts')}"
-    head = ("NODE", "STATE", "ATTEMPT", "RESTARTS", "RANKS", "UPTIME", "LAST EVENT")
+    head = ("NODE", "STATE", "ATTEMPT", "RESTARTS", "FAILURE", "RANKS", "UPTIME", "LAST EVENT")
     rows = [head]
     for node in status.get("nodes") or []:
         name = str(node.get("node"))
@@ -190,11 +190,20 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
         ago = f" ({duration(now - when)} ago)" if when is not None else ""
         restarts = node.get("restarts", status.get("restarts", "-"))
         rows.append((name, str(node.get("state") or "-"), str(node.get("attempt", "-")), str(restarts),
-                     ranks(node.get("workers")), duration(up), (event + ago) if event else "-"))
+                     failure_class(node), ranks(node.get("workers")), duration(up), (event + ago) if event else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [title]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return lines
+
+
+def failure_class(node: dict[str, Any]) -> str:
+    """The class of a node's last failure (docs/failure_classes.md): its `failure`, else its last recovery's."""
+    for part, key in (("failure", "class"), ("recovery", "failure_class")):
+        value = node.get(part)
+        if isinstance(value, dict) and isinstance(value.get(key), str):
+            return str(value[key])
+    return "-"
 
 
 def fmt_clock(now: float) -> str:

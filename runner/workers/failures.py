@@ -67,9 +67,8 @@ class Failure:
 
     def report(self) -> str:
         """A few lines a human reads first."""
-        lines = [f"root cause (attempt {self.attempt}, {self.failure_class}): {self.reason}"]
-        if self.evidence:
-            lines.append(f"  evidence: {self.evidence}")
+        lines = [f"root cause (attempt {self.attempt}): {self.reason}"]
+        lines.append(f"  class: {self.failure_class}" + (f" ({self.evidence})" if self.evidence else ""))
         if self.hint:
             lines.append(f"  hint: {self.hint}")
         if self.error:
