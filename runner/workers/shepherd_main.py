@@ -14,6 +14,13 @@ however it exited) the guard kills, each through a pidfd and only once proven ou
 - the listed workers themselves.
 It ignores the signals a terminal or a scheduler sends to a process group, so only SIGKILL ends it early (and the
 agent notices that at once through a pidfd and starts another).
+
+With the etcd rendezvous the agent also writes `L TICKET` whenever its lease is granted or replaced (TICKET: one
+line of JSON, runner.workers.lease_revoke.RevokeTicket) and a bare `L` once it gave the lease up itself. When the
+agent died holding a lease, the guard revokes it right after the kill passes (the workers come first; the wait for
+the cgroup to empty comes after): the node's keys vanish and its peers see it lost within a second, not after the
+lease TTL. The revoke gives up after lease_revoke.REVOKE_BUDGET_S, so a dead etcd delays the guard's exit by that at
+most. The ticket (with the etcd password, when auth is on) stays in this process's memory.
 """
 
 import os
@@ -36,7 +43,11 @@ def main() -> None:
     tag = sys.argv[1]
     cgroup = Path(sys.argv[2]) if len(sys.argv) > 2 else None
     leaders: dict[int, int] = {}  # worker pid -> pidfd
+    ticket = b""  # how to revoke the agent's etcd lease (decoded only if the agent dies holding one)
     for line in sys.stdin.buffer:
+        if line[:1] == b"L" and line[1:2] in (b" ", b"\n", b""):
+            ticket = line[1:].strip()
+            continue
         words = line.split()
         if len(words) == 3 and words[0] == b"+" and words[1].isdigit() and words[2].isdigit():
             pid = int(words[1])
@@ -54,11 +65,27 @@ def main() -> None:
             fd = leaders.pop(int(words[1]), None)
             if fd is not None:
                 os.close(fd)
-    kill_job(leaders, tag, cgroup)
+    kill_job(leaders, tag, cgroup, ticket)
 
 
-def kill_job(leaders: dict[int, int], tag: str, cgroup: Path | None) -> None:
-    """SIGKILL every process of the job that can be proven ours, until a pass finds none; remove the cgroup."""
+def kill_job(leaders: dict[int, int], tag: str, cgroup: Path | None, ticket: bytes = b"") -> None:
+    """Kill the job (kill_all), revoke the lease of `ticket` if any, then wait for the cgroup to empty and remove it.
+
+    The revoke comes after the kill passes (the job's processes are signalled first, whatever etcd does) and
+    before the cgroup wait (the peers learn of the loss without waiting for our processes to be reaped).
+    """
+    kill_all(leaders, tag, cgroup)
+    if ticket:
+        revoke_lease(ticket)
+    if cgroup is not None:
+        deadline = time.monotonic() + CGROUP_WAIT_S
+        while JobCgroup.populated(cgroup) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        JobCgroup(cgroup).remove(max(0.0, deadline - time.monotonic()))
+
+
+def kill_all(leaders: dict[int, int], tag: str, cgroup: Path | None) -> None:
+    """SIGKILL every process of the job that can be proven ours, until a pass finds none."""
     if cgroup is not None:
         JobCgroup.kill(cgroup)
     for _ in range(ROUNDS):
@@ -72,11 +99,18 @@ def kill_job(leaders: dict[int, int], tag: str, cgroup: Path | None) -> None:
         procs.close_all(hit)
         if not hit:
             break
-    if cgroup is not None:
-        deadline = time.monotonic() + CGROUP_WAIT_S
-        while JobCgroup.populated(cgroup) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        JobCgroup(cgroup).remove(max(0.0, deadline - time.monotonic()))
+
+
+def revoke_lease(ticket: bytes) -> None:
+    """Revoke the dead agent's etcd lease (bounded); say on stderr when that failed, and what it costs the peers."""
+    from runner.workers.lease_revoke import REVOKE_BUDGET_S, RevokeError, RevokeTicket, revoke
+
+    try:
+        revoke(RevokeTicket.decode(ticket))
+    except (RevokeError, ValueError) as exc:
+        sys.stderr.write(f"runner guard: the agent died and its etcd lease could not be revoked within "
+                         f"{REVOKE_BUDGET_S:g} s ({exc}); its peers see this node lost when the lease expires "
+                         f"(rendezvous.lease_ttl)\n")
 
 
 if __name__ == "__main__":

@@ -46,11 +46,12 @@ from runner.rendezvous.etcd.client import (
 )
 from runner.rendezvous.etcd.connect import new_session
 from runner.rendezvous.etcd.keys import JobKeys, check_node_id, dump, load
-from runner.rendezvous.etcd.lease import LeaseKeeper
+from runner.rendezvous.etcd.lease import LeaseKeeper, revoke_ticket
 from runner.rendezvous.etcd.monitor import RoundMonitor
 from runner.rendezvous.etcd.round import RoundRules, RoundWaiter
 from runner.rendezvous.ports import free_port
 from runner.rendezvous.spec_check import diff_paths, shared_tree, tree_digest
+from runner.workers.lease_revoke import LeaseListener
 
 T = TypeVar("T")
 FINAL_STATE_TTL_S = 3600
@@ -80,6 +81,7 @@ class EtcdRendezvous:
         self._lost: str | None = None  # why etcd's data is considered lost, until this node re-admitted itself
         self._lost_event = asyncio.Event()
         self._restarts_known = 0  # the job-wide restart count this node last saw (seeds a recreated job)
+        self._lease_listener: LeaseListener | None = None  # the guard: revokes our lease if this agent dies
 
     @property
     def session(self) -> EtcdSession:
@@ -106,9 +108,20 @@ class EtcdRendezvous:
         await self._session.connect()
         self._lease = LeaseKeeper(self._session, self._spec.rendezvous.lease_ttl, self._log,
                                   job_intact=self._job_intact, on_data_lost=self._on_data_lost)
+        if self._lease_listener is not None:
+            self._lease.watch(self._lease_listener, revoke_ticket(self._spec.rendezvous))
         await self._lease.grant()
         await self._admit()
         self._admitted = True
+
+    def on_lease(self, listener: LeaseListener) -> None:
+        """Tell `listener` how to revoke this node's lease whenever it is granted or replaced (None: given up).
+
+        The agent passes its guard's (runner.workers.shepherd), so that a dead agent's lease is revoked at once.
+        """
+        self._lease_listener = listener
+        if self._lease is not None:
+            self._lease.watch(listener, revoke_ticket(self._spec.rendezvous))
 
     async def _admit(self) -> None:
         """Join the job in one transaction; raises when the job is closed or runs another spec.

@@ -33,6 +33,7 @@ from runner.rendezvous.etcd.connect import new_session
 from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, url_host, wait_for_host
 from runner.rendezvous.etcd.hosted_server import HostedEtcd
 from runner.rendezvous.etcd.keys import JobKeys
+from runner.workers.lease_revoke import LeaseListener
 
 LINGER_POLL_S = 0.25
 
@@ -52,6 +53,10 @@ class HostedRendezvous:
     def server(self) -> HostedEtcd | None:
         """The etcd this node hosts (None on the other nodes, and once stopped)."""
         return self._server
+
+    def on_lease(self, listener: LeaseListener) -> None:
+        """As the etcd backend's: `listener` learns how to revoke this node's lease (its guard, if the agent dies)."""
+        self._inner.on_lease(listener)
 
     async def open(self, events: asyncio.Queue[Any]) -> None:
         """Host etcd when the rule says so, else wait for the hosting node's (join_timeout); then join the job."""

@@ -4,26 +4,58 @@ Keys attached to the lease are remembered (key -> value) so that, when etcd forg
 longer than the TTL), they are put again on the new lease. A lease etcd does not know may also mean that etcd
 lost the job's data: before re-granting, the keeper asks `job_intact` (the backend compares the job's epoch key);
 when the job is gone it tells `on_data_lost` and stops, and the backend re-admits the node with a fresh lease.
+
+A listener given to `watch()` (the agent's guard, runner.workers.shepherd) is told how to revoke the lease each time
+it is granted or replaced (a runner.workers.lease_revoke.RevokeTicket), and None once the keeper stopped: if the
+agent dies holding the lease, its guard revokes it, and the peers see the node gone at once instead of one TTL later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
 import structlog
 
+from runner.config.spec import Rendezvous
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd.client import Connection, EtcdSession, LeaseNotFound, cancel_task, put_op, range_op
+from runner.rendezvous.etcd.client import (
+    Connection,
+    Endpoint,
+    EtcdSession,
+    LeaseNotFound,
+    cancel_task,
+    put_op,
+    range_op,
+)
+from runner.rendezvous.etcd.connect import read_password
+from runner.workers.lease_revoke import GatewayEndpoint, LeaseListener, RevokeTicket
 
 T = TypeVar("T")
 
 async def _always_intact() -> bool:
     return True
+
+
+def revoke_ticket(rdzv: Rendezvous, lease: int = 0) -> RevokeTicket:
+    """What another process needs to revoke `lease` on the spec's etcd: endpoints, TLS file paths, user, password.
+
+    The password is read as the session reads it (rendezvous.auth.password_env or password_file), only when a
+    user is set; TLS paths are made absolute (the guard may not share our working directory forever).
+    """
+    def path(p: str | None) -> str | None:
+        return os.path.abspath(p) if p else None
+
+    endpoints = tuple(GatewayEndpoint(e.host, e.port, e.secure) for e in map(Endpoint.parse, rdzv.endpoints))
+    user = rdzv.auth.user
+    return RevokeTicket(lease, endpoints, path(rdzv.tls.ca), path(rdzv.tls.cert), path(rdzv.tls.key), user,
+                        read_password(rdzv.auth) if user else None)
 
 
 class LeaseKeeper:
@@ -40,11 +72,21 @@ class LeaseKeeper:
         self._job_intact = job_intact
         self._on_data_lost = on_data_lost
         self._log = log or structlog.get_logger("runner.rendezvous.etcd")
+        self._listener: LeaseListener | None = None
+        self._ticket: RevokeTicket | None = None
+
+    def watch(self, listener: LeaseListener, ticket: RevokeTicket) -> None:
+        """Tell `listener` how to revoke the lease (`ticket` with the lease id) now and at every grant; None at stop."""
+        self._listener, self._ticket = listener, ticket
+        if self.lease_id:
+            listener(dataclasses.replace(ticket, lease=self.lease_id))
 
     async def grant(self) -> int:
         """Grant a fresh lease and start keeping it alive."""
         self.lease_id = await self._session.call(lambda c: c.lease_grant(self.ttl))
         self._log.info("etcd_lease_granted", lease=hex(self.lease_id), ttl=self.ttl)
+        if self._listener is not None and self._ticket is not None:
+            self._listener(dataclasses.replace(self._ticket, lease=self.lease_id))
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._keep_alive(), name="etcd-lease-keepalive")
         return self.lease_id
@@ -119,10 +161,15 @@ class LeaseKeeper:
         return True
 
     async def stop(self, *, revoke: bool) -> None:
-        """Stop the keep-alive; revoke the lease (its keys vanish) when asked (best effort, bounded)."""
+        """Stop the keep-alive; revoke the lease (its keys vanish) when asked (best effort, bounded).
+
+        The listener is told the lease is given up either way: this is a decision of the agent's, not its death.
+        """
         if self._task is not None:
             await cancel_task(self._task)
             self._task = None
         if revoke and self.lease_id:
             with contextlib.suppress(RendezvousError):
                 await self._session.call(lambda c: c.lease_revoke(self.lease_id))
+        if self._listener is not None:
+            self._listener(None)

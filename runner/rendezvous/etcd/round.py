@@ -3,7 +3,10 @@
 The first node to join a round (smallest create revision of its join key) leads it: it watches every
 join record and the nodes' live states and writes `rounds/{r}/result` once (txn on create revision 0)
 when max nodes joined, or when min joined, every still-alive node of the previous round re-joined and
-last_call passed. Other nodes only watch the result key, the leader's join key (to take over when the
+last_call passed. A round that only re-forms the previous one (every node that joined was in it: a restart,
+or survivors of a lost node) closes without last_call: last_call is there for newcomers, and a newcomer
+that comes later still joins, through membership_changed.
+Other nodes only watch the result key, the leader's join key (to take over when the
 leader leaves) and the control key, so a round costs O(N) watch events in all.
 """
 
@@ -56,6 +59,11 @@ def pending(previous: Sequence[str], joined: dict[str, Any], states: dict[str, A
     return [n for n in previous if n not in joined and not is_gone(states.get(n))]
 
 
+def reforms_previous(previous: Sequence[str], joined: dict[str, Any]) -> bool:
+    """Whether the round only re-forms the previous one: there was one, and no node joined that was not in it."""
+    return bool(previous) and all(n in previous for n in joined)
+
+
 def build_result(joined: dict[str, Any], previous: Sequence[str], max_nodes: int) -> dict[str, Any]:
     """The result record: nodes in group-rank order, master = group rank 0's address and port.
 
@@ -69,22 +77,79 @@ def build_result(joined: dict[str, Any], previous: Sequence[str], max_nodes: int
             "nproc": master["nproc"], "closed_at": time.time()}
 
 
-class RoundWaiter:
-    """Waits for round `r` to close (leading it when this node joined first)."""
+class Roster:
+    """The leader's table of a round: who joined, and which nodes of the previous round it still waits for.
 
-    def __init__(self, session: EtcdSession, keys: JobKeys, node: str, round_: int, rules: RoundRules,
-                 previous: Sequence[str], log: Any = None) -> None:
+    Kept up to date event by event in O(1) (a restart round of N nodes must not cost O(N) per join).
+    """
+
+    def __init__(self, previous: Sequence[str]) -> None:
+        self.previous = tuple(previous)
+        self._before = frozenset(self.previous)
+        self.joined: dict[str, Any] = {}  # node -> join record (raw JSON bytes)
+        self.live: dict[str, Any] = {}  # node of the previous round -> its live state (decoded)
+        self.waiting_for: set[str] = set(self._before)  # previous nodes alive and not joined yet
+        self.newcomers = 0  # joined nodes that were not in the previous round
+
+    @property
+    def watches_states(self) -> bool:
+        """Whether live states matter (only those of the previous round's nodes do)."""
+        return bool(self.previous)
+
+    def join(self, node: str, record: Any) -> None:
+        """`node` joined (record) or left (None) the round."""
+        if record is None:
+            if self.joined.pop(node, None) is not None and node not in self._before:
+                self.newcomers -= 1
+        else:
+            if node not in self.joined and node not in self._before:
+                self.newcomers += 1
+            self.joined[node] = record
+        self._recheck(node)
+
+    def state(self, node: str, raw: bytes | None) -> None:
+        """`node`'s live state changed (raw JSON) or vanished (None); ignored for nodes not in the previous round."""
+        if node not in self._before:
+            return
+        _set(self.live, node, load(raw) if raw else None)
+        self._recheck(node)
+
+    def _recheck(self, node: str) -> None:
+        if node in self._before and node not in self.joined and not is_gone(self.live.get(node)):
+            self.waiting_for.add(node)
+        else:
+            self.waiting_for.discard(node)
+
+    def reforms_previous(self) -> bool:
+        """As reforms_previous(previous, joined), in O(1)."""
+        return bool(self.previous) and self.newcomers == 0
+
+    def waiting_list(self) -> list[str]:
+        """The nodes waited for, in the previous round's order."""
+        return [n for n in self.previous if n in self.waiting_for]
+
+
+class RoundWaiter:
+    """Waits for round `r` to close (leading it when this node holds the round's leader key).
+
+    `lease` is this node's lease (the leader key is put on it); `record` its join record, put again through the
+    lease keeper when etcd no longer knows the lease (which re-grants it, or reports that etcd lost the job).
+    """
+
+    def __init__(self, session: EtcdSession, keys: JobKeys, node: str, round_: int, rules: RoundRules, *,
+                 lease: LeaseKeeper, record: bytes, log: Any = None) -> None:
         self._s, self._k, self._node, self._r = session, keys, node, round_
-        self._rules, self._previous = rules, tuple(previous)
+        self._rules, self._lease, self._record = rules, lease, record
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
         self.joined_seen = 1
         self._view = 0  # leader: revision up to which its table of joins is complete
+        self._roster = Roster(())
         self.progress: dict[str, Any] = {}  # what a waiting node shows (runner/progress.py), besides the round
+        self._nodes_prefix, self._result, self._leader = keys.round_nodes(round_), keys.result(round_), keys.leader(round_)
 
     def reads(self) -> list[Any]:
-        """What wait() needs to know first: the round's first joiner, its result, the control key."""
-        return [prefix_range(self._k.round_nodes(self._r), first_created=True),
-                key_range(self._k.result(self._r)), key_range(self._k.control)]
+        """What wait() needs to know first: the round's leader key, its result, the control key."""
+        return [key_range(self._leader), key_range(self._result), key_range(self._k.control)]
 
     async def wait(self, first: tuple[int, list[list[Any]]] | None = None) -> dict[str, Any]:
         """The round's result record (which may not include this node).
@@ -95,80 +160,108 @@ class RoundWaiter:
         while True:
             if first is None:
                 first = await self._s.call(lambda c: c.snapshot(self.reads()))
-            rev, (first_kv, result, control) = first
+            rev, (leader_kv, result, control) = first
             first = None
             if result:
                 return dict(load(result[0].value))
             self._k.check_open(control[0].value if control else None)
-            leader = JobKeys.leaf(first_kv[0].key) if first_kv else self._node
+            if leader_kv:
+                leader = load(leader_kv[0].value)
+            else:
+                rev, leader = await self._claim()
+                if leader is None:
+                    continue  # the leader key vanished between two reads: look again
             if leader == self._node:
                 return await self._lead()
             self.progress = {"role": "follower", "leader": leader}
             with Progress(self._log, "rendezvous", self.waiting):
-                done = await self._follow(rev, leader)
+                done = await self._follow(rev)
             if done is not None:
                 return done
 
-    async def _follow(self, rev: int, leader: str) -> dict[str, Any] | None:
-        """Result, or None when the leader left (then someone else leads)."""
-        self._log.debug("rendezvous_following", round=self._r, leader=leader)
-        ranges = [(self._k.result(self._r), None), (self._k.join(self._r, leader), None), (self._k.control, None)]
-        watch = await Watch(self._s, ranges, rev + 1, self._log).start()
+    async def _claim(self) -> tuple[int, Any]:
+        """Become the round's leader unless someone is: (revision, leader's node id, None if none any more)."""
+        key = self._leader
+
+        async def claim() -> Any:
+            put = put_op(key, dump(self._node), self._lease.lease_id)
+            return await self._s.call(lambda c: c.txn([absent(key)], [put], [range_op(key_range(key))]))
+        try:
+            done = await claim()
+        except LeaseNotFound:  # the keeper re-grants (join keys put again) or reports etcd's data loss
+            await self._lease.put(self._k.join(self._r, self._node), self._record)
+            done = await claim()
+        if done.succeeded:
+            return done.revision, self._node
+        return done.revision, load(done.kvs[0][0].value) if done.kvs[0] else None
+
+    async def _follow(self, rev: int) -> dict[str, Any] | None:
+        """Result, or None when the leader left (its key on its lease vanished: then someone else leads)."""
+        self._log.debug("rendezvous_following", round=self._r)
+        watch = await Watch(self._s, [self._k.news(self._r), (self._k.control, None)], rev + 1, self._log).start()
         try:
             while True:
                 ev = await watch.next()
                 if ev.key == self._k.control and ev.kind == PUT:
                     self._k.check_open(ev.value)
-                elif ev.key == self._k.result(self._r) and ev.kind == PUT:
+                elif ev.key == self._result and ev.kind == PUT:
                     return dict(load(ev.value))
-                elif ev.kind == DELETE:
+                elif ev.key == self._leader and ev.kind == DELETE:
                     return None
         finally:
             await watch.cancel()
 
     async def _lead(self) -> dict[str, Any]:
-        rev, (joins, states, result, control) = await self._s.call(lambda c: c.snapshot(
-            [prefix_range(self._k.round_nodes(self._r)), prefix_range(self._k.states),
-             key_range(self._k.result(self._r)), key_range(self._k.control)]))
+        r, k = self._r, self._k
+        rev, (joins, result, control, before) = await self._s.call(lambda c: c.snapshot(
+            [prefix_range(self._nodes_prefix), key_range(self._result), key_range(k.control),
+             key_range(k.result(r - 1))]))
         if result:
             return dict(load(result[0].value))
-        self._k.check_open(control[0].value if control else None)
-        joined = {JobKeys.leaf(kv.key): kv.value for kv in joins}  # raw: only the master's is decoded
+        k.check_open(control[0].value if control else None)
+        previous = load(before[0].value) if before and r > 0 else None
+        roster = self._roster = Roster(previous["nodes"] if isinstance(previous, dict) else ())
+        ranges = [(self._nodes_prefix, prefix_end(self._nodes_prefix)), (self._result, None), (k.control, None)]
+        if roster.watches_states:  # liveness of the previous round's nodes: read at the same revision as the joins
+            rev, (joins, states) = await self._s.call(lambda c: c.snapshot(
+                [prefix_range(self._nodes_prefix), prefix_range(k.states)]))
+            for kv in states:
+                roster.state(JobKeys.leaf(kv.key), kv.value)
+            ranges.append((k.states, prefix_end(k.states)))
+        for kv in joins:
+            roster.join(JobKeys.leaf(kv.key), kv.value)  # raw: only the master's record is decoded
         self._view = rev
-        live = {JobKeys.leaf(kv.key): load(kv.value) for kv in states}
-        self._log.info("rendezvous_leading", round=self._r, joined=len(joined))
-        ranges = [(self._k.round_nodes(self._r), prefix_end(self._k.round_nodes(self._r))),
-                  (self._k.states, prefix_end(self._k.states)),
-                  (self._k.result(self._r), None), (self._k.control, None)]
+        self._log.info("rendezvous_leading", round=r, joined=len(roster.joined))
         watch = await Watch(self._s, ranges, rev + 1, self._log).start()
-        self.progress = {"role": "leader", "joined": joined}
+        self.progress = {"role": "leader", "joined": roster.joined}
         try:
             with Progress(self._log, "rendezvous", self.waiting):
-                return await self._lead_loop(watch, joined, live)
+                return await self._lead_loop(watch, roster)
         finally:
             await watch.cancel()
 
-    async def _lead_loop(self, watch: Watch, joined: dict[str, Any], live: dict[str, Any]) -> dict[str, Any]:
+    async def _lead_loop(self, watch: Watch, roster: Roster) -> dict[str, Any]:
         min_at: float | None = None
+        rules = self._rules
         while True:
-            self.joined_seen = len(joined)
-            ready = len(joined) >= self._rules.min_nodes and not pending(self._previous, joined, live)
+            self.joined_seen = len(roster.joined)
+            ready = len(roster.joined) >= rules.min_nodes and not roster.waiting_for
             if not ready:
                 min_at = None
             elif min_at is None:
                 min_at = time.monotonic()
-            self.progress = {"role": "leader", "joined": joined, "waiting_for": pending(self._previous, joined, live),
-                             "last_call_ends": None if min_at is None else min_at + self._rules.last_call}
-            if len(joined) >= self._rules.max_nodes or (
-                    min_at is not None and time.monotonic() - min_at >= self._rules.last_call):
-                return await self._write_result(joined)
-            wait = None if min_at is None else self._rules.last_call - (time.monotonic() - min_at)
+            self.progress = {"role": "leader", "joined": roster.joined, "waiting_for": roster.waiting_list,
+                             "last_call_ends": None if min_at is None else min_at + rules.last_call}
+            if len(roster.joined) >= rules.max_nodes or (min_at is not None and (
+                    roster.reforms_previous() or time.monotonic() - min_at >= rules.last_call)):
+                return await self._write_result(roster)
+            wait = None if min_at is None else rules.last_call - (time.monotonic() - min_at)
             try:
                 ev = await asyncio.wait_for(watch.next(), wait)
             except TimeoutError:
                 continue
             self._view = max(self._view, ev.mod_revision)
-            done = self._apply(ev, joined, live)
+            done = self._apply(ev, roster)
             if done is not None:
                 return done
 
@@ -176,31 +269,33 @@ class RoundWaiter:
         """This round's wait as `waiting` fields: joined nodes (the leader knows them), min..max, time left."""
         now, rules, info = time.monotonic(), self._rules, self.progress
         fields: dict[str, Any] = {"round": self._r, "min": rules.min_nodes, "max": rules.max_nodes,
-                                  **{k: v for k, v in info.items() if k not in ("joined", "last_call_ends")}}
+                                  **{k: v for k, v in info.items()
+                                     if k not in ("joined", "last_call_ends", "waiting_for")}}
         if "joined" in info:
             fields["joined"], fields["joined_count"] = sorted(info["joined"])[:MAX_SHOWN], len(info["joined"])
-            fields["waiting_for"] = list(info.get("waiting_for", []))[:MAX_SHOWN]
+            waiting_for = info.get("waiting_for")
+            fields["waiting_for"] = (waiting_for() if callable(waiting_for) else [])[:MAX_SHOWN]
         if info.get("last_call_ends") is not None:
             fields["last_call_s"] = round(max(0.0, info["last_call_ends"] - now), 1)
         if rules.join_timeout is not None:
             fields["left_s"] = round(max(0.0, rules.started + rules.join_timeout - now), 1)
         return fields
 
-    def _apply(self, ev: Event, joined: dict[str, Any], live: dict[str, Any]) -> dict[str, Any] | None:
+    def _apply(self, ev: Event, roster: Roster) -> dict[str, Any] | None:
         key, put = ev.key, ev.kind == PUT
         if key == self._k.control and put:
             self._k.check_open(ev.value)
-        elif key == self._k.result(self._r) and put:
+        elif key == self._result and put:
             return dict(load(ev.value))
-        elif key.startswith(self._k.round_nodes(self._r)):
-            _set(joined, JobKeys.leaf(key), ev.value if put else None)
+        elif key.startswith(self._nodes_prefix):
+            roster.join(JobKeys.leaf(key), ev.value if put else None)
         elif key.startswith(self._k.states):
-            _set(live, JobKeys.leaf(key), load(ev.value) if put else None)
+            roster.state(JobKeys.leaf(key), ev.value if put else None)
         return None
 
-    async def _write_result(self, joined: dict[str, Any]) -> dict[str, Any]:
-        record = {**build_result(joined, self._previous, self._rules.max_nodes), "rev": self._view}
-        key = self._k.result(self._r)
+    async def _write_result(self, roster: Roster) -> dict[str, Any]:
+        record = {**build_result(roster.joined, roster.previous, self._rules.max_nodes), "rev": self._view}
+        key = self._result
         done = await self._s.call(lambda c: c.txn([absent(key)], [put_op(key, dump(record))],
                                                    [range_op(key_range(key))]))
         if not done.succeeded:

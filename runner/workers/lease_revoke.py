@@ -1,0 +1,181 @@
+"""Revoking a dead agent's etcd lease from its guard: what the guard is told, and the bounded call it makes.
+
+The agent tells its guard (runner.workers.shepherd_main) how to revoke the node's lease each time the lease is
+granted or replaced, as a `RevokeTicket` sent over the guard's stdin pipe, and an empty ticket once it gave the lease
+up itself. The guard keeps the ticket's bytes in memory only and decodes them only when the agent has died, after
+it killed the job's processes: `revoke()` then revokes the lease through etcd's JSON gateway (`POST
+/v3/auth/authenticate` for a token when rendezvous.auth names a user, then `POST /v3/lease/revoke`), over https with
+the spec's TLS files when TLS is on, trying each endpoint in turn, everything within REVOKE_BUDGET_S. The lease's
+keys (the node's live state and join records) vanish at once, so the peers' watches see the node gone within a
+second instead of one lease TTL.
+
+Standard library only: the guard runs with `python -S -I` (no site-packages, so no grpc), and it pays for
+`http.client` and `ssl` only once the agent is dead. The password, when auth is on, travels over the pipe and lives
+in the guard's memory: never on disk, never in an environment, never on a command line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from http.client import HTTPConnection
+
+REVOKE_BUDGET_S = 2.0  # the whole revoke (every endpoint, token included); a dead etcd costs the guard no more
+REQUEST_TIMEOUT_S = 1.0  # one connect, one request: a silent endpoint leaves time to try another
+RETRY_PAUSE_S = 0.1  # between passes over the endpoints (etcd electing a leader answers 5xx for a moment)
+
+
+@dataclass(frozen=True)
+class GatewayEndpoint:
+    """One etcd client endpoint as the gateway is reached: host, port, https or not."""
+
+    host: str
+    port: int
+    https: bool
+
+
+@dataclass(frozen=True)
+class RevokeTicket:
+    """Everything needed to revoke one lease: the lease, where etcd is, TLS file paths, user and password."""
+
+    lease: int
+    endpoints: tuple[GatewayEndpoint, ...]
+    ca: str | None = None  # absolute paths of the spec's rendezvous.tls files
+    cert: str | None = None
+    key: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def encode(self) -> bytes:
+        """One line of JSON (no newline in it, whatever the password holds)."""
+        return json.dumps({
+            "lease": self.lease, "endpoints": [[e.host, e.port, e.https] for e in self.endpoints],
+            "ca": self.ca, "cert": self.cert, "key": self.key, "user": self.user, "password": self.password,
+        }, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> RevokeTicket:
+        """The ticket encode() wrote; ValueError for anything else."""
+        try:
+            raw = json.loads(data)
+            endpoints = tuple(GatewayEndpoint(str(h), int(p), bool(s)) for h, p, s in raw["endpoints"])
+            lease = int(raw["lease"])
+            texts = {k: raw.get(k) for k in ("ca", "cert", "key", "user", "password")}
+        except (ValueError, TypeError, KeyError) as exc:
+            msg = f"not a revoke ticket: {type(exc).__name__}"
+            raise ValueError(msg) from None
+        if not all(v is None or isinstance(v, str) for v in texts.values()) or lease <= 0 or not endpoints:
+            msg = "not a revoke ticket: bad field"
+            raise ValueError(msg)
+        return cls(lease, endpoints, texts["ca"], texts["cert"], texts["key"], texts["user"], texts["password"])
+
+    @property
+    def tls(self) -> bool:
+        """Whether TLS files were given (then every endpoint is reached over https, as the agent's client does)."""
+        return any((self.ca, self.cert, self.key))
+
+
+LeaseListener = Callable[[RevokeTicket | None], None]
+
+
+@runtime_checkable
+class LeaseHolder(Protocol):
+    """A rendezvous backend that holds a lease a dead agent's guard should revoke (the etcd backends)."""
+
+    def on_lease(self, listener: LeaseListener) -> None:
+        """Call `listener` with a ticket whenever the lease is granted or replaced, with None once given up."""
+
+
+class RevokeError(Exception):
+    """The lease could not be revoked within the budget; the message says what each endpoint answered."""
+
+
+def revoke(ticket: RevokeTicket, budget: float = REVOKE_BUDGET_S, clock: Callable[[], float] = time.monotonic) -> str:
+    """Revoke the ticket's lease within `budget` seconds: 'revoked' or 'already gone'; RevokeError otherwise.
+
+    A lease etcd does not know (expired, revoked by the agent itself, etcd's data lost) is 'already gone'. Auth
+    refused is final (another try would be refused as well); an endpoint that is down, silent or answers 5xx is
+    left for the next one, until the budget is spent.
+    """
+    deadline = clock() + budget
+    errors: dict[str, str] = {}
+    while True:
+        for endpoint in ticket.endpoints:
+            left = deadline - clock()
+            if left <= 0:
+                raise RevokeError("; ".join(f"{k}: {v}" for k, v in errors.items()) or "no time left")
+            try:
+                return _revoke_at(ticket, endpoint, min(REQUEST_TIMEOUT_S, left))
+            except OSError as exc:  # refused, reset, timed out, TLS failure: another endpoint may answer
+                errors[f"{endpoint.host}:{endpoint.port}"] = str(exc) or type(exc).__name__
+            except _RetryableError as exc:
+                errors[f"{endpoint.host}:{endpoint.port}"] = str(exc)
+        if deadline - clock() <= RETRY_PAUSE_S:
+            raise RevokeError("; ".join(f"{k}: {v}" for k, v in errors.items()))
+        time.sleep(RETRY_PAUSE_S)
+
+
+class _RetryableError(Exception):
+    """etcd answered, but a moment later it may not say the same (5xx: no leader yet, overloaded)."""
+
+
+def _revoke_at(ticket: RevokeTicket, endpoint: GatewayEndpoint, timeout: float) -> str:
+    import http.client
+
+    conn: HTTPConnection
+    if ticket.tls or endpoint.https:
+        import ssl
+
+        context = ssl.create_default_context(cafile=ticket.ca)
+        if ticket.cert:
+            context.load_cert_chain(ticket.cert, ticket.key)
+        conn = http.client.HTTPSConnection(endpoint.host, endpoint.port, timeout=timeout, context=context)
+    else:
+        conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout)
+    try:
+        headers = {"Content-Type": "application/json"}
+        if ticket.user is not None:
+            status, reply = _post(conn, "/v3/auth/authenticate", {"name": ticket.user,
+                                                                  "password": ticket.password or ""}, headers)
+            token = reply.get("token")
+            if status != 200 or not isinstance(token, str):
+                raise _refusal("authenticate", status, reply)
+            headers["Authorization"] = token
+        status, reply = _post(conn, "/v3/lease/revoke", {"ID": str(ticket.lease)}, headers)
+    finally:
+        conn.close()
+    if status == 200:
+        return "revoked"
+    if status == 404 or "lease not found" in str(reply.get("error", "")):
+        return "already gone"
+    raise _refusal("lease revoke", status, reply)
+
+
+def _post(conn: HTTPConnection, path: str, body: dict[str, str],
+          headers: dict[str, str]) -> tuple[int, dict[str, object]]:
+    import http.client
+
+    try:
+        conn.request("POST", path, body=json.dumps(body), headers=headers)
+        response = conn.getresponse()
+        data = response.read(64 * 1024)  # etcd's replies here are a few hundred bytes
+    except http.client.HTTPException as exc:  # not HTTP at all, or cut short: maybe not so at the next endpoint
+        raise _RetryableError(f"{path}: {type(exc).__name__}") from None
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        reply = {}
+    return response.status, reply if isinstance(reply, dict) else {}
+
+
+def _refusal(what: str, status: int, reply: dict[str, object]) -> Exception:
+    """The error for etcd's refusal: retryable for a 5xx, final otherwise (auth refused, permission denied)."""
+    detail = str(reply.get("message") or reply.get("error") or f"HTTP {status}")
+    if status >= 500:
+        return _RetryableError(f"{what}: {detail}")
+    return RevokeError(f"{what}: {detail}")

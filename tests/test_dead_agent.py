@@ -1,0 +1,266 @@
+"""A dead agent is seen by its peers at once: its guard revokes its etcd lease (real agents, real etcd).
+
+The lease TTL and last_call are set far beyond the tests' waits, so a survivor that restarts at all proves that
+the lease was revoked (not expired) and that the re-formed round did not wait last_call. A machine that vanishes
+(agent and guard gone together) still costs one TTL: tested with a short one. A guard whose etcd is down still
+kills the workers and exits. Order, not time, is asserted (transitions.jsonl, etcd's lease table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import alive, wait_for
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runner.workers.cgroup import JobCgroup
+from runner.workers.lease_revoke import GatewayEndpoint, RevokeError, RevokeTicket, revoke
+from tests.etcd_server import EtcdServer, etcd_server
+from tests.test_multinode import Cluster, Node, cluster, probe_args, spec_text
+
+__all__ = ["cluster"]  # the fixture used below (`etcd` comes from conftest)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+LONG = "300s"  # lease_ttl and last_call that no wait below could sit out
+SECRET = "dead-agent-Pa55"
+RECOVERY_WAIT_S = 120.0  # a hang bound on a shared machine, far below LONG
+
+
+def long_spec(endpoint: str, out: Path, *, nodes: str = "2:3", ttl: str = LONG, extra: str = "") -> str:
+    """An elastic job whose workers sleep until stopped; lease_ttl `ttl`, last_call LONG."""
+    text = spec_text(endpoint, nodes=nodes, args=probe_args(out, "--sleep", "600"), extra=extra)
+    return (text.replace("lease_ttl: 3s", f"lease_ttl: {ttl}").replace("last_call: 1s", f"last_call: {LONG}")
+            .replace("join_timeout: 90s", "join_timeout: 600s"))
+
+
+def agent_events(node: Node, event: str) -> list[dict[str, Any]]:
+    """The node's agent.jsonl records named `event`."""
+    lines = (node.run_dir() / "agent.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("event") == event]
+
+
+def lease_of(node: Node) -> int:
+    """The node's current lease (its last etcd_lease_granted)."""
+    return int(agent_events(node, "etcd_lease_granted")[-1]["lease"], 16)
+
+
+def lease_alive(server: EtcdServer, lease: int, *, user: str | None = None) -> bool:
+    """Whether etcd still knows `lease` (etcdctl lease timetolive)."""
+    done = server.etcdctl("lease", "timetolive", f"{lease:x}", user=user)
+    return "already expired" not in done.stdout
+
+
+def guard_of(node: Node) -> tuple[int, list[str]]:
+    """(pid, argv) of the node's guard: the agent's child running shepherd_main."""
+    for child in Path(f"/proc/{node.proc.pid}/task").glob("*/children"):
+        for pid in map(int, child.read_text().split()):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
+            if any("shepherd_main" in a for a in argv):
+                return pid, argv
+    raise AssertionError(f"no guard under agent {node.proc.pid}")
+
+
+def workers(c: Cluster, attempt: int) -> list[dict[str, Any]]:
+    """What the probe workers of `attempt` recorded."""
+    return [w for w in c.worker_files() if w["env"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)]
+
+
+def triggers_after_running(node: Node) -> list[str]:
+    """The node's triggers from its first RUNNING on."""
+    edges = node.edges()
+    first = next(i for i, e in enumerate(edges) if e[2] == "RUNNING")
+    return [e[1] for e in edges[first + 1:]]
+
+
+def kill_agent(node: Node) -> int:
+    """SIGKILL the node's agent and reap it; the pid of its guard, which lives on."""
+    guard, _ = guard_of(node)
+    node.proc.send_signal(signal.SIGKILL)
+    node.wait()
+    return guard
+
+
+def finish(c: Cluster, *survivors: Node) -> None:
+    """Stop the job (runner stop) and wait for the survivors."""
+    done = c.cli("stop")
+    assert done.returncode == 0, done.stderr
+    for node in survivors:
+        node.wait()
+
+
+def assert_peer_lost_then_running(node: Node, victim: str) -> None:
+    """After the kill: the node failed on peer_lost naming the victim, then ran again (no timeout in between)."""
+    after = triggers_after_running(node)
+    assert "peer_lost" in after, node.edges()
+    lost = next(t for t in node.transitions() if t["trigger"] == "peer_lost")
+    assert f"node {victim} lost" in lost["reason"], lost
+    assert "rendezvous_complete" in after[after.index("peer_lost"):], node.edges()
+    assert "rendezvous_timeout" not in after, node.edges()
+
+
+def test_sigkill_of_an_agent_is_seen_before_its_lease_expires(cluster: Cluster, etcd: EtcdServer) -> None:
+    """3 nodes (2:3), lease_ttl 300 s: SIGKILL c's agent -> its guard kills its worker and revokes its lease, a and
+    b fail on peer_lost, re-form the round without last_call and run 2-node workers."""
+    cluster.write(long_spec(cluster.endpoint, cluster.out))
+    a, b, c = (cluster.start(n) for n in "abc")
+    wait_for(lambda: len(workers(cluster, 0)) == 3, what="3 workers of attempt 0")
+    lease = lease_of(c)
+    assert lease_alive(etcd, lease)
+    guard = kill_agent(c)
+    wait_for(lambda: len(workers(cluster, 1)) == 2, RECOVERY_WAIT_S, "the survivors' new workers")
+    assert not lease_alive(etcd, lease)  # revoked: 300 s have not passed
+    wait_for(lambda: not alive(guard), 30, "c's guard to exit")
+    assert not any(alive(w["pid"]) for w in workers(cluster, 0))  # c's worker too: its guard killed it
+    assert {w["env"]["WORLD_SIZE"] for w in workers(cluster, 1)} == {"2"}
+    for node in (a, b):
+        assert_peer_lost_then_running(node, "c")
+    assert "could not be revoked" not in c.output()
+    finish(cluster, a, b)
+
+
+@pytest.fixture
+def secure_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """etcd with TLS (client certificates required) and user/password auth."""
+    with etcd_server(tmp_path / "secure-etcd", tls=True) as server:
+        server.enable_auth(SECRET)
+        yield server
+
+
+def test_revoked_with_tls_and_auth(tmp_path: Path, secure_etcd: EtcdServer) -> None:
+    """TLS + auth etcd, 2 nodes (1:2): b's guard authenticates over https (password from the agent's pipe) and
+    revokes b's lease; a carries on alone. No password in the guard's environment or command line."""
+    certs = secure_etcd.certs
+    assert certs is not None
+    extra = (f"  tls: {{ca: {certs.ca}, cert: {certs.client_cert}, key: {certs.client_key}}}\n"
+             "  auth: {user: root, password_env: ETCD_PASSWORD}\n")
+    c = Cluster(tmp_path / "cluster", f"https://{secure_etcd.endpoint}")
+    c.env = {"ETCD_PASSWORD": SECRET}
+    try:
+        text = long_spec(c.endpoint, c.out, nodes="1:2")
+        c.write(text.replace("  connect_timeout: 20s\n", "  connect_timeout: 20s\n" + extra))
+        a, b = c.start("a"), c.start("b")
+        wait_for(lambda: len(workers(c, 0)) == 2, what="2 workers of attempt 0")
+        lease = lease_of(b)
+        guard, argv = guard_of(b)
+        assert SECRET not in " ".join(argv)
+        assert SECRET.encode() not in Path(f"/proc/{guard}/environ").read_bytes()
+        kill_agent(b)
+        wait_for(lambda: len(workers(c, 1)) == 1, RECOVERY_WAIT_S, "a's new worker")
+        assert not lease_alive(secure_etcd, lease, user=f"root:{SECRET}")
+        assert_peer_lost_then_running(a, "b")
+        assert "could not be revoked" not in b.output()
+        finish(c, a)
+    finally:
+        c.close()
+
+
+class Silent:
+    """A TCP listener that accepts and never answers: an etcd that hangs."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(16)
+        self.port = int(self.sock.getsockname()[1])
+
+    def close(self) -> None:
+        """Stop listening (the guard's pending connections are reset)."""
+        self.sock.close()
+
+
+@pytest.mark.parametrize("down", ["refused", "silent"])
+def test_guard_kills_workers_and_exits_when_etcd_is_down(cluster: Cluster, etcd: EtcdServer, down: str) -> None:
+    """etcd gone (nothing listens, or a listener that never answers) when the agent dies: the guard still kills the
+    worker, gives up on the lease within its bound, says so, and exits."""
+    cluster.write(long_spec(cluster.endpoint, cluster.out, nodes="1"))
+    a = cluster.start("a")
+    wait_for(lambda: len(workers(cluster, 0)) == 1, what="a's worker")
+    worker = workers(cluster, 0)[0]["pid"]
+    etcd.kill()
+    silent = Silent(etcd.client_port) if down == "silent" else None
+    try:
+        guard = kill_agent(a)
+        wait_for(lambda: not alive(worker), 30, "the worker killed by the guard")
+        wait_for(lambda: not alive(guard), 30, "the guard to give up on etcd and exit")
+    finally:
+        if silent is not None:
+            silent.close()
+    assert "its etcd lease could not be revoked" in a.output(), a.output()
+    assert "Traceback" not in a.output()
+
+
+def test_vanished_machine_costs_one_ttl(cluster: Cluster, etcd: EtcdServer) -> None:
+    """Agent and guard of c gone together (nothing left to revoke): the lease outlives them until its TTL; then a
+    and b see c lost and run on without it."""
+    cluster.write(long_spec(cluster.endpoint, cluster.out, ttl="6s"))
+    a, b, c = (cluster.start(n) for n in "abc")
+    wait_for(lambda: len(workers(cluster, 0)) == 3, what="3 workers of attempt 0")
+    lease = lease_of(c)
+    guard, argv = guard_of(c)
+    os.kill(guard, signal.SIGSTOP)  # the guard cannot act on the agent's death ...
+    c.proc.send_signal(signal.SIGKILL)
+    c.wait()
+    os.kill(guard, signal.SIGKILL)  # ... and dies with it: the machine is gone
+    assert lease_alive(etcd, lease)  # nobody revoked it: it runs out its TTL (6 s, at least 4 s left)
+    try:
+        wait_for(lambda: len(workers(cluster, 1)) == 2, RECOVERY_WAIT_S, "the survivors' new workers")
+        assert not lease_alive(etcd, lease)
+        for node in (a, b):
+            assert_peer_lost_then_running(node, "c")
+        finish(cluster, a, b)
+    finally:
+        if len(argv) > 4 and argv[-1].startswith("/"):  # c's cgroup: what a vanished machine leaves is ours here
+            JobCgroup.kill(Path(argv[-1]))
+            JobCgroup(Path(argv[-1])).remove(10.0)
+
+
+endpoints = st.lists(st.tuples(st.text(min_size=1, max_size=20), st.integers(1, 65535), st.booleans()),
+                     min_size=1, max_size=3)
+texts = st.none() | st.text(max_size=40)
+
+
+@given(st.integers(1, 2**63 - 1), endpoints, texts, texts, texts, texts, texts)
+def test_ticket_round_trips_on_one_line(lease: int, eps: list[tuple[str, int, bool]], ca: str | None,
+                                        cert: str | None, key: str | None, user: str | None,
+                                        password: str | None) -> None:
+    """Any ticket (newlines in the password included) encodes to one line and decodes to itself."""
+    ticket = RevokeTicket(lease, tuple(GatewayEndpoint(*e) for e in eps), ca, cert, key, user, password)
+    line = ticket.encode()
+    assert b"\n" not in line
+    assert RevokeTicket.decode(line) == ticket
+    assert "password=" not in repr(ticket)
+
+
+@given(st.binary(max_size=200))
+def test_anything_else_is_refused_as_a_ticket(data: bytes) -> None:
+    """Bytes that are not a ticket raise ValueError, never anything else."""
+    try:
+        RevokeTicket.decode(data)
+    except ValueError:
+        pass
+
+
+def test_revoke_gives_up_within_its_budget_on_a_silent_endpoint() -> None:
+    """A listener that never answers: RevokeError naming the endpoint, after the budget (an injected clock)."""
+    silent = Silent()
+    port = silent.port
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 0.6  # each look at the clock: 0.6 s later
+        return now[0]
+
+    try:
+        with pytest.raises(RevokeError, match=f"127.0.0.1:{port}"):
+            revoke(RevokeTicket(7, (GatewayEndpoint("127.0.0.1", port, https=False),)), budget=2.0, clock=clock)
+    finally:
+        silent.close()
