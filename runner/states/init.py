@@ -14,6 +14,7 @@ from runner.outcomes import FailureKind, Outcome
 from runner.private_files import write_private
 from runner.states.waiting import Stopped, unless_stopped
 from runner.workers.failures import Failure
+from runner.workers.lease_revoke import LeaseHolder
 
 if TYPE_CHECKING:
     from runner.context import Context
@@ -32,6 +33,8 @@ async def handle(ctx: Context) -> Step:
         write_private(ctx.run_dir / "spec.json", json.dumps(spec_for_disk(ctx.spec), indent=2))
     except OSError as e:
         ctx.warn("spec_write_failed", error=str(e))
+    if isinstance(ctx.rendezvous, LeaseHolder):  # etcd: if this agent dies, its guard revokes its lease at once
+        ctx.rendezvous.on_lease(ctx.shepherd.revoke_at_death)
     try:
         await unless_stopped(ctx, ctx.rendezvous.open(ctx.events))
         if ctx.spec.watchdog.enabled or os.environ.get("TORCHELASTIC_ENABLE_FILE_TIMER") == "1":  # as torchrun

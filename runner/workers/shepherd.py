@@ -23,6 +23,7 @@ import structlog
 from runner.workers import procs
 from runner.workers.cgroup import JobCgroup
 from runner.workers.launch_plan import HELPER_ENV_KEEP
+from runner.workers.lease_revoke import RevokeTicket
 
 TAG_VAR = procs.TAG_VAR
 _ROOT = str(Path(__file__).resolve().parents[2])  # where `import runner` works from
@@ -52,6 +53,7 @@ class Shepherd:
         self._fd: int | None = None  # pidfd of the guard
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watched: dict[int, int] = {}  # worker pid -> start time
+        self._lease_line = b""  # `L ...` line telling the guard which etcd lease to revoke if the agent dies
         self._closed = False
         self._started = False
 
@@ -92,6 +94,8 @@ class Shepherd:
             self._loop.add_reader(self._fd, self._on_guard_exit)
         for pid, start in self._watched.items():
             self._send(f"+ {pid} {start}\n")
+        if self._lease_line:
+            self._send_bytes(self._lease_line)
 
     @property
     def pid(self) -> int | None:
@@ -154,12 +158,31 @@ class Shepherd:
         if self._watched.pop(pid, None) is not None:
             self._send(f"- {pid}\n")
 
+    def revoke_at_death(self, ticket: RevokeTicket | None) -> None:
+        """If the agent dies, the guard also revokes the etcd lease of `ticket` (None: the agent gave it up itself).
+
+        Called whenever the lease is granted or replaced; starts the guard, so that an agent dying while it waits
+        in a rendezvous is seen at once too. The ticket (the etcd password with it, when auth is on) goes over the
+        guard's pipe only: never into an environment, a command line or a file.
+        """
+        if ticket is None:
+            if not self._lease_line:
+                return
+            self._lease_line = b"L\n"
+        else:
+            self.start()
+            self._lease_line = b"L " + ticket.encode() + b"\n"
+        self._send_bytes(self._lease_line)
+
     def _send(self, line: str) -> None:
+        self._send_bytes(line.encode())
+
+    def _send_bytes(self, line: bytes) -> None:
         pipe = self._pipe()
         if pipe is None:
             return
         try:
-            pipe.write(line.encode())
+            pipe.write(line)
             pipe.flush()
         except OSError:
             pass  # the guard just died: its pidfd is readable and _on_guard_exit resends everything
