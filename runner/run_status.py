@@ -18,6 +18,7 @@ from runner.errors import EXIT_SPEC, RunnerError
 
 LIVE = frozenset({"running", "rendezvous", "stopping", "starting"})
 MAX_TAIL = 65536  # bytes of agent.jsonl read to find the last event
+MAX_SHOWN_S = 1e7  # a recovery figure beyond this (or negative, or not a number) is junk: shown as '?'
 PER_RANK_UP_TO = 4  # more ranks than this are counted, not listed
 
 
@@ -177,7 +178,7 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
     if status.get("backend") == "etcd":
         title += f" · round {status.get('round')} · world {status.get('world_size')}"
         title += f" · restarts {status.get('restarts')}"
-    head = ("NODE", "STATE", "ATTEMPT", "RESTARTS", "FAILURE", "RANKS", "UPTIME", "LAST EVENT")
+    head = ("NODE", "STATE", "ATTEMPT", "RESTARTS", "FAILURE", "RANKS", "UPTIME", "RECOVERY", "LAST EVENT")
     rows = [head]
     for node in status.get("nodes") or []:
         name = str(node.get("node"))
@@ -190,7 +191,8 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
         ago = f" ({duration(now - when)} ago)" if when is not None else ""
         restarts = node.get("restarts", status.get("restarts", "-"))
         rows.append((name, str(node.get("state") or "-"), str(node.get("attempt", "-")), str(restarts),
-                     failure_class(node), ranks(node.get("workers")), duration(up), (event + ago) if event else "-"))
+                     failure_class(node), ranks(node.get("workers")), duration(up),
+                     recovery(node.get("recovery")), (event + ago) if event else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [title]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -204,6 +206,19 @@ def failure_class(node: dict[str, Any]) -> str:
         if isinstance(value, dict) and isinstance(value.get(key), str):
             return str(value[key])
     return "-"
+
+
+def recovery(rec: object) -> str:
+    """A node's last recovery in a few characters: `0.02s running → 1.30s ready` ('?' while unknown)."""
+    if not isinstance(rec, dict):
+        return "-"
+    parts = []
+    for phase in ("running", "ready"):
+        value = rec.get(f"{phase}_s")
+        known = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < MAX_SHOWN_S
+        shown = f"{value:.2f}s" if known else "?"
+        parts.append(f"{shown} {phase}")
+    return " → ".join(parts)
 
 
 def fmt_clock(now: float) -> str:

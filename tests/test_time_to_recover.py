@@ -296,3 +296,28 @@ def test_without_heartbeat_or_timer_ready_is_unknown_scope_worker(job: Any, tmp_
     assert rec["running_s"] is not None and rec["ready_s"] is None and rec["ready_by"] == []
     assert report["time_to_recover"]["ready_unknown"] == 1
     assert "ready unknown for 1" in err
+
+
+# ------------------------------------------------------------------------------------------ `runner status`
+
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                       lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
+                                                                                   max_size=4), max_leaves=20)
+
+
+def test_status_table_shows_the_last_recovery() -> None:
+    """The RECOVERY column: both phases, '?' for a ready never said, '-' before any restart."""
+    from runner.run_status import recovery
+
+    assert recovery({"running_s": 0.009, "ready_s": 1.3}) == "0.01s running → 1.30s ready"
+    assert recovery({"running_s": 0.03, "ready_s": None}) == "0.03s running → ? ready"
+    assert recovery(None) == "-"
+
+
+@given(st.dictionaries(st.sampled_from(["running_s", "ready_s", "attempt"]), JSONISH | st.floats(1e300)) | JSONISH)
+def test_status_table_takes_any_published_recovery(value: object) -> None:
+    """Whatever a status file or etcd holds under `recovery`, the cell is one short line, never an error."""
+    from runner.run_status import recovery
+
+    cell = recovery(value)
+    assert "\n" not in cell and len(cell) < 40
