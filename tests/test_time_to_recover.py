@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 from runner.recovery import Recoveries
 from runner.rendezvous.ports import free_port
+from runner.report.page import render
+from runner.report.story import read_story
 from runner.watchdog.clock import AutojumpClock
 from runner.watchdog.readiness import MAX_INTERVAL_S, Readiness
 
@@ -253,6 +255,8 @@ def test_crash_then_heartbeat_one_recovery_in_report_status_summary_and_metrics(
     assert report["time_to_recover"]["count"] == 1
     assert report["time_to_recover"]["ready"]["max_s"] == rec["ready_s"]
     assert "runner: time to recover: 1 recovery; to running median" in err
+    restarts = render(read_story([j.run_dir()])).split('id="restarts"')[1].split("</table>")[0]
+    assert f"<td>{rec['running_s']:.2f} s</td><td>{rec['ready_s']:.2f} s</td>" in restarts  # `runner report`
 
 
 @pytest.mark.integration

@@ -186,9 +186,11 @@ def restarts_table(story: Story) -> str:
     if not restarts:
         return "<p>None.</p>"
     rows = [('<table id="restarts"><tr><th>node</th><th>after attempt</th><th>trigger</th><th>cause</th>'
-             "<th>recovery (to RUNNING)</th></tr>")]
+             "<th>recovery (to RUNNING)</th><th>to all workers running</th><th>to all workers ready</th></tr>")]
     rows += [f'<tr class="restart-row"><td>{esc(r.node)}</td><td>{r.attempt}</td><td>{esc(r.trigger)}</td>'
-             f"<td>{esc(r.cause)}</td><td>{esc(seconds(r.recovery_s))}</td></tr>" for r in restarts]
+             f"<td>{esc(r.cause)}</td><td>{esc(seconds(r.recovery_s))}</td>"
+             f"<td>{esc(seconds(r.measured_s('running')))}</td><td>{esc(seconds(r.measured_s('ready')))}</td></tr>"
+             for r in restarts]
     return "\n".join([*rows, "</table>"])
 
 

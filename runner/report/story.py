@@ -74,11 +74,17 @@ class Restart:
     cause: str
     at: float
     running_again: float | None
+    measured: dict[str, Any] = field(default_factory=dict)  # the agent's own figures (report.json `recoveries`)
 
     @property
     def recovery_s(self) -> float | None:
         """Seconds from the end of the attempt to the next RUNNING (None: it never ran again)."""
         return None if self.running_again is None else self.running_again - self.at
+
+    def measured_s(self, phase: str) -> float | None:
+        """Failure -> every worker of the next attempt `phase` ("running", "ready"), as the agent measured it."""
+        value = self.measured.get(f"{phase}_s")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 @dataclass
@@ -115,8 +121,17 @@ class NodeStory:
             if any(x.dst == "SHUTDOWN" and x.src == "FAILED" for x in later[:1]):
                 continue  # the policy gave up: not a restart
             again = next((x.time for x in later if x.dst == "RUNNING"), None)
-            out.append(Restart(self.node, t.attempt, t.trigger, self.cause(t.attempt) or t.reason, t.time, again))
+            out.append(Restart(self.node, t.attempt, t.trigger, self.cause(t.attempt) or t.reason, t.time, again,
+                               self.recovery(t.attempt + 1)))
         return out
+
+    def recovery(self, attempt: int) -> dict[str, Any]:
+        """report.json's record of the recovery that started `attempt` ({} when the agent recorded none)."""
+        found = self.report.get("recoveries")
+        for r in found if isinstance(found, list) else []:
+            if isinstance(r, dict) and r.get("attempt") == attempt:
+                return r
+        return {}
 
     def cause(self, attempt: int) -> str:
         """The recorded root cause of `attempt`, if any."""
