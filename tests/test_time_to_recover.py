@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import statistics
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,9 @@ def test_every_recovery_is_running_then_ready_and_the_summary_bounds_them(
         assert r.running_s is not None and r.ready_s is not None and 0 <= r.running_s <= r.ready_s
     summary = rec.summary()
     assert summary["count"] == len(restarts)
+    if restarts:
+        values = [r.ready_s for r in rec.restarts if r.ready_s is not None]
+        assert summary["ready"]["median_s"] == round(statistics.median(values), 3)
     for phase in ("running", "ready"):
         if restarts:
             assert summary[phase]["median_s"] <= summary[phase]["max_s"]
