@@ -234,6 +234,9 @@ class StandbyPool:
         if self.off:
             return None
         standby = self.waiting.get(wp.local_rank)
+        if standby is not None and standby.ready_after is None:
+            self._on_message(standby)  # a "ready" not read yet counts (memory cap, warm-up figures)
+            standby = self.waiting.get(wp.local_rank)
         why = "no standby for this rank yet" if standby is None else standby.fits(wp)
         if standby is None or why:
             self.cold.append(f"rank {wp.rank}: {why}")

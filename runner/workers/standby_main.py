@@ -22,6 +22,7 @@ import json
 import os
 import socket
 import sys
+import time
 import types
 from collections.abc import Callable
 
@@ -34,6 +35,7 @@ def main() -> None:
     """Preload, wait for orders, run them."""
     fd, path0, modules = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     sys.path[0] = path0
+    began = time.monotonic()
     said = b"ready\n"
     for name in modules:
         try:
@@ -45,6 +47,8 @@ def main() -> None:
     sock = socket.socket(fileno=fd)
     with contextlib.suppress(OSError):
         sock.sendall(said)
+    if said == b"ready\n":  # the standby's own log (its stdout until it becomes a worker)
+        print(f"runner standby: ready, imported {modules} in {time.monotonic() - began:.2f} s", flush=True)
     orders, fds = receive(sock)
     sock.close()
     if orders is None:
@@ -117,7 +121,8 @@ def run_module(module: str, args: list[str]) -> None:
 
     sys.argv = [module, *args]  # runpy puts the module's file in argv[0], as -m does
     sys.path[0] = os.getcwd()
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    # The interpreter's own __main__ starts with an empty __annotations__; runpy's module for -m does not.
+    runpy.run_module(module, init_globals={"__annotations__": {}}, run_name="__main__", alter_sys=True)
 
 
 Hook = Callable[[type[BaseException], BaseException, types.TracebackType | None], object]

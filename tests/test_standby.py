@@ -1,0 +1,265 @@
+"""Pre-warmed standby workers, end to end: a worker started in a standby is the worker a cold start would be.
+
+Real agents, real standby interpreters importing real torch, real crashes. The probe (tests/workers/standby_probe.py)
+records how its interpreter looks at its first statement; the same job runs with standbys and cold, and the records
+must match except for what a standby changes on purpose (torch already imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Job, alive, wait_for
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runner.workers.standby import entry, path0
+
+pytestmark = pytest.mark.integration
+
+PROBE = Path(__file__).parent / "workers" / "standby_probe.py"
+
+SPEC = """
+version: 1
+name: standby
+entrypoint:
+  {entry}
+nproc_per_node: 2
+logs: {{dir: "${{LOGS}}"}}
+env: {{PROBE_CRASH_ATTEMPTS: "{crash}", PROBE_END: "{end}"}}
+restart:
+  max_restarts: {restarts}
+  backoff: {{initial: 0s}}
+  standby: {standby}
+  preload: {preload}
+  standby_max_memory_mb: {max_mb}
+shutdown: {{grace_period: 5s}}
+"""
+
+
+def standby_job(job: Any, *, standby: bool = True, crash: int = 0, end: str = "exit:0", restarts: int = 1,
+                preload: str = "[torch]", max_mb: int = 4096, entry: str = "") -> Job:
+    """A job of standby_probe workers; RUNNER_STANDBY as the spec says (the suite turns standbys off by default)."""
+    j: Job = job(SPEC.format(entry=entry or f"script: {PROBE}", crash=crash, end=end, restarts=restarts,
+                             standby=str(standby).lower(), preload=preload, max_mb=max_mb))
+    base = j.env
+    j.env = lambda: {**base(), "RUNNER_STANDBY": "1"}  # type: ignore[method-assign]
+    return j
+
+
+def ready_lines(j: Job, local_rank: int) -> int:
+    """How many standbys of `local_rank` said they were ready (their log, runner/workers/standby_main.py)."""
+    logs = list(j.logs.glob(f"*/*/standby/rank_{local_rank}.log"))
+    return sum(p.read_text(errors="replace").count("runner standby: ready") for p in logs)
+
+
+def run_crash_once(j: Job, *, warm: bool = True) -> tuple[int, str]:
+    """Start the job; once the refilled standbys are warm (cold: once rank 1 runs), let rank 1 of attempt 0 crash."""
+    proc = j.start()
+
+    def crash_now() -> bool:
+        if warm:
+            return all(ready_lines(j, r) >= 2 for r in (0, 1))
+        return (j.out / "rank1.attempt0.json").exists()
+
+    try:
+        wait_for(lambda: crash_now() or proc.poll() is not None, timeout=120, what="the moment to crash")
+        (j.out / "go").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        j.stop()
+    return proc.returncode, out + err
+
+
+def report(j: Job) -> dict[str, Any]:
+    """The run's report.json."""
+    return json.loads((j.run_dir() / "report.json").read_text())
+
+
+def comparable(info: dict[str, Any], j: Job) -> dict[str, Any]:
+    """A probe record without what differs between any two runs (pids, the job's dir) or on purpose (preloaded)."""
+    out = {k: v for k, v in info.items() if k not in ("pid", "preloaded")}
+    return json.loads(json.dumps(out).replace(str(j.tmp), "<job dir>"))
+
+
+def test_a_restarted_worker_runs_in_its_warm_standby_as_a_cold_one_would(job: Any) -> None:
+    """Attempt 1 starts in standbys that imported torch: same argv, path, __main__, signals, fds, env as cold."""
+    warm = standby_job(job, crash=1)
+    code, output = run_crash_once(warm)
+    assert code == 0, output
+    cold = standby_job(job, standby=False, crash=1)
+    code, output = run_crash_once(cold, warm=False)
+    assert code == 0, output
+    for rank in (0, 1):
+        w, c = warm.worker_info(rank, 1), cold.worker_info(rank, 1)
+        assert w["preloaded"] is True  # started in a standby that had imported torch
+        assert c["preloaded"] is False
+        assert comparable(w, warm) == comparable(c, cold)
+        assert w["main_is_module"] and w["name"] == "__main__" and w["spec"] is None
+        assert w["leader"] and w["tag_in_proc_environ"] and w["pickled"] == 42
+        assert w["contract"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+    rep = report(warm)["standby"]
+    assert rep["enabled"] is True
+    assert rep["handed_off"] >= 2
+    assert rep["rss_mb_max"] > 0
+    assert report(cold)["standby"]["enabled"] is False
+
+
+def test_a_module_entrypoint_runs_in_a_standby_as_python_dash_m_does(job: Any) -> None:
+    """`module:` entrypoints: argv[0] is the module's file, sys.path[0] the working dir, __spec__ set."""
+    entry_text = "module: standby_probe"
+    warm = standby_job(job, entry=entry_text, preload="[json]")
+    cold = standby_job(job, entry=entry_text, standby=False)
+    for j in (warm, cold):
+        (j.tmp / "standby_probe.py").write_text(PROBE.read_text())
+        res = j.run()
+        assert res.returncode == 0, res.stderr
+    w, c = warm.worker_info(0), cold.worker_info(0)
+    assert comparable(w, warm) == comparable(c, cold)
+    assert w["argv"][0].endswith("standby_probe.py")
+    assert w["path0"] == str(warm.tmp)
+    assert w["spec"][0] == "standby_probe"
+    assert report(warm)["standby"]["handed_off"] == 2
+
+
+@pytest.mark.parametrize(("end", "code"), [("exit:7", 7), ("raise", 1), ("interrupt", -signal.SIGINT)])
+def test_a_worker_in_a_standby_ends_as_a_cold_one_does(job: Any, end: str, code: int) -> None:
+    """sys.exit, an uncaught exception (traceback without the standby's frames), KeyboardInterrupt (killed by SIGINT)."""
+    j = standby_job(job, end=end, restarts=0, preload="[json]")
+    res = j.run()
+    assert res.returncode != 0
+    failure = report(j)["failures"][0]
+    assert failure["exit_code"] == code
+    assert report(j)["standby"]["handed_off"] == 2
+    if end == "raise":
+        stderr = (Path(failure["log_dir"]) / "stderr.log").read_text()
+        assert "RuntimeError: probe raised" in stderr
+        assert "standby_main" not in stderr  # as `python script`: the script's frames only
+
+
+def test_multiprocessing_spawn_finds_the_main_module_of_a_worker_in_a_standby(job: Any) -> None:
+    """A spawn child re-imports __main__ from its file, as it does for a cold worker."""
+    j = standby_job(job, end="spawn", restarts=0, preload="[json]")
+    res = j.run()
+    assert res.returncode == 0, res.stderr
+    assert (j.out / "spawned0").read_text() == "spawned"
+    assert report(j)["standby"]["handed_off"] == 2
+
+
+@pytest.mark.parametrize(("preload", "max_mb", "why"), [
+    ("[no_such_module_anywhere]", 4096, "no_such_module_anywhere"),  # the preload fails
+    ("[json]", 1, "standby_max_memory_mb"),  # a warm standby holds more than the cap
+])
+def test_a_standby_that_cannot_serve_turns_standbys_off_and_workers_start_cold(
+    job: Any, preload: str, max_mb: int, why: str
+) -> None:
+    """A warning, standbys off for the rest of the run (and said so in the report), the job itself unaffected."""
+    j = standby_job(job, crash=1, preload=preload, max_mb=max_mb)
+    proc = j.start()
+    try:
+        wait_for(lambda: "off" in _live_report(j) or proc.poll() is not None, timeout=60, what="standbys off")
+        (j.out / "go").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        j.stop()
+    assert proc.returncode == 0, out + err
+    assert why in _live_report(j)["off"]
+    assert why in report(j)["standby"]["off"]
+    assert j.worker_info(0, 1)["preloaded"] is False
+    assert j.worker_info(1, 1)["preloaded"] is False
+    started = [json.loads(line) for line in _agent_log(j) if '"worker_started"' in line]
+    assert [e["standby"] for e in started[-2:]] == [False, False]  # attempt 1: cold
+
+
+def _agent_log(j: Job) -> list[str]:
+    return [line for p in j.logs.glob("*/*/agent.jsonl") for line in p.read_text(errors="replace").splitlines()]
+
+
+def _live_report(j: Job) -> dict[str, Any]:
+    """The agent's warning about standbys once it was logged (agent.jsonl), as a dict with 'off'; {} before."""
+    for line in _agent_log(j):
+        if '"standby_off"' in line:
+            return {"off": json.loads(line).get("why", "")}
+    return {}
+
+
+def test_a_command_entrypoint_never_gets_a_standby(job: Any) -> None:
+    """`command:` runs whatever the user names: always cold, and no standby is started."""
+    j = standby_job(job, entry=f'command: ["{sys.executable}", "-u", "{PROBE}"]')
+    res = j.run()
+    assert res.returncode == 0, res.stderr
+    assert report(j)["standby"]["enabled"] is False
+    assert not list(j.logs.glob("*/*/standby"))
+
+
+def test_standbys_die_with_a_sigkilled_agent(job: Any) -> None:
+    """The guard kills the waiting standbys too: nothing of the job outlives its agent."""
+    j = standby_job(job, crash=1, preload="[json]")
+    proc = j.start()
+    try:
+        wait_for(lambda: all(ready_lines(j, r) >= 2 for r in (0, 1)), timeout=60, what="refilled standbys")
+        standbys = [pid for pid in _pids() if _is_standby(pid, j)]
+        assert standbys
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        wait_for(lambda: not any(alive(p) for p in standbys), timeout=30, what="standbys to die")
+    finally:
+        j.stop()
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _is_standby(pid: int, j: Job) -> bool:
+    """A waiting standby of this job: runs standby_main.py with this job's working directory."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return False
+    return b"standby_main.py" in cmd and cwd == str(j.tmp)
+
+
+PY = "/usr/bin/python3"
+
+
+@given(st.lists(st.text(max_size=12), max_size=6))
+def test_entry_accepts_only_what_a_standby_can_run(rest: list[str]) -> None:
+    """Any argv: None, or a script/module target taken from it; never an error."""
+    argv = (PY, "-u", *rest)
+    got = entry(argv, PY)
+    if got is None:
+        return
+    kind, target, args = got
+    if kind == "module":
+        assert rest[0] == "-m" and target == rest[1] and target and args == tuple(rest[2:])
+    else:
+        assert target == rest[0] and not target.startswith("-") and args == tuple(rest[1:])
+
+
+def test_entry_refuses_another_interpreter_or_flags() -> None:
+    """Only `<the standby's python> -u ...`; stdin, -c, and compiled or zipped programs start cold."""
+    assert entry(("/other/python", "-u", "s.py"), PY) is None
+    assert entry((PY, "s.py"), PY) is None
+    assert entry((PY, "-u", "-c", "pass"), PY) is None
+    assert entry((PY, "-u", "-"), PY) is None
+    assert entry((PY, "-u", "app.pyz"), PY) is None
+    assert entry((PY, "-u", "-m"), PY) is None
+    assert entry((PY, "-u", "s.py", "-x"), PY) == ("script", "s.py", ("-x",))
+
+
+def test_path0_is_the_scripts_real_directory_or_the_working_dir(tmp_path: Path) -> None:
+    """As CPython: a symlinked script's sys.path[0] is the directory of its target; -m's is the cwd."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").mkdir()
+    (tmp_path / "real" / "s.py").write_text("")
+    (tmp_path / "link" / "s.py").symlink_to(tmp_path / "real" / "s.py")
+    assert path0("script", "link/s.py", str(tmp_path)) == str(tmp_path / "real")
+    assert path0("module", "pkg.mod", str(tmp_path)) == str(tmp_path)

@@ -1,0 +1,97 @@
+"""A worker for the standby tests: records how its interpreter looks at its first statement, then behaves as told.
+
+Writes $OUT/rank<R>.attempt<A>.json. The same script runs cold and in a standby: the records must match (except
+what a standby changes on purpose: `torch` already imported). PROBE_CRASH_ATTEMPTS=N: rank 1 raises on attempts < N
+once $OUT/go exists (the test creates it when the standbys are warm). PROBE_END: "exit:<code>", "raise",
+"interrupt" (KeyboardInterrupt), "spawn" (a multiprocessing spawn child that needs __main__ importable).
+"""
+
+import sys
+
+PRELOADED = "torch" in sys.modules  # before anything else: was the interpreter warm?
+
+import json  # noqa: E402
+import multiprocessing  # noqa: E402
+import os  # noqa: E402
+import pickle  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
+
+GLOBALS_AT_START = sorted(k for k in globals() if k.startswith("__"))
+
+
+class Thing:
+    """Pickled through __main__ (a class a script defines must pickle by reference)."""
+
+    value = 42
+
+
+def spawned(path: str) -> None:
+    with open(path, "w") as f:
+        f.write("spawned")
+
+
+def fd_kind(fd: int) -> str:
+    target = os.readlink(f"/proc/self/fd/{fd}")
+    return target.split(":")[0] if ":" in target else ("devnull" if target == "/dev/null" else "file")
+
+
+def record() -> dict[str, object]:
+    env = dict(os.environ)
+    tag = env.get("RUNNER_WORKER_TAG", "")
+    with open("/proc/self/environ", "rb") as f:
+        initial_env = f.read()
+    main = sys.modules["__main__"]
+    return {
+        "preloaded": PRELOADED,
+        "argv": sys.argv,
+        "orig_argv_tail": sys.orig_argv[1:],
+        "path0": sys.path[0],
+        "file": __file__,
+        "name": __name__,
+        "main_is_module": main.__dict__ is globals(),
+        "spec": None if __spec__ is None else [__spec__.name, __spec__.origin, type(__spec__.loader).__name__],
+        "loader": type(__loader__).__name__,
+        "package": __package__,
+        "cached": __cached__,
+        "globals": GLOBALS_AT_START,
+        "cwd": os.getcwd(),
+        "signals": {s.name: repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGPIPE, signal.SIGTERM,
+                                                                 signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD)},
+        "leader": os.getpgid(0) == os.getpid() == os.getsid(0),
+        "fds": [fd_kind(0), fd_kind(1), fd_kind(2)],
+        "unbuffered": sys.stdout.write_through,
+        "env_keys": sorted(env),
+        "contract": {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT")},
+        "tag_in_proc_environ": bool(tag) and f"RUNNER_WORKER_TAG={tag}".encode() in initial_env,
+        "pickled": pickle.loads(pickle.dumps(Thing())).value,
+        "pid": os.getpid(),
+    }
+
+
+def main() -> None:
+    out = os.environ["OUT"]
+    rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    info = record()
+    with open(os.path.join(out, f"rank{rank}.attempt{attempt}.json"), "w") as f:
+        json.dump(info, f)
+    print(f"probe rank {rank} attempt {attempt}", flush=True)
+    if rank == 1 and attempt < int(os.environ.get("PROBE_CRASH_ATTEMPTS", "0")):
+        while not os.path.exists(os.path.join(out, "go")):
+            time.sleep(0.05)
+        raise ValueError("probe crash")
+    end = os.environ.get("PROBE_END", "exit:0")
+    if end == "raise":
+        raise RuntimeError("probe raised")
+    if end == "interrupt":
+        raise KeyboardInterrupt
+    if end == "spawn":
+        child = multiprocessing.get_context("spawn").Process(target=spawned, args=(os.path.join(out, f"spawned{rank}"),))
+        child.start()
+        child.join(60)
+        sys.exit(child.exitcode)
+    sys.exit(int(end.split(":")[1]))
+
+
+if __name__ == "__main__":
+    main()
