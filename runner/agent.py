@@ -88,6 +88,8 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
         transitions.close()
         runs_index.record_end(ctx)
         RUN_LOG.close()
+        if ctx.standbys is not None:
+            ctx.standbys.close()  # normally a no-op: SHUTDOWN closed it
         if ctx.group is not None:
             ctx.group.kill_all()  # normally a no-op: SHUTDOWN stopped them; not so if the agent itself failed
         ctx.shepherd.close()

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from runner.config.spec import JobSpec
     from runner.rendezvous.base import Rendezvous, RendezvousResult
     from runner.watchdog.service import Watchdog
+    from runner.workers.standby import StandbyPool
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Context:
     result: RendezvousResult | None = None
     plan: LaunchPlan | None = None
     group: WorkerGroup | None = None
+    standbys: StandbyPool | None = None  # pre-warmed standby workers (restart.standby), from INIT on
     failure: Failure | None = None  # the current attempt's root cause
     failures: list[Failure] = field(default_factory=list)
     stop: StopRequested | None = None

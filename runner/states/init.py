@@ -15,6 +15,7 @@ from runner.private_files import write_private
 from runner.states.waiting import Stopped, unless_stopped
 from runner.workers.failures import Failure
 from runner.workers.lease_revoke import LeaseHolder
+from runner.workers.standby import StandbyPool
 
 if TYPE_CHECKING:
     from runner.context import Context
@@ -33,6 +34,7 @@ async def handle(ctx: Context) -> Step:
         write_private(ctx.run_dir / "spec.json", json.dumps(spec_for_disk(ctx.spec), indent=2))
     except OSError as e:
         ctx.warn("spec_write_failed", error=str(e))
+    start_standbys(ctx)  # their imports overlap the rendezvous
     if isinstance(ctx.rendezvous, LeaseHolder):  # etcd: if this agent dies, its guard revokes its lease at once
         ctx.rendezvous.on_lease(ctx.shepherd.revoke_at_death)
     try:
@@ -45,6 +47,16 @@ async def handle(ctx: Context) -> Step:
         ctx.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=0, hint=e.fix)
         return Step(Trigger.fatal, e.message, Outcome.ERROR, e.exit_code)
     return Step(Trigger.initialized, f"logs in {ctx.run_dir}")
+
+
+def start_standbys(ctx: Context) -> None:
+    """One pre-warmed standby worker per local rank (restart.standby, script/module entrypoints)."""
+    if not StandbyPool.wanted(ctx.spec, os.environ):
+        return
+    ctx.standbys = StandbyPool(
+        ctx.spec, ctx.shepherd, nproc=ctx.spec.nproc_per_node, run_dir=ctx.run_dir, base_env=os.environ, log=ctx.log
+    )
+    ctx.standbys.fill()
 
 
 async def start_watchdog(ctx: Context) -> None:

@@ -30,7 +30,8 @@ async def handle(ctx: Context) -> Step:
     if ctx.group is None:
         assert ctx.plan is not None  # RENDEZVOUS planned this attempt
         ctx.group = WorkerGroup(
-            ctx.events, ctx.shepherd, tee=ctx.spec.logs.tee, prefix=ctx.spec.logs.prefix, log=ctx.log
+            ctx.events, ctx.shepherd, tee=ctx.spec.logs.tee, prefix=ctx.spec.logs.prefix, log=ctx.log,
+            standbys=ctx.standbys,
         )
         ctx.group.start(ctx.plan)
         ctx.workers_spawned(list(ctx.group.workers.values()))  # all running: time to recover (runner/recovery.py)

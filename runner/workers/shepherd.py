@@ -79,6 +79,16 @@ class Shepherd:
         self.start()
         return None if self.cgroup is None else self.cgroup.child(f"attempt{attempt}-rank{local_rank}")
 
+    def standby_tag(self, serial: int, local_rank: int) -> str:
+        """RUNNER_WORKER_TAG of standby `serial` (runner.workers.standby): it keeps it as a worker."""
+        self.start()
+        return f"{self.tag}s{serial}.{local_rank}."
+
+    def standby_cgroup(self, serial: int, local_rank: int) -> Path | None:
+        """A new cgroup for standby `serial` under the job's (it stays the worker's), or None."""
+        self.start()
+        return None if self.cgroup is None else self.cgroup.child(f"standby{serial}-rank{local_rank}")
+
     def _spawn(self) -> None:
         argv = [sys.executable, "-S", "-I", "-c", _BOOT, _ROOT, self.tag]
         if self.cgroup is not None:
