@@ -118,6 +118,8 @@ class TransitionLog:
             self.metrics.on_transition(src.value, dst.value, edge.trigger.value, ctx.attempt, ctx.restarts)
         if dst is JobState.FAILED or (src is JobState.RUNNING and dst is JobState.RESTARTING):
             ctx.attempt_failed(edge.trigger.value)  # a recovery starts here if the policy restarts
+        elif src is JobState.FAILED:
+            ctx.failure_classed()
         event: dict[str, object] = {
             "event": "transition",
             "src": src.value,

@@ -149,6 +149,11 @@ class Context:
         if self.readiness is not None:
             self.readiness.clear()
 
+    def failure_classed(self) -> None:
+        """FAILED is done with the failure (classed on its evidence): the recovery, if one follows, shows that."""
+        if self.failure is not None:
+            self.recoveries.classed(self.failure.to_dict())
+
     def workers_spawned(self, workers: list[Worker], *, scope: str = "job") -> None:
         """Every worker of this attempt (`workers`) is spawned: "running"; watch each until it says it is ready."""
         loop = asyncio.get_running_loop()

@@ -68,8 +68,9 @@ class Recoveries:
     """Records the launch and every recovery of one agent; `observe(phase, seconds)` feeds the metrics.
 
     The agent calls `seen()` when RUNNING takes an event off its queue, `failed()` when an attempt ends in a
-    failure or a membership change, `running()` once the next attempt's workers are spawned, and `ready()` as each
-    of them says it is ready. A failure the policy gives up on is never followed by `running()`: no recovery.
+    failure or a membership change, `classed()` once FAILED has classed the failure, `running()` once the next
+    attempt's workers are spawned, and `ready()` as each of them says it is ready. A failure the policy gives up
+    on is never followed by `running()`: no recovery.
     """
 
     def __init__(
@@ -99,10 +100,15 @@ class Recoveries:
         """
         since = self._seen if self._seen is not None else at
         self._seen = None
-        kept = {k: failure[k] for k in FAILURE_FIELDS if failure is not None and failure.get(k) is not None}
         wall = self._wall() - max(0.0, at - since)
-        self._pending = Recovery(attempt=-1, since=since, since_wall=wall, trigger=trigger, failure=kept)
+        self._pending = Recovery(attempt=-1, since=since, since_wall=wall, trigger=trigger,
+                                 failure=kept(failure) if failure is not None else {})
         self._current = None  # the ended attempt's workers will never all be ready
+
+    def classed(self, failure: dict[str, Any]) -> None:
+        """FAILED has classed the failure on its evidence (an OOM kill, say): keep its final to_dict()."""
+        if self._pending is not None:
+            self._pending.failure = kept(failure)
 
     def running(self, at: float, attempt: int, local_ranks: Iterable[int], *, scope: str = "job") -> Recovery | None:
         """Every worker of `attempt` (those of `local_ranks`) was spawned at `at`. Returns the record, if any."""
@@ -181,6 +187,11 @@ class Recoveries:
         if s["ready_unknown"]:
             parts.append(f"ready unknown for {s['ready_unknown']} (docs/time_to_recover.md)")
         return "time to recover: " + "; ".join(parts)
+
+
+def kept(failure: dict[str, Any]) -> dict[str, Any]:
+    """The few fields of a failure's to_dict() a recovery shows (no traceback, no stacks)."""
+    return {k: failure[k] for k in FAILURE_FIELDS if failure.get(k) is not None}
 
 
 def median(values: list[float]) -> float:

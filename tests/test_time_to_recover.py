@@ -94,6 +94,19 @@ def test_a_failure_not_restarted_is_no_recovery_and_a_replaced_worker_is_one() -
     assert rec.restarts[0].to_dict()["failure_class"] is None
 
 
+def test_the_recovery_shows_the_failure_as_failed_classed_it() -> None:
+    """FAILED may re-class the failure on evidence (an OOM kill) after the transition into it: the record keeps
+    the final class, not the first guess."""
+    rec = Recoveries(launched_at=0.0)
+    rec.running(0.1, 0, [0])
+    rec.failed(1.0, "worker_failed", {"kind": "worker", "class": "signal", "reason": "rank 0 killed by SIGKILL"})
+    rec.classed({"kind": "worker", "class": "oom", "reason": "rank 0 killed by SIGKILL", "evidence": "cgroup"})
+    again = rec.running(1.2, 1, [0])
+    assert again is not None and again.to_dict()["failure_class"] == "oom"
+    rec.classed({"kind": "worker", "class": "hang"})  # nothing pending: changes nothing recorded
+    assert again.to_dict()["failure_class"] == "oom"
+
+
 def test_ready_never_said_stays_unknown_and_the_summary_says_so() -> None:
     """An attempt whose workers never say they are ready, or that ends first, keeps ready_s None."""
     rec = Recoveries(launched_at=0.0)
