@@ -39,7 +39,6 @@ from runner.rendezvous.etcd.client import (
     LeaseNotFound,
     absent,
     key_range,
-    prefix_range,
     put_op,
     range_op,
     value_is,
@@ -103,7 +102,7 @@ class EtcdRendezvous:
         """Connect, grant the lease, check the spec and that the job is still open."""
         check_node_id(self._node)
         self._events = events
-        self._session = new_session(self._spec, self._log)
+        self._session = new_session(self._spec, self._log, probe=False)  # the lease grant is the probe
         self._session.identity.on_loss(self._on_data_lost)
         await self._session.connect()
         self._lease = LeaseKeeper(self._session, self._spec.rendezvous.lease_ttl, self._log,
@@ -127,7 +126,7 @@ class EtcdRendezvous:
         """Join the job in one transaction; raises when the job is closed or runs another spec.
 
         The first node stores the spec digest, the spec tree (secrets as digests) and a new epoch; any later node
-        compares the digest and adopts the epoch.
+        compares the digest and adopts the epoch. Both read the round key: the round this node will try first.
         """
         tree = shared_tree(self._spec)
         digest, k = tree_digest(tree), self._keys
@@ -135,18 +134,20 @@ class EtcdRendezvous:
         puts = [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), put_op(k.epoch, epoch)]
         if self._restarts_known:  # the job is recreated after a data loss: keep the budget already spent
             puts.append(put_op(k.restarts, str(self._restarts_known).encode()))
+        reads = [range_op(key_range(k.control)), range_op(key_range(k.round))]
         done = await self.session.call(lambda c: c.txn(
-            [absent(k.spec)], [*puts, range_op(key_range(k.control))],
-            [range_op(key_range(k.spec)), range_op(key_range(k.spec_json)), range_op(key_range(k.epoch)),
-             range_op(key_range(k.control)), range_op(prefix_range(k.states, count_only=True))]))
+            [absent(k.spec)], [*puts, *reads], [range_op(key_range(k.spec)), range_op(key_range(k.epoch)), *reads]))
+        control, round_kv = done.kvs[-2:]
         if done.succeeded:
-            self._epoch, control = epoch, done.kvs[-1]
+            self._epoch = epoch
         else:
-            spec, spec_json, stored_epoch, control, _ = done.kvs
+            spec, stored_epoch = done.kvs[:2]
             if not (spec and bytes(spec[0].value) == digest.encode()):
-                raise self._mismatch(tree, spec_json)
+                spec_json = await self.session.call(lambda c: c.get(k.spec_json))  # only now: names the fields
+                raise self._mismatch(tree, [spec_json] if spec_json is not None else [])
             self._epoch = bytes(stored_epoch[0].value) if stored_epoch else await self._add_epoch(epoch)
         k.check_open(control[0].value if control else None)
+        self._round_hint = _round_of(round_kv)
 
     async def _add_epoch(self, epoch: bytes) -> bytes:
         """A job created without an epoch key (by an older runner) gets one; the epoch in place."""
@@ -236,58 +237,87 @@ class EtcdRendezvous:
         rules = RoundRules(self._spec.nodes.min, self._spec.nodes.max, self._spec.rendezvous.last_call,
                            self._spec.rendezvous.join_timeout)  # the join timeout, for the waiting line
         last_port = self._result.master_port if self._result is not None else 0
+        k = self._keys
         while True:
-            r, previous = await self._open_round()
-            join_key = self._keys.join(r, self._node)
-            record: dict[str, Any] = {"addr": self._addr, "nproc": self._spec.nproc_per_node,
-                                      "port": self._spec.rendezvous.master_port or free_port(avoid=(last_port,)),
-                                      "joined": time.time(),
-                                      "attempt": attempt}
-            waiter.append(RoundWaiter(self.session, self._keys, self._node, r, rules, previous, self._log))
+            r = self._round_hint
+            join_key = k.join(r, self._node)
+            record = dump({"addr": self._addr, "nproc": self._spec.nproc_per_node,
+                           "port": self._spec.rendezvous.master_port or free_port(avoid=(last_port,)),
+                           "joined": time.time(), "attempt": attempt})
+            waiter.append(RoundWaiter(self.session, k, self._node, r, rules, lease=self.lease, record=record,
+                                      log=self._log))
             state = self._state_record({**self._state, "state": "RENDEZVOUS", "attempt": attempt, "joining": r})
-            # one transaction: live state + join record on the lease, and what the waiter reads first
-            first = await self.lease.put_and_read({self._keys.state(self._node): dump(state), join_key: dump(record)},
-                                                  waiter[-1].reads())
-            self._log.info("rendezvous_joined", round=r, attempt=attempt)
-            closed = await waiter[-1].wait(first)
-            self._round_hint = r + 1
-            if self._node in closed["nodes"]:
-                return self._to_result(r, closed), int(closed.get("rev", 0))
-            self._log.info("rendezvous_round_missed", round=r)
-            self.lease.forget(join_key)
+            # one transaction: live state + join record on the lease, the round key, and what the waiter reads first
+            rev, (round_kv, *first) = await self.lease.put_and_read(
+                {k.state(self._node): dump(state), join_key: record}, [key_range(k.round), *waiter[-1].reads()])
+            k.check_open(first[2][0].value if first[2] else None)
+            closed = load(first[1][0].value) if first[1] else None
+            if closed is not None or await self._round_open(r, _round_of(round_kv)):
+                if closed is None:
+                    self._log.info("rendezvous_joined", round=r, attempt=attempt)
+                    closed = await waiter[-1].wait((rev, first))
+                result = self._to_result(r, closed)
+                if result is not None:
+                    self._round_hint = r + 1
+                    return result, int(closed.get("rev", 0))
+                self._log.info("rendezvous_round_missed", round=r)
+            self.lease.forget(join_key)  # a round that closed without this node, or no open round (a wrong hint)
             await self.session.call(partial(Connection.delete, key=join_key))
+            self._round_hint = await self._open_round(r)
 
-    async def _open_round(self) -> tuple[int, tuple[str, ...]]:
-        """The round open for joining and the nodes of the round before it; JobClosed when the job is closed.
+    async def _round_open(self, r: int, current: int) -> bool:
+        """Whether round `r`, which has no result yet, is the one open for joining, the round key being `current`.
 
-        The round open for joining is the current one, or the next, bumped, when it already closed.
-
-        One transaction when the round hint (0, then the round after the last one joined) is right: it reads
-        the control key, the round's result and the previous round's result if the round key holds the hint.
+        It is when the key says `r`, or `r - 1` (the round this node was in closed and it comes back first: it
+        moves the key on, recording itself as the opener of round `r`).
         """
-        k, r = self._keys, self._round_hint
+        if current == r:
+            return True
+        if current != r - 1:
+            return False
+        await self._bump(r - 1)
+        return True
+
+    async def _bump(self, r: int) -> None:
+        """Move the round key from `r` to `r + 1` unless someone did, naming this node as the next round's opener.
+
+        A newcomer opening the next round is what tells the running round's members about a membership change.
+        """
+        k = self._keys
+        bump = [put_op(k.round, str(r + 1).encode()), put_op(k.opened(r), dump(self._node))]
+        await self.session.call(partial(Connection.txn, compare=[_round_is(k, r)], success=bump))
+
+    async def _open_round(self, hint: int) -> int:
+        """The round open for joining; JobClosed when the job is closed.
+
+        The round open for joining is the current one, or the next, bumped, when it already closed. One
+        transaction when the hint is right: it reads the control key and the round's result if the round key
+        holds the hint.
+        """
+        k, r = self._keys, hint
         while True:
             guard = _round_is(k, r)
-            reads = [range_op(key_range(k.control)), range_op(key_range(k.result(r))),
-                     range_op(key_range(k.result(r - 1))), range_op(key_range(k.round))]
-            done = await self.session.call(partial(Connection.txn, compare=[guard], success=reads[:3],
-                                                   failure=[reads[0], reads[3]]))
+            reads = [range_op(key_range(k.control)), range_op(key_range(k.result(r))), range_op(key_range(k.round))]
+            done = await self.session.call(partial(Connection.txn, compare=[guard], success=reads[:2],
+                                                   failure=[reads[0], reads[2]]))
             kvs = done.kvs
             k.check_open(kvs[0][0].value if kvs[0] else None)
             if not done.succeeded:  # the hint was wrong: now we know the round
-                r = int(kvs[1][0].value) if kvs[1] else 0
+                r = _round_of(kvs[1])
                 continue
-            result, before = kvs[1], kvs[2]
-            if not result:
-                record = load(before[0].value) if before and r > 0 else None
-                return r, tuple(record["nodes"]) if record else ()
-            bump = put_op(k.round, str(r + 1).encode())
-            await self.session.call(partial(Connection.txn, compare=[guard], success=[bump]))
+            if not kvs[1]:
+                return r
+            await self._bump(r)
             r += 1
 
-    def _to_result(self, r: int, record: dict[str, Any]) -> RendezvousResult:
+    def _to_result(self, r: int, record: dict[str, Any]) -> RendezvousResult | None:
+        """This node's result of round `r` (None when the round closed without it)."""
         nodes = tuple(record["nodes"])
-        return RendezvousResult(round=r, node=self._node, group_rank=nodes.index(self._node),
+        try:
+            rank = nodes.index(self._node)
+        except ValueError:
+            return None
+        return RendezvousResult(round=r, node=self._node, group_rank=rank,
                                 group_world_size=len(nodes), nproc_per_node=int(record["nproc"]),
                                 master_addr=str(record["master_addr"]), master_port=int(record["master_port"]),
                                 nodes=nodes, extra={"backend": "etcd"})
@@ -407,6 +437,11 @@ class EtcdRendezvous:
         if self._monitor is not None:
             monitor, self._monitor = self._monitor, None
             await monitor.stop()
+
+
+def _round_of(kvs: list[Any]) -> int:
+    """The round number in a read of the round key (0 when the key does not exist yet)."""
+    return int(kvs[0].value) if kvs else 0
 
 
 def _round_is(keys: JobKeys, r: int) -> Any:

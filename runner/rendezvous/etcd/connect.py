@@ -29,9 +29,13 @@ def read_password(auth: Auth) -> str | None:
     return None
 
 
-def new_session(spec: JobSpec, log: Any = None) -> EtcdSession:
-    """An unconnected session for the spec's endpoints, TLS and auth."""
+def new_session(spec: JobSpec, log: Any = None, *, probe: bool = True) -> EtcdSession:
+    """An unconnected session for the spec's endpoints, TLS and auth.
+
+    probe=False: connecting does not read the control key (the caller's first call finds out whether etcd answers).
+    """
     rdzv = spec.rendezvous
     creds = Credentials.load(rdzv.tls.ca, rdzv.tls.cert, rdzv.tls.key, rdzv.auth.user, read_password(rdzv.auth))
     keys = JobKeys(rdzv.prefix, spec.name)
-    return EtcdSession(rdzv.endpoints, creds, connect_timeout=rdzv.connect_timeout, probe_key=keys.control, log=log)
+    return EtcdSession(rdzv.endpoints, creds, connect_timeout=rdzv.connect_timeout,
+                       probe_key=keys.control if probe else None, log=log)

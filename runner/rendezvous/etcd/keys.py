@@ -99,8 +99,28 @@ class JobKeys:
         return self._k("rounds", round_, "nodes", encode_node(node))
 
     def result(self, round_: int) -> bytes:
-        """Result of round `round_`, written once."""
+        """Result of round `round_`, written once; also the prefix of its annex keys (leader, lost, next).
+
+        A watch on this prefix (`news(round_)`) sees the result and its annex keys and nothing else: O(1) events.
+        """
         return self._k("rounds", round_, "result")
+
+    def news(self, round_: int) -> tuple[bytes, bytes]:
+        """Watch range of round `round_`'s result key and its annex keys (key, range_end)."""
+        key = self.result(round_)
+        return key, key[:-1] + bytes([key[-1] + 1])  # every key starting with the result key
+
+    def leader(self, round_: int) -> bytes:
+        """Which node leads round `round_` (writes its result), on that node's lease: gone when the leader is."""
+        return self._k("rounds", round_, "result", "leader")
+
+    def lost(self, round_: int) -> bytes:
+        """First member of round `round_` found lost (its ring neighbour writes it once): every member reads it."""
+        return self._k("rounds", round_, "result", "lost")
+
+    def opened(self, round_: int) -> bytes:
+        """Which node opened round `round_ + 1` (bumped the round key): a newcomer means a membership change."""
+        return self._k("rounds", round_, "result", "next")
 
     @property
     def states(self) -> bytes:

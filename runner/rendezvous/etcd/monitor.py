@@ -1,9 +1,17 @@
-"""While a round runs: one watch that turns etcd changes into agent events.
+"""While a round runs: one watch per node that turns etcd changes into agent events, with O(1) events per node.
 
-- a member's join key vanishes (lease expired) without a clean final state -> PeerLost
-- a member publishes state FAILED for this round -> PeerLost
-- a node joins the next round while this one is below max nodes -> MembershipChanged
-- the control key says "stopping" -> StopRequested(signum=0)
+The round's members form a ring in group-rank order, and each watches the live state of the next one only (the
+state key is on that node's lease, so it vanishes with the node):
+- the watched node's state vanishes without a clean final state, or says FAILED for this round -> PeerLost here,
+  and the watcher writes the round's `lost` key once (a transaction: the first finder wins);
+- the round's `lost` key (JobKeys.news, watched by every member) -> PeerLost for the node it names;
+- the round's `next` key names a node that opened the next round without being a member, while this round is
+  below max nodes -> MembershipChanged (a newcomer opens the next round: it finds this one closed);
+- the control key says "stopping" -> StopRequested(signum=0).
+A watched node that ended cleanly (succeeded) is skipped: the watcher moves on to the member after it. Whatever set
+of members is lost, a still-running member watches one of them, so a loss is seen as before (when the lease
+expires, or at once when the node's guard revokes it) plus one write and one event; every node receives O(1)
+events per round instead of one per member (states of every member, published on every transition).
 """
 
 from __future__ import annotations
@@ -16,8 +24,8 @@ import structlog
 from runner.errors import RendezvousError
 from runner.events import MembershipChanged, PeerLost, StopRequested
 from runner.rendezvous.base import RendezvousResult
-from runner.rendezvous.etcd.client import EtcdSession, cancel_task, key_range, prefix_end
-from runner.rendezvous.etcd.keys import JobKeys, load
+from runner.rendezvous.etcd.client import EtcdSession, absent, cancel_task, key_range, put_op
+from runner.rendezvous.etcd.keys import JobKeys, dump, load
 from runner.rendezvous.etcd.watch import PUT, Event, Watch
 
 RETRY_S = 1.0
@@ -32,28 +40,44 @@ class RoundMonitor:
         self._since = since  # the leader's view revision (record "rev"): replay changes from there
         self._events = events
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
-        self._members = set(result.nodes) - {result.node}
-        self._states: dict[str, Any] = {}
-        self._waiting: set[str] = set()
+        self._watched = result.group_rank  # ring position of the member watched (itself: nobody)
+        self._state: dict[str, Any] = {}  # the watched member's last live state
+        self._finding: tuple[str, str] | None = None  # a loss found here whose `lost` key is still to be written
         self._reported: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
+        self._advance()
+
+    @property
+    def watched(self) -> str | None:
+        """The member whose live state this node watches (None: no other member is left)."""
+        nodes = self._res.nodes
+        return None if not nodes or self._watched == self._res.group_rank else nodes[self._watched]
+
+    def _advance(self) -> None:
+        """Watch the next member in the ring (none once it is this node again)."""
+        self._watched = (self._watched + 1) % max(1, len(self._res.nodes))
+        self._state = {}
+
+    def _ranges(self) -> list[tuple[bytes, bytes | None]]:
+        ranges: list[tuple[bytes, bytes | None]] = [self._k.news(self._res.round), (self._k.control, None)]
+        if self.watched is not None:
+            ranges.append((self._k.state(self.watched), None))
+        return ranges
 
     async def start(self) -> None:
         """Watch from the revision at which the round's leader saw the joins.
 
-        What changed since (a member gone, a FAILED state, a next-round join, a stop) is replayed first, then
-        followed. Every relevant change comes after that revision: a node gone before it is not a member, states
-        name this round and next-round joins exist only once the result was written. O(1) reads per node.
+        What changed since (a member gone, a FAILED state, a newcomer, a stop) is replayed first, then followed.
+        Every relevant change comes after that revision: a node gone before it is not a member, states name this
+        round and the next round is opened only once the result was written. No read at all.
         """
-        r, k = self._res.round, self._k
-        ranges = [(k.states, prefix_end(k.states)), (k.round_nodes(r), prefix_end(k.round_nodes(r))),
-                  (k.round_nodes(r + 1), prefix_end(k.round_nodes(r + 1))), (k.control, None)]
+        k = self._k
         if not self._since:  # no leader revision (record from an older runner): from now, after a read
             rev, (control,) = await self._s.call(lambda c: c.snapshot([key_range(k.control)]))
             if control:
                 self._on_control(load(control[0].value))
             self._since = rev + 1
-        watch = await Watch(self._s, ranges, self._since, self._log).start()
+        watch = await Watch(self._s, self._ranges(), self._since, self._log).start()
         self._task = asyncio.get_running_loop().create_task(self._run(watch), name="etcd-round-monitor")
 
     async def _run(self, watch: Watch) -> None:
@@ -64,7 +88,9 @@ class RoundMonitor:
                     if register:
                         await watch.start()  # resumes from the last revision seen
                         register = False
-                    await self._dispatch(await watch.next())
+                    await self._write_finding()
+                    if await self._dispatch(await watch.next()):
+                        watch = await self._rewatch(watch)
                 except RendezvousError as exc:  # etcd unreachable past connect_timeout: retry
                     self._log.warning("etcd_monitor_retry", error=exc.message)
                     await asyncio.sleep(RETRY_S)
@@ -72,26 +98,72 @@ class RoundMonitor:
         finally:
             await watch.cancel()
 
-    async def _dispatch(self, ev: Event) -> None:
-        key, put, r = ev.key, ev.kind == PUT, self._res.round
-        if key == self._k.control and put:
-            self._on_control(load(ev.value))
-        elif key.startswith(self._k.states) and put:
-            self._on_state(JobKeys.leaf(key), load(ev.value))
-        elif key.startswith(self._k.round_nodes(r)) and not put:
-            node = JobKeys.leaf(key)
-            last = self._states.get(node) or {}
-            if last.get("outcome") != "succeeded" and node in self._members and not await self._stopping():
-                self._lost(node, "lease expired or node left" if not last.get("outcome")
-                           else f"node ended ({last['outcome']})")
-        elif key.startswith(self._k.round_nodes(r + 1)) and put:
-            self._on_waiting(JobKeys.leaf(key))
+    async def _rewatch(self, old: Watch) -> Watch:
+        """The watched member left cleanly: watch the next one still running, from where `old` stopped."""
+        start = old.next_revision
+        await old.cancel()
+        while (node := self.watched) is not None:
+            last = await self._ended(node)
+            if last is None or not await self._gone(node, last):
+                break  # running (its end, if any, is among the changes replayed from `start`), or found lost
+        return await Watch(self._s, self._ranges(), start, self._log).start()
+
+    async def _ended(self, node: str) -> dict[str, Any] | None:
+        """None while `node` has a live state; else its final state ({} when it left none)."""
+        k = self._k
+        _, (state, final) = await self._s.call(lambda c: c.snapshot([key_range(k.state(node)),
+                                                                      key_range(k.final(node))]))
+        if state:
+            return None
+        last = load(final[0].value) if final else None
+        return last if isinstance(last, dict) else {}
+
+    async def _dispatch(self, ev: Event) -> bool:
+        """Handle one event; True when the watched member changed (the watch must be made again)."""
+        k, put = self._k, ev.kind == PUT
+        node = self.watched
+        if ev.key == k.control:
+            if put:
+                self._on_control(load(ev.value))
+        elif node is not None and ev.key == k.state(node):
+            return await self._on_watched(node, load(ev.value) if put else None)
+        elif put:
+            self._on_news(ev.key, load(ev.value))
+        return False
+
+    async def _on_watched(self, node: str, state: Any) -> bool:
+        """The watched member's live state changed (None: it vanished); True when it ended cleanly (moved on)."""
+        if state is None:
+            return await self._gone(node, self._state)
+        if isinstance(state, dict):
+            self._state = state
+            if state.get("state") == "FAILED" and state.get("round") == self._res.round:
+                self._found(node, "reported FAILED")
+        return False
+
+    def _on_news(self, key: bytes, value: Any) -> None:
+        """One of the round's annex keys was written (the result and leader keys are no news here)."""
+        r = self._res.round
+        if key == self._k.lost(r) and isinstance(value, dict):
+            self._lost(str(value.get("node")), str(value.get("why", "lost")))
+        elif key == self._k.opened(r):
+            self._on_opened(value)
+
+    async def _gone(self, node: str, last: dict[str, Any]) -> bool:
+        """The watched member's state vanished, `last` its last state; True when it ended cleanly (moved on)."""
+        outcome = last.get("outcome")
+        if outcome == "succeeded":
+            self._advance()
+            return True
+        if not await self._stopping():
+            self._found(node, f"node ended ({outcome})" if outcome else "lease expired or node left")
+        return False
 
     async def _stopping(self) -> bool:
         """Whether the job is being stopped (the control key says so; then StopRequested is emitted).
 
-        Read when a member leaves: the watches of the control key and of the join keys are separate, so a node
-        leaving because of a stop may be seen before the stop itself. The stop, not a lost peer, is then the news.
+        Read when a member leaves: the watches of the control key and of the member's state are separate, so a
+        node leaving because of a stop may be seen before the stop itself. The stop, not a lost peer, is the news.
         """
         try:
             raw = await self._s.call(lambda c: c.get(self._k.control))
@@ -101,26 +173,34 @@ class RoundMonitor:
         self._on_control(control)
         return isinstance(control, dict) and control.get("state") == "stopping"
 
-    def _on_state(self, node: str, state: Any) -> None:
-        if not isinstance(state, dict):
-            return
-        self._states[node] = state
-        if state.get("state") == "FAILED" and state.get("round") == self._res.round:
-            self._lost(node, "reported FAILED")
+    def _found(self, node: str, why: str) -> None:
+        """This node found a member lost: PeerLost here, and the round's `lost` key for every other member."""
+        self._lost(node, why)
+        if self._finding is None:
+            self._finding = (node, why)
 
-    def _on_waiting(self, node: str) -> None:
-        if node in self._members or node == self._res.node or node in self._waiting:
+    async def _write_finding(self) -> None:
+        """Write the round's `lost` key for the loss found here, unless a member wrote one already."""
+        if self._finding is None:
             return
-        self._waiting.add(node)
+        node, why = self._finding
+        key = self._k.lost(self._res.round)
+        value = dump({"node": node, "why": why, "by": self._res.node})
+        await self._s.call(lambda c: c.txn([absent(key)], [put_op(key, value)]))
+        self._finding = None
+
+    def _on_opened(self, opener: Any) -> None:
+        if not isinstance(opener, str) or opener == self._res.node or opener in self._res.nodes:
+            return  # a member moving on to the next round: its own failure or stop is the news
         if self._res.group_world_size < self._max:
-            self._emit(("waiting", node), MembershipChanged(tuple(sorted(self._waiting))))
+            self._emit(("waiting", opener), MembershipChanged((opener,)))
 
     def _on_control(self, control: Any) -> None:
         if isinstance(control, dict) and control.get("state") == "stopping":
             self._emit(("stop", ""), StopRequested(signum=0, graceful=bool(control.get("graceful", True))))
 
     def _lost(self, node: str, why: str) -> None:
-        if node in self._members:
+        if node != self._res.node and node in self._res.nodes:
             self._emit(("lost", node), PeerLost(node, why))
 
     def _emit(self, tag: tuple[str, str], event: Any) -> None:

@@ -1,13 +1,15 @@
 """Waiting for one rendezvous round to close.
 
-The first node to join a round (smallest create revision of its join key) leads it: it watches every
-join record and the nodes' live states and writes `rounds/{r}/result` once (txn on create revision 0)
+The node that holds the round's leader key (`rounds/{r}/result/leader`, put if absent on the leader's lease by
+a node that finds none after joining) leads it: it watches every join record (and, in a round after a
+first one, the nodes' live states) and writes `rounds/{r}/result` once (txn on create revision 0)
 when max nodes joined, or when min joined, every still-alive node of the previous round re-joined and
 last_call passed. A round that only re-forms the previous one (every node that joined was in it: a restart,
 or survivors of a lost node) closes without last_call: last_call is there for newcomers, and a newcomer
 that comes later still joins, through membership_changed.
-Other nodes only watch the result key, the leader's join key (to take over when the
-leader leaves) and the control key, so a round costs O(N) watch events in all.
+Other nodes only watch the result key with its annex keys (`JobKeys.news`: the leader key among them, so a
+leader that leaves is seen and replaced) and the control key, so a round costs O(N) watch events in all and
+O(1) per follower. No read is O(N) but the leader's one snapshot of the joins.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import structlog
 from runner.progress import Progress
 from runner.rendezvous.etcd.client import (
     EtcdSession,
+    LeaseNotFound,
     absent,
     key_range,
     prefix_end,
@@ -31,6 +34,7 @@ from runner.rendezvous.etcd.client import (
     range_op,
 )
 from runner.rendezvous.etcd.keys import JobKeys, dump, load
+from runner.rendezvous.etcd.lease import LeaseKeeper
 from runner.rendezvous.etcd.watch import DELETE, PUT, Event, Watch
 from runner.rendezvous.ranks import assign_ranks
 
@@ -88,7 +92,7 @@ class Roster:
         self._before = frozenset(self.previous)
         self.joined: dict[str, Any] = {}  # node -> join record (raw JSON bytes)
         self.live: dict[str, Any] = {}  # node of the previous round -> its live state (decoded)
-        self.waiting_for: set[str] = set(self._before)  # previous nodes alive and not joined yet
+        self.waiting_for: set[str] = set()  # previous nodes alive (a live state says so) and not joined yet
         self.newcomers = 0  # joined nodes that were not in the previous round
 
     @property
@@ -121,7 +125,7 @@ class Roster:
             self.waiting_for.discard(node)
 
     def reforms_previous(self) -> bool:
-        """As reforms_previous(previous, joined), in O(1)."""
+        """Whether the round only re-forms the previous one (the module function's answer, in O(1))."""
         return bool(self.previous) and self.newcomers == 0
 
     def waiting_list(self) -> list[str]:
@@ -145,7 +149,8 @@ class RoundWaiter:
         self._view = 0  # leader: revision up to which its table of joins is complete
         self._roster = Roster(())
         self.progress: dict[str, Any] = {}  # what a waiting node shows (runner/progress.py), besides the round
-        self._nodes_prefix, self._result, self._leader = keys.round_nodes(round_), keys.result(round_), keys.leader(round_)
+        self._nodes_prefix, self._result = keys.round_nodes(round_), keys.result(round_)
+        self._leader = keys.leader(round_)
 
     def reads(self) -> list[Any]:
         """What wait() needs to know first: the round's leader key, its result, the control key."""
@@ -213,21 +218,19 @@ class RoundWaiter:
 
     async def _lead(self) -> dict[str, Any]:
         r, k = self._r, self._k
-        rev, (joins, result, control, before) = await self._s.call(lambda c: c.snapshot(
-            [prefix_range(self._nodes_prefix), key_range(self._result), key_range(k.control),
-             key_range(k.result(r - 1))]))
+        rev, (joins, states, result, control, before) = await self._s.call(lambda c: c.snapshot(
+            [prefix_range(self._nodes_prefix), prefix_range(k.states), key_range(self._result),
+             key_range(k.control), key_range(k.result(r - 1))]))
         if result:
             return dict(load(result[0].value))
         k.check_open(control[0].value if control else None)
         previous = load(before[0].value) if before and r > 0 else None
         roster = self._roster = Roster(previous["nodes"] if isinstance(previous, dict) else ())
         ranges = [(self._nodes_prefix, prefix_end(self._nodes_prefix)), (self._result, None), (k.control, None)]
-        if roster.watches_states:  # liveness of the previous round's nodes: read at the same revision as the joins
-            rev, (joins, states) = await self._s.call(lambda c: c.snapshot(
-                [prefix_range(self._nodes_prefix), prefix_range(k.states)]))
+        if roster.watches_states:  # liveness of the previous round's nodes (other states are not decoded)
+            ranges.append((k.states, prefix_end(k.states)))
             for kv in states:
                 roster.state(JobKeys.leaf(kv.key), kv.value)
-            ranges.append((k.states, prefix_end(k.states)))
         for kv in joins:
             roster.join(JobKeys.leaf(kv.key), kv.value)  # raw: only the master's record is decoded
         self._view = rev
@@ -250,7 +253,7 @@ class RoundWaiter:
                 min_at = None
             elif min_at is None:
                 min_at = time.monotonic()
-            self.progress = {"role": "leader", "joined": roster.joined, "waiting_for": roster.waiting_list,
+            self.progress = {"role": "leader", "joined": roster.joined,
                              "last_call_ends": None if min_at is None else min_at + rules.last_call}
             if len(roster.joined) >= rules.max_nodes or (min_at is not None and (
                     roster.reforms_previous() or time.monotonic() - min_at >= rules.last_call)):
@@ -269,12 +272,10 @@ class RoundWaiter:
         """This round's wait as `waiting` fields: joined nodes (the leader knows them), min..max, time left."""
         now, rules, info = time.monotonic(), self._rules, self.progress
         fields: dict[str, Any] = {"round": self._r, "min": rules.min_nodes, "max": rules.max_nodes,
-                                  **{k: v for k, v in info.items()
-                                     if k not in ("joined", "last_call_ends", "waiting_for")}}
+                                  **{k: v for k, v in info.items() if k not in ("joined", "last_call_ends")}}
         if "joined" in info:
             fields["joined"], fields["joined_count"] = sorted(info["joined"])[:MAX_SHOWN], len(info["joined"])
-            waiting_for = info.get("waiting_for")
-            fields["waiting_for"] = (waiting_for() if callable(waiting_for) else [])[:MAX_SHOWN]
+            fields["waiting_for"] = self._roster.waiting_list()[:MAX_SHOWN]
         if info.get("last_call_ends") is not None:
             fields["last_call_s"] = round(max(0.0, info["last_call_ends"] - now), 1)
         if rules.join_timeout is not None:

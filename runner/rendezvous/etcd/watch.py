@@ -63,6 +63,11 @@ class Watch:
         self._reader: asyncio.Task[None] | None = None
         self._log = log or structlog.get_logger("runner.rendezvous.etcd")
 
+    @property
+    def next_revision(self) -> int:
+        """The revision after the last event delivered (a watch of other ranges started there misses nothing)."""
+        return self._next_revision
+
     async def start(self) -> Watch:
         """Register every range from the start revision (RendezvousError past the connect timeout)."""
         while True:
