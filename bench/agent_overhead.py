@@ -9,6 +9,8 @@ Per run:
   agent CPU = wait4 rusage of the launcher (launcher + every descendant it reaped) - the CPU each worker reports
               for itself (RUSAGE_SELF at its end); for the runner this includes its shepherd helper process;
   agent peak RSS = VmHWM of the launcher's main process (sampled every 20 ms); runner's helpers listed apart.
+For the runner, where its overhead lies (from the run's own agent.jsonl, same wall clock as the launch):
+  start = launch -> first `worker_started` event;  exit = last `worker_exited` event -> runner reaped.
 
     python bench/agent_overhead.py [--runs 10]
 """
@@ -16,8 +18,11 @@ Per run:
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -44,8 +49,35 @@ def commands() -> dict[str, list[str]]:
     return launcher_commands("bench/jobs/sleep.yaml", WORKER)
 
 
-def one_run(argv: list[str], work: Path) -> tuple[Measured, float]:
-    """Run once; return the measurement and the agent's own CPU seconds."""
+@dataclass
+class Run:
+    """One launcher run: what it cost, the agent's own CPU, and (runner only) its start and exit phases."""
+
+    m: Measured
+    cpu_s: float
+    start_s: float | None = None  # launch -> first worker started
+    exit_s: float | None = None  # last worker exited -> launcher reaped
+
+
+def phases(m: Measured, logs: Path) -> tuple[float | None, float | None]:
+    """(start, exit) phases of the runner run that just ended, from its agent.jsonl (None where unreadable)."""
+    found = sorted(logs.glob("*/latest/agent.jsonl"))
+    if not found:
+        return None, None
+    stamps: dict[str, list[float]] = {"worker_started": [], "worker_exited": []}
+    for line in found[0].read_text(encoding="utf-8").splitlines():
+        event = json.loads(line)
+        if event.get("event") in stamps:
+            stamps[event["event"]].append(dt.datetime.fromisoformat(event["timestamp"]).timestamp())
+    started, exited = stamps["worker_started"], stamps["worker_exited"]
+    return (
+        min(started) - m.started_at if started else None,
+        m.started_at + m.wall_s - max(exited) if exited else None,
+    )
+
+
+def one_run(argv: list[str], work: Path) -> Run:
+    """Run once; return the measurement, the agent's own CPU seconds and (runner) its phases."""
     env = bench_env(work, BENCH_SLEEP=str(SLEEP_S))
     out = work / "out"
     m = measure(
@@ -61,7 +93,8 @@ def one_run(argv: list[str], work: Path) -> tuple[Measured, float]:
             f"run failed: rc={m.rc}, {len(reports)} worker report(s); see {work / 'launcher.log'}"
         )
     workers_cpu = sum(float(p.read_text()) for p in reports)
-    return m, m.cpu_s - workers_cpu
+    start, end = phases(m, work / "logs") if argv == commands()["runner"] else (None, None)
+    return Run(m, m.cpu_s - workers_cpu, start, end)
 
 
 def main() -> None:
@@ -76,7 +109,7 @@ def main() -> None:
     args = p.parse_args()
     precompile()
     cmds = commands()
-    res: dict[str, list[tuple[Measured, float]]] = {k: [] for k in cmds}
+    res: dict[str, list[Run]] = {k: [] for k in cmds}
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         work = Path(tmp)
         for name, argv in cmds.items():  # warm-up: page cache, .pyc files
@@ -84,25 +117,25 @@ def main() -> None:
             print(f"warm-up {name} done", file=sys.stderr)
         for i in range(args.runs):
             for name, argv in cmds.items():
-                res[name].append(one_run(argv, work))
-                m, cpu = res[name][-1]
+                run = one_run(argv, work)
+                res[name].append(run)
                 print(
-                    f"run {i} {name}: wall {m.wall_s:.3f} s, agent cpu {cpu:.3f} s, "
-                    f"rss {m.peak_rss_kib / 1024:.1f} MiB",
+                    f"run {i} {name}: wall {run.m.wall_s:.3f} s, agent cpu {run.cpu_s:.3f} s, "
+                    f"rss {run.m.peak_rss_kib / 1024:.1f} MiB",
                     file=sys.stderr,
                 )
     report(cmds, res)
 
 
-def report(
-    cmds: dict[str, list[str]], res: dict[str, list[tuple[Measured, float]]]
-) -> None:
-    """Markdown tables: per launcher, then runner/torchrun ratios (pair by pair)."""
-    over = {k: [m.wall_s - SLEEP_S for m, _ in v] for k, v in res.items()}
-    wall = {k: [m.wall_s for m, _ in v] for k, v in res.items()}
-    cpu = {k: [c for _, c in v] for k, v in res.items()}
-    rss = {k: [m.peak_rss_kib / 1024 for m, _ in v] for k, v in res.items()}
-    helpers = [sum(m.helpers_rss_kib.values()) / 1024 for m, _ in res["runner"]]
+def report(cmds: dict[str, list[str]], res: dict[str, list[Run]]) -> None:
+    """Markdown tables: per launcher, then runner/torchrun ratios (pair by pair); the runner's phases."""
+    over = {k: [r.m.wall_s - SLEEP_S for r in v] for k, v in res.items()}
+    wall = {k: [r.m.wall_s for r in v] for k, v in res.items()}
+    cpu = {k: [r.cpu_s for r in v] for k, v in res.items()}
+    rss = {k: [r.m.peak_rss_kib / 1024 for r in v] for k, v in res.items()}
+    helpers = [sum(r.m.helpers_rss_kib.values()) / 1024 for r in res["runner"]]
+    starts = [r.start_s for r in res["runner"] if r.start_s is not None]
+    exits = [r.exit_s for r in res["runner"] if r.exit_s is not None]
     rows = [
         [
             name,
@@ -142,6 +175,11 @@ def report(
     print(
         f"runner helper processes (shepherd), peak RSS: {Stat.of(helpers).fmt(digits=1)} MiB (not in the table)"
     )
+    if starts and exits:
+        print(
+            f"runner phases (agent.jsonl): launch -> first worker started {Stat.of(starts).fmt()} s; "
+            f"last worker exited -> runner reaped {Stat.of(exits).fmt()} s"
+        )
     print_commands(cmds)
 
 

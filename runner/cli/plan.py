@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.cli.command import Command, add_spec_argument, load
-from runner.config.redact import redact, redact_argv, spec_for_disk
-from runner.config.spec import JobSpec
-from runner.rendezvous.base import RendezvousResult
-from runner.workers.launch_plan import build_plan
+
+if TYPE_CHECKING:
+    from runner.config.spec import JobSpec
 
 PORT_PLACEHOLDER = 0  # the real MASTER_PORT is picked fresh at every rendezvous round
 
 
 def plan_view(spec: JobSpec, node: str = "node0") -> dict[str, Any]:
     """The resolved spec plus, for each node of a job of nodes.min nodes, each rank's argv, cwd and env."""
+    # Imported here: every `runner` command imports this module (the list of commands), few need these.
+    from runner.config.redact import redact, redact_argv, spec_for_disk
+    from runner.rendezvous.base import RendezvousResult
+    from runner.workers.launch_plan import build_plan
+
     resolved = spec_for_disk(spec)
     nodes = []
     for group_rank in range(spec.nodes.min):
