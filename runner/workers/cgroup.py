@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -69,6 +68,8 @@ class JobCgroup:
 
     def usable(self) -> bool:
         """Moving a process in works here (write access to cgroup.procs up to the common ancestor): try once."""
+        import subprocess  # here: the guard imports this module and never probes (12 ms of its start-up)
+
         probe = self.child("probe")
         if probe is None:
             return False

@@ -11,7 +11,6 @@ Standard library only: the shepherd imports this module with site-packages disab
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import select
 import signal
@@ -231,6 +230,8 @@ def tagged(tag: str) -> Callable[[int], bool]:
 
 def set_child_subreaper() -> bool:
     """Make this process the child subreaper: orphaned descendants reparent to it, not to init. True if set."""
+    import ctypes  # here: only the agent calls this, the guard imports this module too
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
