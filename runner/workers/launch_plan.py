@@ -56,7 +56,7 @@ class WorkerPlan:
 
     @property
     def heartbeat_file(self) -> str:
-        """RUNNER_HEARTBEAT_FILE: the worker touches it to show it is alive (watchdog.heartbeat_timeout)."""
+        """RUNNER_HEARTBEAT_FILE: the worker touches it to say it is ready and, with heartbeat_timeout, alive."""
         return heartbeat_file(self.log_dir)
 
 
@@ -228,8 +228,7 @@ def build_plan(
             contract["LOCAL_RANK"] = "0"
             contract["CUDA_VISIBLE_DEVICES"] = virtual_device(base_env, local_rank)
         contract["TORCHELASTIC_ERROR_FILE"] = error_file(log_dir)
-        if spec.watchdog.enabled and spec.watchdog.heartbeat_timeout:
-            contract[HEARTBEAT_ENV] = heartbeat_file(log_dir)
+        contract[HEARTBEAT_ENV] = heartbeat_file(log_dir)  # watched with heartbeat_timeout; always "ready"
         contract.update(extra_env or {})
         contract.update((rank_env or {}).get(local_rank, {}))  # e.g. the rank's own TORCHELASTIC_TIMER_FILE
         env = attempt_free_env(spec, base_env, rdzv.nproc_per_node)

@@ -78,7 +78,8 @@ def status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[st
         nodes[name] = {
             "node": name, "state": state.get("state"), "outcome": state.get("outcome"),
             "attempt": state.get("attempt"), "round": state.get("round"), "heartbeat": state.get("time"),
-            "workers": state.get("workers"), "live": is_live}
+            "workers": state.get("workers"), "live": is_live,
+            "launch": state.get("launch"), "recovery": state.get("recovery")}
     ctl = load(control[0].value) if control else None
     live_nodes = any(n["live"] for n in nodes.values())
     if isinstance(ctl, dict):
