@@ -289,3 +289,27 @@ def test_oom_evidence_turns_a_signal_into_oom_and_is_reported() -> None:
     classed = killed.with_oom_evidence("kernel log: Out of memory: Killed process 7 (python)")
     assert classed.failure_class is FailureClass.OOM and classed.to_dict()["class"] == "oom"
     assert "class: oom (kernel log: Out of memory" in classed.report()
+
+
+def test_the_metrics_count_failures_by_class() -> None:
+    """runner_failures_total{class=...}, scraped from the agent's real endpoint."""
+    import urllib.request
+
+    from runner.config import load_spec_text
+    from runner.metrics import AgentMetrics
+
+    spec = load_spec_text("name: j\nentrypoint: t.py\nmetrics: {enabled: true, host: 127.0.0.1, port: 0}\n",
+                          environ={})
+    metrics = AgentMetrics(spec, "node0")
+    metrics.on_failure("hang")  # before start(): nothing to count in, nothing raised
+    port = metrics.start()
+    try:
+        for cls in ("oom", "oom", "node_lost"):
+            metrics.on_failure(cls)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    finally:
+        metrics.stop()
+    assert 'runner_failures_total{class="oom"} 2.0' in text
+    assert 'runner_failures_total{class="node_lost"} 1.0' in text
+    assert 'class="hang"' not in text
