@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.workers.cgroup import JobCgroup
-from runner.workers.lease_revoke import GatewayEndpoint, RevokeError, RevokeTicket, revoke
+from runner.workers.lease_revoke import GatewayEndpoint, RevokeError, RevokeTicket, revoke, revoke_grpc
 from tests.etcd_server import EtcdServer, etcd_server
 from tests.test_multinode import Cluster, Node, cluster, probe_args, spec_text
 
@@ -73,6 +74,15 @@ def workers(c: Cluster, attempt: int) -> list[dict[str, Any]]:
     return [w for w in c.worker_files() if w["env"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)]
 
 
+def wait_workers(c: Cluster, attempt: int, count: int, live: tuple[Node, ...], timeout: float = 60.0) -> None:
+    """Wait until `count` workers of `attempt` started; an agent of `live` that exits meanwhile fails the test."""
+    def ready() -> bool:
+        ended = [n for n in live if n.proc.poll() is not None]
+        assert not ended, "".join(f"node {n.name} exited: {n.output()}" for n in ended)
+        return len(workers(c, attempt)) == count
+    wait_for(ready, timeout, f"{count} worker(s) of attempt {attempt}")
+
+
 def triggers_after_running(node: Node) -> list[str]:
     """The node's triggers from its first RUNNING on."""
     edges = node.edges()
@@ -111,11 +121,11 @@ def test_sigkill_of_an_agent_is_seen_before_its_lease_expires(cluster: Cluster, 
     b fail on peer_lost, re-form the round without last_call and run 2-node workers."""
     cluster.write(long_spec(cluster.endpoint, cluster.out))
     a, b, c = (cluster.start(n) for n in "abc")
-    wait_for(lambda: len(workers(cluster, 0)) == 3, what="3 workers of attempt 0")
+    wait_workers(cluster, 0, 3, (a, b, c))
     lease = lease_of(c)
     assert lease_alive(etcd, lease)
     guard = kill_agent(c)
-    wait_for(lambda: len(workers(cluster, 1)) == 2, RECOVERY_WAIT_S, "the survivors' new workers")
+    wait_workers(cluster, 1, 2, (a, b), RECOVERY_WAIT_S)
     assert not lease_alive(etcd, lease)  # revoked: 300 s have not passed
     wait_for(lambda: not alive(guard), 30, "c's guard to exit")
     assert not any(alive(w["pid"]) for w in workers(cluster, 0))  # c's worker too: its guard killed it
@@ -126,35 +136,36 @@ def test_sigkill_of_an_agent_is_seen_before_its_lease_expires(cluster: Cluster, 
     finish(cluster, a, b)
 
 
-@pytest.fixture
-def secure_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """etcd with TLS (client certificates required) and user/password auth."""
-    with etcd_server(tmp_path / "secure-etcd", tls=True) as server:
+@pytest.fixture(params=["tls", "no-tls"])
+def auth_etcd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EtcdServer]:
+    """etcd with user/password auth, with TLS (client certificates required: the guard's gRPC route) or without
+    (the guard's JSON-gateway route)."""
+    with etcd_server(tmp_path / "auth-etcd", tls=request.param == "tls") as server:
         server.enable_auth(SECRET)
         yield server
 
 
-def test_revoked_with_tls_and_auth(tmp_path: Path, secure_etcd: EtcdServer) -> None:
-    """TLS + auth etcd, 2 nodes (1:2): b's guard authenticates over https (password from the agent's pipe) and
-    revokes b's lease; a carries on alone. No password in the guard's environment or command line."""
-    certs = secure_etcd.certs
-    assert certs is not None
-    extra = (f"  tls: {{ca: {certs.ca}, cert: {certs.client_cert}, key: {certs.client_key}}}\n"
-             "  auth: {user: root, password_env: ETCD_PASSWORD}\n")
-    c = Cluster(tmp_path / "cluster", f"https://{secure_etcd.endpoint}")
+def test_revoked_with_auth(tmp_path: Path, auth_etcd: EtcdServer) -> None:
+    """Auth on (and TLS or not), 2 nodes (1:2): b's guard authenticates with the password it got over the agent's
+    pipe and revokes b's lease; a carries on alone. No password in the guard's environment or command line."""
+    extra = "  auth: {user: root, password_env: ETCD_PASSWORD}\n"
+    if auth_etcd.certs is not None:
+        certs = auth_etcd.certs
+        extra += f"  tls: {{ca: {certs.ca}, cert: {certs.client_cert}, key: {certs.client_key}}}\n"
+    c = Cluster(tmp_path / "cluster", auth_etcd.endpoint)  # https when rendezvous.tls is set
     c.env = {"ETCD_PASSWORD": SECRET}
     try:
         text = long_spec(c.endpoint, c.out, nodes="1:2")
         c.write(text.replace("  connect_timeout: 20s\n", "  connect_timeout: 20s\n" + extra))
         a, b = c.start("a"), c.start("b")
-        wait_for(lambda: len(workers(c, 0)) == 2, what="2 workers of attempt 0")
+        wait_workers(c, 0, 2, (a, b))
         lease = lease_of(b)
         guard, argv = guard_of(b)
         assert SECRET not in " ".join(argv)
         assert SECRET.encode() not in Path(f"/proc/{guard}/environ").read_bytes()
         kill_agent(b)
-        wait_for(lambda: len(workers(c, 1)) == 1, RECOVERY_WAIT_S, "a's new worker")
-        assert not lease_alive(secure_etcd, lease, user=f"root:{SECRET}")
+        wait_workers(c, 1, 1, (a,), RECOVERY_WAIT_S)
+        assert not lease_alive(auth_etcd, lease, user=f"root:{SECRET}")
         assert_peer_lost_then_running(a, "b")
         assert "could not be revoked" not in b.output()
         finish(c, a)
@@ -183,7 +194,7 @@ def test_guard_kills_workers_and_exits_when_etcd_is_down(cluster: Cluster, etcd:
     worker, gives up on the lease within its bound, says so, and exits."""
     cluster.write(long_spec(cluster.endpoint, cluster.out, nodes="1"))
     a = cluster.start("a")
-    wait_for(lambda: len(workers(cluster, 0)) == 1, what="a's worker")
+    wait_workers(cluster, 0, 1, (a,))
     worker = workers(cluster, 0)[0]["pid"]
     etcd.kill()
     silent = Silent(etcd.client_port) if down == "silent" else None
@@ -203,7 +214,7 @@ def test_vanished_machine_costs_one_ttl(cluster: Cluster, etcd: EtcdServer) -> N
     and b see c lost and run on without it."""
     cluster.write(long_spec(cluster.endpoint, cluster.out, ttl="6s"))
     a, b, c = (cluster.start(n) for n in "abc")
-    wait_for(lambda: len(workers(cluster, 0)) == 3, what="3 workers of attempt 0")
+    wait_workers(cluster, 0, 3, (a, b, c))
     lease = lease_of(c)
     guard, argv = guard_of(c)
     os.kill(guard, signal.SIGSTOP)  # the guard cannot act on the agent's death ...
@@ -212,7 +223,7 @@ def test_vanished_machine_costs_one_ttl(cluster: Cluster, etcd: EtcdServer) -> N
     os.kill(guard, signal.SIGKILL)  # ... and dies with it: the machine is gone
     assert lease_alive(etcd, lease)  # nobody revoked it: it runs out its TTL (6 s, at least 4 s left)
     try:
-        wait_for(lambda: len(workers(cluster, 1)) == 2, RECOVERY_WAIT_S, "the survivors' new workers")
+        wait_workers(cluster, 1, 2, (a, b), RECOVERY_WAIT_S)
         assert not lease_alive(etcd, lease)
         for node in (a, b):
             assert_peer_lost_then_running(node, "c")
@@ -264,3 +275,24 @@ def test_revoke_gives_up_within_its_budget_on_a_silent_endpoint() -> None:
             revoke(RevokeTicket(7, (GatewayEndpoint("127.0.0.1", port, https=False),)), budget=2.0, clock=clock)
     finally:
         silent.close()
+
+
+def granted(server: EtcdServer) -> int:
+    """A new 300 s lease, with a key on it."""
+    lease = int(server.etcdctl("lease", "grant", "300").stdout.split()[1], 16)
+    server.etcdctl("put", "--lease", f"{lease:x}", "/dead-agent/k", "v")
+    return lease
+
+
+@pytest.mark.parametrize("route", ["gateway", "grpc"])
+def test_both_routes_revoke_and_a_gone_lease_is_fine(etcd: EtcdServer, route: str) -> None:
+    """The JSON gateway and the gRPC route each revoke a real lease (its key vanishes); a lease already gone is no
+    error for either."""
+    lease = granted(etcd)
+    ticket = RevokeTicket(lease, (GatewayEndpoint("127.0.0.1", etcd.client_port, https=False),),
+                          path=tuple(sys.path))
+    call = revoke if route == "gateway" else lambda t: revoke_grpc(t, 5.0)
+    assert call(ticket) == "revoked"
+    assert not lease_alive(etcd, lease)
+    assert etcd.etcdctl("get", "/dead-agent/k").stdout == ""
+    assert call(ticket) in ("revoked", "already gone")

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -47,7 +48,8 @@ def revoke_ticket(rdzv: Rendezvous, lease: int = 0) -> RevokeTicket:
     """What another process needs to revoke `lease` on the spec's etcd: endpoints, TLS file paths, user, password.
 
     The password is read as the session reads it (rendezvous.auth.password_env or password_file), only when a
-    user is set; TLS paths are made absolute (the guard may not share our working directory forever).
+    user is set; TLS paths are made absolute (the guard may not share our working directory forever); our
+    sys.path goes with them, so that the guard can import the gRPC client where the JSON gateway will not do.
     """
     def path(p: str | None) -> str | None:
         return os.path.abspath(p) if p else None
@@ -55,7 +57,7 @@ def revoke_ticket(rdzv: Rendezvous, lease: int = 0) -> RevokeTicket:
     endpoints = tuple(GatewayEndpoint(e.host, e.port, e.secure) for e in map(Endpoint.parse, rdzv.endpoints))
     user = rdzv.auth.user
     return RevokeTicket(lease, endpoints, path(rdzv.tls.ca), path(rdzv.tls.cert), path(rdzv.tls.key), user,
-                        read_password(rdzv.auth) if user else None)
+                        read_password(rdzv.auth) if user else None, tuple(os.path.abspath(p) for p in sys.path if p))
 
 
 class LeaseKeeper:
