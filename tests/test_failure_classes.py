@@ -313,3 +313,31 @@ def test_the_metrics_count_failures_by_class() -> None:
     assert 'runner_failures_total{class="oom"} 2.0' in text
     assert 'runner_failures_total{class="node_lost"} 1.0' in text
     assert 'class="hang"' not in text
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("sig", "cls"), [(signal.SIGTERM, "preempted"), (signal.SIGKILL, "node_lost")],
+                         ids=["sigterm-preempted", "sigkill-node-lost"])
+def test_a_peer_that_leaves_is_preempted_or_lost_and_restarts_uncharged(
+    tmp_path: Path, etcd: Any, sig: signal.Signals, cls: str
+) -> None:
+    """Elastic 2:3, max_restarts 0: node c's agent gets the scheduler's SIGTERM (it publishes that it was stopped
+    before leaving) or is SIGKILLed (its lease expires); a and b class the loss `preempted` / `node_lost`,
+    restart without charging max_restarts, and finish with two nodes."""
+    from test_multinode import Cluster, probe_args, spec_text
+
+    c = Cluster(tmp_path / "cluster", etcd.endpoint)
+    try:
+        c.write(spec_text(c.endpoint, nodes="2:3", args=probe_args(c.out, "--sleep", "6"), restart="max_restarts: 0"))
+        a, b, gone = c.start("a"), c.start("b"), c.start("c")
+        wait_for(lambda: all(n.state() == "RUNNING" for n in (a, b, gone)), what="all RUNNING")
+        gone.proc.send_signal(sig)
+        gone.wait()
+        assert a.wait() == 0 and b.wait() == 0, a.output() + b.output()
+        for node in (a, b):
+            data = node.report()
+            assert (data["outcome"], data["restarts"]) == ("succeeded", 0), data
+            assert [f["class"] for f in data["failures"]] == [cls], data["failures"]
+            assert ("FAILED", "retry", "RESTARTING") in node.edges()
+    finally:
+        c.close()
