@@ -20,6 +20,7 @@ etcd does.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Awaitable
@@ -128,8 +129,8 @@ class EtcdRendezvous:
         The first node stores the spec digest, the spec tree (secrets as digests) and a new epoch; any later node
         compares the digest and adopts the epoch. Both read the round key: the round this node will try first.
         """
-        tree = shared_tree(self._spec)
-        digest, k = tree_digest(tree), self._keys
+        tree, digest = spec_identity(self._spec)
+        k = self._keys
         epoch = os.urandom(12).hex().encode()
         puts = [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), put_op(k.epoch, epoch)]
         if self._restarts_known:  # the job is recreated after a data loss: keep the budget already spent
@@ -212,7 +213,7 @@ class EtcdRendezvous:
         self._result = result
         self._monitor = RoundMonitor(self.session, self._keys, result, self._spec.nodes.max, self._events, self._log,
                                      since=since)
-        await self._monitor.start()
+        await self._monitor.start(waiter[-1].take_watch())  # a follower's stream goes on watching for it
         self._log.info("rendezvous_complete", round=result.round, group_rank=result.group_rank,
                        nodes=result.group_world_size, master_addr=result.master_addr, master_port=result.master_port)
         return result
@@ -247,21 +248,27 @@ class EtcdRendezvous:
             waiter.append(RoundWaiter(self.session, k, self._node, r, rules, lease=self.lease, record=record,
                                       log=self._log))
             state = self._state_record({**self._state, "state": "RENDEZVOUS", "attempt": attempt, "joining": r})
-            # one transaction: live state + join record on the lease, the round key, and what the waiter reads first
-            rev, (round_kv, *first) = await self.lease.put_and_read(
-                {k.state(self._node): dump(state), join_key: record}, [key_range(k.round), *waiter[-1].reads()])
+            # one transaction: live state, join record and the round's ticket on the lease; the round key, what the
+            # waiter reads first, and the ticket read back (version 1: this join was the round's first)
+            rev, (round_kv, *first, ticket) = await self.lease.put_and_read(
+                {k.state(self._node): dump(state), join_key: record, k.ticket(r): b""},
+                [key_range(k.round), *waiter[-1].reads(), key_range(k.ticket(r))])
             k.check_open(first[2][0].value if first[2] else None)
             closed = load(first[1][0].value) if first[1] else None
             if closed is not None or await self._round_open(r, _round_of(round_kv)):
                 if closed is None:
                     self._log.info("rendezvous_joined", round=r, attempt=attempt)
-                    closed = await waiter[-1].wait((rev, first))
+                    closed = await waiter[-1].wait((rev, first), first_joiner=bool(ticket) and ticket[0].version == 1)
                 result = self._to_result(r, closed)
                 if result is not None:
                     self._round_hint = r + 1
                     return result, int(closed.get("rev", 0))
                 self._log.info("rendezvous_round_missed", round=r)
+                watch = waiter[-1].take_watch()
+                if watch is not None:
+                    await watch.cancel()
             self.lease.forget(join_key)  # a round that closed without this node, or no open round (a wrong hint)
+            self.lease.forget(k.ticket(r))
             await self.session.call(partial(Connection.delete, key=join_key))
             self._round_hint = await self._open_round(r)
 
@@ -437,6 +444,13 @@ class EtcdRendezvous:
         if self._monitor is not None:
             monitor, self._monitor = self._monitor, None
             await monitor.stop()
+
+
+@functools.lru_cache(maxsize=4)
+def spec_identity(spec: JobSpec) -> tuple[dict[str, Any], str]:
+    """The spec's shared tree (secrets as digests) and its digest, computed once per spec (both read-only)."""
+    tree = shared_tree(spec)
+    return tree, tree_digest(tree)
 
 
 def _round_of(kvs: list[Any]) -> int:

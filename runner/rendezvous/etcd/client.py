@@ -40,7 +40,7 @@ RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "insecure_channel": (), "secure_channel": (),
     "AuthenticateRequest": ("name", "password"), "AuthenticateResponse": ("token",),
     "ResponseHeader": ("cluster_id", "revision"),
-    "KeyValue": ("key", "value", "create_revision", "mod_revision", "lease"),
+    "KeyValue": ("key", "value", "create_revision", "mod_revision", "version", "lease"),
     "RangeRequest": ("key", "range_end", "limit", "sort_order", "sort_target", "count_only"),
     "RangeResponse": ("header", "kvs"),
     "PutRequest": ("key", "value", "lease"), "PutResponse": ("header",),
@@ -53,7 +53,7 @@ RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "LeaseKeepAliveRequest": ("ID",), "LeaseKeepAliveResponse": ("header", "TTL"),
     "LeaseRevokeRequest": ("ID",),
     "WatchRequest": ("create_request",), "WatchCreateRequest": ("key", "range_end", "start_revision"),
-    "WatchResponse": ("header", "created", "canceled", "compact_revision", "cancel_reason", "events"),
+    "WatchResponse": ("header", "watch_id", "created", "canceled", "compact_revision", "cancel_reason", "events"),
     "Event": ("type", "kv"),
 }
 

@@ -110,6 +110,10 @@ class JobKeys:
         key = self.result(round_)
         return key, key[:-1] + bytes([key[-1] + 1])  # every key starting with the result key
 
+    def ticket(self, round_: int) -> bytes:
+        """Put by every join of round `round_` (outside news: nobody watches it); version 1 read back = first."""
+        return self._k("rounds", round_, "ticket")
+
     def leader(self, round_: int) -> bytes:
         """Which node leads round `round_` (writes its result), on that node's lease: gone when the leader is."""
         return self._k("rounds", round_, "result", "leader")

@@ -64,12 +64,15 @@ class RoundMonitor:
             ranges.append((self._k.state(self.watched), None))
         return ranges
 
-    async def start(self) -> None:
+    async def start(self, watch: Watch | None = None) -> None:
         """Watch from the revision at which the round's leader saw the joins.
 
         What changed since (a member gone, a FAILED state, a newcomer, a stop) is replayed first, then followed.
         Every relevant change comes after that revision: a node gone before it is not a member, states name this
         round and the next round is opened only once the result was written. No read at all.
+
+        `watch`: the stream this node waited for the result on (the round's news and the control key, followed
+        since before the result): only the watched member's state is added to it, so a node keeps one stream.
         """
         k = self._k
         if not self._since:  # no leader revision (record from an older runner): from now, after a read
@@ -77,7 +80,10 @@ class RoundMonitor:
             if control:
                 self._on_control(load(control[0].value))
             self._since = rev + 1
-        watch = await Watch(self._s, self._ranges(), self._since, self._log).start()
+        if watch is None:
+            watch = await Watch(self._s, self._ranges(), self._since, self._log).start()
+        elif self.watched is not None:
+            await watch.add(k.state(self.watched), None, self._since)
         self._task = asyncio.get_running_loop().create_task(self._run(watch), name="etcd-round-monitor")
 
     async def _run(self, watch: Watch) -> None:
@@ -89,8 +95,9 @@ class RoundMonitor:
                         await watch.start()  # resumes from the last revision seen
                         register = False
                     await self._write_finding()
-                    if await self._dispatch(await watch.next()):
-                        watch = await self._rewatch(watch)
+                    ev = await watch.next()
+                    if await self._dispatch(ev):
+                        await self._move_on(watch, ev.mod_revision)
                 except RendezvousError as exc:  # etcd unreachable past connect_timeout: retry
                     self._log.warning("etcd_monitor_retry", error=exc.message)
                     await asyncio.sleep(RETRY_S)
@@ -98,15 +105,14 @@ class RoundMonitor:
         finally:
             await watch.cancel()
 
-    async def _rewatch(self, old: Watch) -> Watch:
-        """The watched member left cleanly: watch the next one still running, from where `old` stopped."""
-        start = old.next_revision
-        await old.cancel()
+    async def _move_on(self, watch: Watch, revision: int) -> None:
+        """The watched member left cleanly at `revision`: watch the next one still running from there on."""
         while (node := self.watched) is not None:
             last = await self._ended(node)
             if last is None or not await self._gone(node, last):
-                break  # running (its end, if any, is among the changes replayed from `start`), or found lost
-        return await Watch(self._s, self._ranges(), start, self._log).start()
+                break  # running (its end, if any, is among the changes replayed), or found lost
+        if self.watched is not None:
+            await watch.add(self._k.state(self.watched), None, revision + 1)
 
     async def _ended(self, node: str) -> dict[str, Any] | None:
         """None while `node` has a live state; else its final state ({} when it left none)."""

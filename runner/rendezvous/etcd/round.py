@@ -151,17 +151,24 @@ class RoundWaiter:
         self.progress: dict[str, Any] = {}  # what a waiting node shows (runner/progress.py), besides the round
         self._nodes_prefix, self._result = keys.round_nodes(round_), keys.result(round_)
         self._leader = keys.leader(round_)
+        self._watch: Watch | None = None  # a follower's stream, once the result came on it
 
     def reads(self) -> list[Any]:
         """What wait() needs to know first: the round's leader key, its result, the control key."""
         return [key_range(self._leader), key_range(self._result), key_range(self._k.control)]
 
-    async def wait(self, first: tuple[int, list[list[Any]]] | None = None) -> dict[str, Any]:
+    async def wait(self, first: tuple[int, list[list[Any]]] | None = None, *,
+                   first_joiner: bool = False) -> dict[str, Any]:
         """The round's result record (which may not include this node).
 
         `first`: (revision, kvs per range of reads()) already read, e.g. in the join transaction.
+        `first_joiner`: this node's join was the round's first (the round's ticket read back at version 1): it
+        claims the leader key at once. A node that finds no leader otherwise waits for one to appear, and claims
+        only once a leader left, or after one lease TTL without any (the first joiner died before claiming): so
+        a round sees one claim, not one per node that joined before the first claim landed.
         The record's "rev" is the revision at which its leader saw the joins (watch members from there).
         """
+        claim = first_joiner
         while True:
             if first is None:
                 first = await self._s.call(lambda c: c.snapshot(self.reads()))
@@ -170,9 +177,8 @@ class RoundWaiter:
             if result:
                 return dict(load(result[0].value))
             self._k.check_open(control[0].value if control else None)
-            if leader_kv:
-                leader = load(leader_kv[0].value)
-            else:
+            leader = load(leader_kv[0].value) if leader_kv else None
+            if leader is None and claim:
                 rev, leader = await self._claim()
                 if leader is None:
                     continue  # the leader key vanished between two reads: look again
@@ -180,9 +186,15 @@ class RoundWaiter:
                 return await self._lead()
             self.progress = {"role": "follower", "leader": leader}
             with Progress(self._log, "rendezvous", self.waiting):
-                done = await self._follow(rev)
+                done = await self._follow(rev, leader)
             if done is not None:
                 return done
+            claim = True  # the leader left, or none came
+
+    def take_watch(self) -> Watch | None:
+        """The stream a follower saw the result on (the round's news and the control key), now the caller's."""
+        watch, self._watch = self._watch, None
+        return watch
 
     async def _claim(self) -> tuple[int, Any]:
         """Become the round's leader unless someone is: (revision, leader's node id, None if none any more)."""
@@ -200,21 +212,33 @@ class RoundWaiter:
             return done.revision, self._node
         return done.revision, load(done.kvs[0][0].value) if done.kvs[0] else None
 
-    async def _follow(self, rev: int) -> dict[str, Any] | None:
-        """Result, or None when the leader left (its key on its lease vanished: then someone else leads)."""
-        self._log.debug("rendezvous_following", round=self._r)
-        watch = await Watch(self._s, [self._k.news(self._r), (self._k.control, None)], rev + 1, self._log).start()
+    async def _follow(self, rev: int, leader: Any) -> dict[str, Any] | None:
+        """Result, or None when the leader left (its key on its lease vanished) or none came within the lease TTL.
+
+        `leader`: the leader's node id, None while unknown. The stream is kept (take_watch) when the result comes.
+        """
+        self._log.debug("rendezvous_following", round=self._r, leader=leader)
+        watch: Watch | None = await Watch(self._s, [self._k.news(self._r), (self._k.control, None)], rev + 1,
+                                          self._log).start()
         try:
-            while True:
-                ev = await watch.next()
+            while watch is not None:
+                try:
+                    ev = await asyncio.wait_for(watch.next(), None if leader is not None else self._lease.ttl)
+                except TimeoutError:
+                    return None
                 if ev.key == self._k.control and ev.kind == PUT:
                     self._k.check_open(ev.value)
                 elif ev.key == self._result and ev.kind == PUT:
+                    self._watch, watch = watch, None
                     return dict(load(ev.value))
-                elif ev.key == self._leader and ev.kind == DELETE:
-                    return None
+                elif ev.key == self._leader:
+                    if ev.kind == DELETE:
+                        return None
+                    leader = self.progress["leader"] = load(ev.value)
+            return None
         finally:
-            await watch.cancel()
+            if watch is not None:
+                await watch.cancel()
 
     async def _lead(self) -> dict[str, Any]:
         r, k = self._r, self._k

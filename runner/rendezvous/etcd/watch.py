@@ -1,14 +1,17 @@
 """Watching key ranges: events of several ranges in one queue, resumed from the last revision after reconnects.
 
-One Watch = one gRPC Watch stream carrying one watcher per range, read by one background task. When the stream
-breaks (etcd restarting) the next `next()` reconnects the session and registers every range again from the revision
-after the last event delivered, so nothing is missed or repeated. A compacted start revision restarts the watch
+One Watch = one gRPC Watch stream carrying one watcher per range, read by one background task; `add()` puts one more
+range on the same stream (no new stream, no wait). Each range keeps its own next revision (the one after the last of
+its events delivered), so a range added with an older start revision replays its history without making the others
+repeat theirs. When the stream breaks (etcd restarting) the next `next()` reconnects the session and registers every
+range again from its next revision, so nothing is missed or repeated. A compacted start revision restarts the watch
 from the oldest revision etcd still has (logged: changes in between are lost).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,51 +52,67 @@ class Compacted(Exception):
 
 
 class Watch:
-    """Events of several key ranges (key, range_end or None for one key), in revision order."""
+    """Events of several key ranges (key, range_end or None for one key), each range in revision order."""
 
     def __init__(self, session: EtcdSession, ranges: Sequence[tuple[bytes, bytes | None]], start_revision: int,
                  log: Any = None) -> None:
         self._session = session
         self._ranges = list(ranges)
-        self._next_revision = max(1, start_revision)
-        self._queue: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
+        self._next = [max(1, start_revision)] * len(self._ranges)  # per range: the revision to resume from
+        self._queue: asyncio.Queue[tuple[int, int, Event | None]] = asyncio.Queue()
         self._reg = 0  # registration number; items of an older stream are ignored
         self._reg_gen = -1
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
+        self._creating: deque[int] = deque()  # ranges whose watcher etcd has not confirmed yet, in request order
+        self._ids: dict[int, int] = {}  # etcd's watch id -> range index, for the current stream
         self._log = log or structlog.get_logger("runner.rendezvous.etcd")
 
-    @property
-    def next_revision(self) -> int:
-        """The revision after the last event delivered (a watch of other ranges started there misses nothing)."""
-        return self._next_revision
-
     async def start(self) -> Watch:
-        """Register every range from the start revision (RendezvousError past the connect timeout)."""
+        """Register every range from its start revision (RendezvousError past the connect timeout)."""
         while True:
             try:
                 await self._session.call(self._register)
             except Compacted as exc:
-                self._log.warning("etcd_watch_compacted", revision=self._next_revision, oldest=exc.revision)
-                self._next_revision = exc.revision
+                self._log.warning("etcd_watch_compacted", revision=min(self._next), oldest=exc.revision)
+                self._next = [max(n, exc.revision) for n in self._next]
                 continue
             self._reg_gen = self._session.generation  # the connection the stream runs on
             return self
+
+    async def add(self, key: bytes, end: bytes | None, start_revision: int) -> None:
+        """Watch one more range on this stream, from `start_revision` (its history since is replayed).
+
+        Only written, not waited for: its events come with the others'. If the stream is down, the range is
+        registered with the others when next() reconnects.
+        """
+        self._ranges.append((key, end))
+        self._next.append(max(1, start_revision))
+        call, index = self._call, len(self._ranges) - 1
+        if call is None:
+            return
+        self._creating.append(index)
+        try:
+            await call.write(rpc.WatchRequest(create_request=self._create(index)))
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+            pass  # the stream broke: next() reconnects and registers every range, this one too
+
+    def _create(self, index: int) -> Any:
+        key, end = self._ranges[index]
+        return rpc.WatchCreateRequest(key=key, range_end=end or b"", start_revision=self._next[index])
 
     async def _register(self, conn: Any) -> None:
         await self._drop_stream()
         self._reg += 1
         reg, call = self._reg, conn.watch_stream()
+        self._creating, self._ids = deque(range(len(self._ranges))), {}
         try:
-            for key, end in self._ranges:
-                create = rpc.WatchCreateRequest(key=key, range_end=end or b"", start_revision=self._next_revision)
-                await call.write(rpc.WatchRequest(create_request=create))
-            created = 0
-            while created < len(self._ranges):
+            for index in range(len(self._ranges)):
+                await call.write(rpc.WatchRequest(create_request=self._create(index)))
+            while self._creating:
                 reply = await asyncio.wait_for(call.read(), conn.timeout)
                 _check_created(reply)
                 self._session.identity.check(reply.header, None)
-                created += bool(reply.created)
                 self._deliver(reg, reply)
         except grpc.aio.AioRpcError as exc:
             call.cancel()
@@ -114,10 +133,16 @@ class Watch:
         self._reader = asyncio.get_running_loop().create_task(self._read(reg, call), name="etcd-watch-reader")
 
     def _deliver(self, reg: int, reply: Any) -> None:
-        """Queue the events of one WatchResponse for registration `reg`."""
+        """Queue the events of one WatchResponse for registration `reg` (a confirmation names its range)."""
+        if reply.created and self._creating:
+            self._ids[int(reply.watch_id)] = self._creating.popleft()
+        index = self._ids.get(int(reply.watch_id))
+        if index is None:
+            return
         for ev in reply.events:
             kind = PUT if ev.type == rpc.Event.PUT else DELETE
-            self._queue.put_nowait((reg, Event(kind, bytes(ev.kv.key), bytes(ev.kv.value), int(ev.kv.mod_revision))))
+            event = Event(kind, bytes(ev.kv.key), bytes(ev.kv.value), int(ev.kv.mod_revision))
+            self._queue.put_nowait((reg, index, event))
 
     async def _read(self, reg: int, call: Any) -> None:
         try:
@@ -133,18 +158,18 @@ class Watch:
             if not channel_closed_under_us():
                 raise
             # another task closed the channel (a reconnect): the stream broke, reported below
-        self._queue.put_nowait((reg, None))
+        self._queue.put_nowait((reg, -1, None))
 
     async def next(self) -> Event:
         """The next event (PUT/DELETE) of any range."""
         while True:
-            reg, item = await self._queue.get()
+            reg, index, item = await self._queue.get()
             if reg != self._reg:
                 continue
             if item is not None:
-                self._next_revision = max(self._next_revision, item.mod_revision + 1)
+                self._next[index] = max(self._next[index], item.mod_revision + 1)
                 return item
-            self._log.warning("etcd_watch_lost", resume_from=self._next_revision)
+            self._log.warning("etcd_watch_lost", resume_from=min(self._next))
             await self._session.reconnect(self._reg_gen)
             await self.start()
 
