@@ -120,6 +120,8 @@ class TransitionLog:
             ctx.attempt_failed(edge.trigger.value)  # a recovery starts here if the policy restarts
         elif src is JobState.FAILED:
             ctx.failure_classed()
+            if self.metrics is not None and ctx.failure is not None:  # classed by now (OOM evidence and all)
+                self.metrics.on_failure(ctx.failure.failure_class.value)
         event: dict[str, object] = {
             "event": "transition",
             "src": src.value,

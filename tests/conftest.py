@@ -19,6 +19,9 @@ from etcd_server import EtcdServer, etcd_server
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "workers" / "worker_probe.py"
 EXAMPLES = ROOT / "examples" / "jobs"
+# Every agent a test starts inherits this: no standby interpreters importing torch behind each test's workers
+# (two cores). tests/test_standby.py turns them on for its own jobs.
+os.environ.setdefault("RUNNER_STANDBY", "0")
 
 
 def alive(pid: int) -> bool:
@@ -55,8 +58,7 @@ class Job:
     def env(self) -> dict[str, str]:
         """The environment the spec's ${VARS} come from."""
         return dict(os.environ, PROBE=str(PROBE), OUT=str(self.out), LOGS=str(self.logs), PYTHONUNBUFFERED="1",
-                    XDG_STATE_HOME=str(self.tmp / "state"),  # the runs index of this test, not the user's
-                    RUNNER_STANDBY="0")  # no torch-importing standbys unless a test asks (tests/test_standby.py)
+                    XDG_STATE_HOME=str(self.tmp / "state"))  # the runs index of this test, not the user's
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run `runner ARGS job.yaml` (status, stop, validate...) to completion."""

@@ -39,7 +39,8 @@ def test_unknown_nested_key_without_close_match_lists_allowed_keys() -> None:
     """Nothing close: the fix lists the keys that are allowed in that mapping."""
     problem = only_problem(HEAD + "restart:\n  max_restarts: 1\n  colour: red\n")
     assert (problem.path, problem.line, problem.column) == ("restart", 5, 3)
-    assert "backoff, max_restarts, non_retryable_exit_codes, scope" in problem.fix
+    assert problem.fix == ("allowed keys: backoff, budgets, crash_loop, max_restarts, non_retryable_exit_codes, "
+                           "preload, scope, standby, standby_max_memory_mb")
 
 
 def test_wrong_type_says_expected_and_found() -> None:

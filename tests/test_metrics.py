@@ -66,6 +66,7 @@ def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Pa
         assert value(text, "runner_restarts_used") == 1.0
         assert value(text, "runner_max_restarts") == 2.0
         assert value(text, 'runner_worker_exits_total{cause="failed"}') == 1.0
+        assert value(text, 'runner_failures_total{class="exception"}') == 1.0  # a plain non-zero exit
         assert value(text, "runner_rendezvous_duration_seconds_count") == 2.0
         assert value(text, 'runner_transitions_total{dst="RESTARTING",src="FAILED",trigger="retry"}') == 1.0
         assert (value(text, "runner_seconds_since_last_transition") or -1) >= 0

@@ -122,7 +122,7 @@ def test_etcd_wiped_mid_run_both_nodes_restart_together(cluster: Cluster, etcd: 
     assert sorted(ports) == [0, 1] and len(cluster.worker_files()) == 4
     assert len(ports[0]) == len(ports[1]) == 1 and ports[0] != ports[1], ports  # one world each, fresh port
     status = cluster.status()
-    assert status["status"] == "succeeded" and status["restarts"] == 1, status
+    assert status["status"] == "succeeded" and status["restarts"] == 0, status  # data loss: node_lost, uncharged
 
 
 def test_node_ids_with_slashes_run_and_show_in_status(cluster: Cluster) -> None:
