@@ -296,3 +296,24 @@ def test_both_routes_revoke_and_a_gone_lease_is_fine(etcd: EtcdServer, route: st
     assert not lease_alive(etcd, lease)
     assert etcd.etcdctl("get", "/dead-agent/k").stdout == ""
     assert call(ticket) in ("revoked", "already gone")
+
+
+class NoGatewayEtcd(EtcdServer):
+    """etcd with its JSON gateway turned off (--enable-grpc-gateway=false): only gRPC answers."""
+
+    def _argv(self) -> list[str]:
+        return [*super()._argv(), "--enable-grpc-gateway=false"]
+
+
+def test_without_a_gateway_the_grpc_route_revokes(tmp_path: Path) -> None:
+    """What answers HTTP on the port is not etcd's gateway: revoke() falls back to gRPC and revokes the lease."""
+    server = NoGatewayEtcd(tmp_path / "etcd-data")
+    try:
+        server.start()
+        lease = granted(server)
+        ticket = RevokeTicket(lease, (GatewayEndpoint("127.0.0.1", server.client_port, https=False),),
+                              path=tuple(sys.path))
+        assert revoke(ticket) == "revoked"
+        assert not lease_alive(server, lease)
+    finally:
+        server.kill()
