@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 MAIN = str(Path(__file__).with_name("standby_main.py"))
 HEADER = 8  # standby_main.HEADER: big-endian length of the JSON orders
+TITLE_ROOM = "-" * 1024  # an argument that reserves room for the worker's argv in /proc/<pid>/cmdline (retitle)
 REFILL_DELAY_S = 1.0
 MAX_LOSSES = 3  # standbys that died while waiting before the pool gives up
 KILL_WAIT_S = 5.0
@@ -202,7 +203,8 @@ class StandbyPool:
         tag = self.shepherd.standby_tag(self.serial, local_rank)
         cgroup = self.shepherd.standby_cgroup(self.serial, local_rank)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        cmd = [python, "-u", MAIN, str(theirs.fileno()), path0(target[0], target[1], spec.cwd), *spec.restart.preload]
+        cmd = [python, "-u", MAIN, str(theirs.fileno()), path0(target[0], target[1], spec.cwd), TITLE_ROOM,
+               *spec.restart.preload]
         if cgroup is not None:
             cmd = JobCgroup.enter(cgroup, cmd)
         log_path = self.run_dir / "standby" / f"rank_{local_rank}.log"

@@ -33,7 +33,7 @@ _HERE = os.path.abspath(__file__)
 
 def main() -> None:
     """Preload, wait for orders, run them."""
-    fd, path0, modules = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    fd, path0, modules = int(sys.argv[1]), sys.argv[2], sys.argv[4:]  # argv[3]: room for the worker's argv
     sys.path[0] = path0
     began = time.monotonic()
     said = b"ready\n"
@@ -88,12 +88,37 @@ def become(orders: dict[str, object], fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(env)
     sys.orig_argv = list(argv)
+    retitle(argv)
     sys.excepthook = without_own_frames(sys.excepthook)
     rest = argv[2:]  # past `python -u`
     if rest[0] == "-m":
         run_module(rest[1], rest[2:])
     else:
         run_script(rest[0], rest[1:])
+
+
+def retitle(argv: list[str]) -> None:
+    """Make /proc/self/cmdline (ps, top, pkill -f) show the worker's argv, as setproctitle does.
+
+    The kernel shows the memory between the stat fields arg_start and arg_end: it is overwritten in place (the
+    standby's argv reserved room for it; a longer argv is cut). Only when /proc/self/cmdline proves the area is the
+    one this interpreter started with; Python holds its own copies of the strings, so nothing else changes.
+    """
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48 and 49 of stat; the list starts at field 3
+        with open("/proc/self/cmdline", "rb") as f:
+            current = f.read()
+    except (OSError, ValueError, IndexError):
+        return
+    size = end - start
+    if size <= 0 or len(current) != size or not current.endswith(b"\0"):
+        return
+    title = b"\0".join(a.encode(errors="surrogateescape") for a in argv)[: size - 1]
+    ctypes.memmove(start, title.ljust(size, b"\0"), size)
 
 
 def run_script(script: str, args: list[str]) -> None:

@@ -65,6 +65,7 @@ def record() -> dict[str, object]:
         "contract": {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT")},
         "tag_in_proc_environ": bool(tag) and f"RUNNER_WORKER_TAG={tag}".encode() in initial_env,
         "pickled": pickle.loads(pickle.dumps(Thing())).value,
+        "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\0").decode().split("\0")[1:],
         "pid": os.getpid(),
     }
 
