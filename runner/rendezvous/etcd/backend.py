@@ -124,35 +124,41 @@ class EtcdRendezvous:
             self._lease.watch(listener, revoke_ticket(self._spec.rendezvous))
 
     async def _admit(self) -> None:
-        """Join the job in one transaction; raises when the job is closed or runs another spec.
+        """Join the job; raises when the job is closed or runs another spec.
 
         The first node stores the spec digest, the spec tree (secrets as digests) and a new epoch; any later node
         compares the digest and adopts the epoch. Both read the round key: the round this node will try first.
+        A job that exists with this spec (every node but the first) costs one read-only transaction: nothing
+        for etcd to write (a transaction that may write is a raft proposal even when its compare fails).
         """
         tree, digest = spec_identity(self._spec)
         k = self._keys
-        epoch = os.urandom(12).hex().encode()
-        puts = [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), put_op(k.epoch, epoch)]
-        if self._restarts_known:  # the job is recreated after a data loss: keep the budget already spent
-            puts.append(put_op(k.restarts, str(self._restarts_known).encode()))
         reads = [range_op(key_range(k.control)), range_op(key_range(k.round))]
-        done = await self.session.call(lambda c: c.txn(
-            [absent(k.spec)], [*puts, *reads], [range_op(key_range(k.spec)), range_op(key_range(k.epoch)), *reads]))
-        control, round_kv = done.kvs[-2:]
-        if done.succeeded:
-            self._epoch = epoch
-        else:
-            spec, stored_epoch = done.kvs[:2]
-            if not (spec and bytes(spec[0].value) == digest.encode()):
+        while True:
+            done = await self.session.call(lambda c: c.txn(
+                [value_is(k.spec, digest.encode())], [range_op(key_range(k.epoch)), *reads],
+                [range_op(key_range(k.spec))]))
+            if done.succeeded:
+                stored_epoch, control, round_kv = done.kvs
+                self._epoch = bytes(stored_epoch[0].value) if stored_epoch else await self._add_epoch()
+                break
+            if done.kvs[0]:
                 spec_json = await self.session.call(lambda c: c.get(k.spec_json))  # only now: names the fields
                 raise self._mismatch(tree, [spec_json] if spec_json is not None else [])
-            self._epoch = bytes(stored_epoch[0].value) if stored_epoch else await self._add_epoch(epoch)
+            epoch = os.urandom(12).hex().encode()
+            puts = [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), put_op(k.epoch, epoch)]
+            if self._restarts_known:  # the job is recreated after a data loss: keep the budget already spent
+                puts.append(put_op(k.restarts, str(self._restarts_known).encode()))
+            done = await self.session.call(partial(Connection.txn, compare=[absent(k.spec)], success=[*puts, *reads]))
+            if done.succeeded:  # else another node created the job at the same time: read it
+                self._epoch, (control, round_kv) = epoch, done.kvs[-2:]
+                break
         k.check_open(control[0].value if control else None)
         self._round_hint = _round_of(round_kv)
 
-    async def _add_epoch(self, epoch: bytes) -> bytes:
+    async def _add_epoch(self) -> bytes:
         """A job created without an epoch key (by an older runner) gets one; the epoch in place."""
-        k = self._keys
+        k, epoch = self._keys, os.urandom(12).hex().encode()
         done = await self.session.call(lambda c: c.txn([absent(k.epoch)], [put_op(k.epoch, epoch)],
                                                        [range_op(key_range(k.epoch))]))
         return epoch if done.succeeded else bytes(done.kvs[0][0].value)

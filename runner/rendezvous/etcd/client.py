@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,10 @@ RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "WatchResponse": ("header", "watch_id", "created", "canceled", "compact_revision", "cancel_reason", "events"),
     "Event": ("type", "kv"),
 }
+
+# Per channel: no gRPC-level retries (EtcdSession.call retries, reconnecting) and no proxy lookup (etcd endpoints
+# are reached directly); both cost per call or per channel, and a node opens one channel.
+CHANNEL_OPTIONS = (("grpc.enable_retries", 0), ("grpc.enable_http_proxy", 0))
 
 # gRPC status codes after which a reconnect may help (etcd restarting, leader change, token expired).
 RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
@@ -131,6 +136,15 @@ class Endpoint:
         """host:port."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def target(self) -> str:
+        """The gRPC target: an IP address skips the DNS resolver (ipv4:/ipv6: scheme), a name goes through it."""
+        try:
+            address = ipaddress.ip_address(self.host)
+        except ValueError:
+            return str(self)
+        return f"ipv4:{address}:{self.port}" if address.version == 4 else f"ipv6:[{address}]:{self.port}"
+
 
 @dataclass(frozen=True)
 class Credentials:
@@ -186,17 +200,16 @@ class Connection:
         self.endpoint = endpoint
         self._identity = identity
         self.timeout = timeout
-        target = str(endpoint)
+        target = endpoint.target
         if creds.tls or endpoint.secure:
             tls = grpc.ssl_channel_credentials(creds.ca, creds.key, creds.cert)
-            self.channel = rpc.secure_channel(target, tls)
+            self.channel = rpc.secure_channel(target, tls, options=CHANNEL_OPTIONS)
         else:
-            self.channel = rpc.insecure_channel(target)
+            self.channel = rpc.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.metadata: tuple[tuple[str, str], ...] = ()
         self.kv = rpc.KVStub(self.channel)
         self.leases = rpc.LeaseStub(self.channel)
         self.watches = rpc.WatchStub(self.channel)
-        self._auth = rpc.AuthStub(self.channel)
         self._creds = creds
 
     async def authenticate(self) -> None:
@@ -204,7 +217,8 @@ class Connection:
         if self._creds.user is None:
             return
         request = rpc.AuthenticateRequest(name=self._creds.user, password=self._creds.password or "")
-        reply = await self._unary(self._auth.Authenticate, request, linearizable=False)
+        auth = rpc.AuthStub(self.channel)  # only with a user: the stub makes one callable per Auth method
+        reply = await self._unary(auth.Authenticate, request, linearizable=False)
         self.metadata = (("token", str(reply.token)),)
 
     async def _unary(self, method: Any, request: Any, *, linearizable: bool = True) -> Any:
