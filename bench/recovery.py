@@ -8,7 +8,7 @@ init_process_group (long enough for standbys to be warm again); attempt 1 must i
 Runs interleave A, B, C. recovery = max over ranks of attempt 1's time past init_process_group - the crash time
 (same host clock). A run counts only if the launcher exits 0 and every rank of attempt 1 all_reduced.
 
-    python bench/recovery.py [--runs 5] [--nproc 2] [--backend gloo|nccl] [--crash-after 6]
+    python bench/recovery.py [--runs 5] [--nproc 2] [--backend gloo|nccl] [--crash-after 8] [--how raise|exit]
 """
 
 from __future__ import annotations
@@ -86,10 +86,14 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5, help="runs of each launcher (after one warm-up each)")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--backend", default="gloo")
-    p.add_argument("--crash-after", type=float, default=6.0)
+    p.add_argument("--crash-after", type=float, default=8.0)
+    p.add_argument("--how", choices=("raise", "exit"), default="raise",
+                   help="raise: an uncaught exception (the dying interpreter's teardown counts, as in real crashes); "
+                        "exit: os._exit(1) (the launcher's recovery alone)")
     args = p.parse_args()
     precompile()
-    extra = {"BENCH_BACKEND": args.backend, "BENCH_CRASH_AFTER": str(args.crash_after), "RUNNER_STANDBY": "1"}
+    extra = {"BENCH_BACKEND": args.backend, "BENCH_CRASH_AFTER": str(args.crash_after), "RUNNER_STANDBY": "1",
+             "BENCH_CRASH_HOW": args.how}
     results: dict[str, list[float]] = {}
     failures: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
@@ -112,7 +116,7 @@ def main() -> None:
 def report(cmds: dict[str, list[str]], results: dict[str, list[float]], failures: dict[str, list[str]],
            args: argparse.Namespace) -> None:
     """Markdown: seconds per launcher and the ratios to torchrun, taken run by run."""
-    print(f"### Crash -> every rank of the next attempt past init_process_group ({args.nproc} ranks, "
+    print(f"### Crash ({args.how}) -> every rank of the next attempt past init_process_group ({args.nproc} ranks, "
           f"{args.backend}; {machine_line()})\n")
     rows = []
     for name in cmds:

@@ -2,7 +2,8 @@
 
 Every attempt: init_process_group($BENCH_BACKEND, default gloo), then $BENCH_OUT/past-<attempt>-<rank> gets
 time.time(). Attempt 0: the last rank waits $BENCH_CRASH_AFTER s (the launchers' standbys, if any, get warm),
-writes time.time() to $BENCH_OUT/crash and raises; the other ranks wait to be stopped (no collective pending).
+writes time.time() to $BENCH_OUT/crash and raises ($BENCH_CRASH_HOW=exit: os._exit(1), no interpreter
+teardown); the other ranks wait to be stopped (no collective pending).
 Attempt >= 1: one all_reduce (the new group works), $BENCH_OUT/ok-<attempt>-<rank>, exit 0.
 $BENCH_OUT/cuda-<attempt>-<rank> records whether CUDA was initialised before this script touched it.
 """
@@ -31,8 +32,10 @@ def main() -> None:
     write(out, f"cuda-{attempt}-{rank}", repr(cuda_before))
     if attempt == 0:
         if rank == world - 1:
-            time.sleep(float(os.environ.get("BENCH_CRASH_AFTER", "6")))
+            time.sleep(float(os.environ.get("BENCH_CRASH_AFTER", "8")))
             write(out, "crash", repr(time.time()))
+            if os.environ.get("BENCH_CRASH_HOW", "raise") == "exit":
+                os._exit(1)  # dies at once: what follows is the launcher's recovery alone
             raise RuntimeError(f"rank {rank} crashed on attempt {attempt} (on purpose)")
         while True:
             time.sleep(1)

@@ -31,6 +31,8 @@ async def handle(ctx: Context) -> Step:
         if ctx.timer is not None:
             ctx.timer.clear()
     drop_stale(ctx)
+    if ctx.standbys is not None:
+        ctx.standbys.fill()  # the old workers are gone: warm the next attempt's standbys now, not after a delay
     delay = backoff_delay(spec.restart.backoff, ctx.restarts) if failure is not None else 0.0
     try:
         if delay > 0:

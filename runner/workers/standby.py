@@ -13,7 +13,8 @@ from the standby's anywhere outside the contract (the interpreter already starte
 standby is there. A standby still importing is handed its orders all the same: it runs them once its imports are
 done, which is never later than a cold interpreter started now would be.
 
-The pool refills a rank `REFILL_DELAY_S` after handing its standby off (the new workers get the CPU first). It turns
+The pool refills a rank `REFILL_DELAY_S` after handing its standby off (the new workers' start-up gets the CPU
+first), or at once when the attempt fails (`fill()`, from RESTARTING: the CPU is free then). It turns
 itself off for the rest of the run (with a warning) when a preload fails, when a warm standby's resident memory
 exceeds `restart.standby_max_memory_mb`, or after `MAX_LOSSES` standbys died while waiting.
 """
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 MAIN = str(Path(__file__).with_name("standby_main.py"))
 HEADER = 8  # standby_main.HEADER: big-endian length of the JSON orders
 TITLE_ROOM = "-" * 1024  # an argument that reserves room for the worker's argv in /proc/<pid>/cmdline (retitle)
-REFILL_DELAY_S = 1.0
+REFILL_DELAY_S = 3.0  # after a hand-off: the new workers' own start-up gets the CPU first
 MAX_LOSSES = 3  # standbys that died while waiting before the pool gives up
 KILL_WAIT_S = 5.0
 OFF_VAR = "RUNNER_STANDBY"  # "0" turns standbys off on this machine whatever the spec says (e.g. a test suite)
@@ -190,7 +191,9 @@ class StandbyPool:
                 self._start(local_rank)
 
     def _start(self, local_rank: int) -> None:
-        self._refills.pop(local_rank, None)
+        pending = self._refills.pop(local_rank, None)
+        if pending is not None:
+            pending.cancel()
         spec = self.spec
         argv = worker_argv(spec, local_rank, self.base_env.get("PYTHON_EXEC"))
         python = argv[0]
