@@ -156,13 +156,16 @@ def revoke_grpc(ticket: RevokeTicket, budget: float) -> str:
     Imports grpc and aetcd from the agent's sys.path (the ticket's), which the guard does not load while it waits.
     """
     sys.path.extend(p for p in ticket.path if p not in sys.path)
+    errors: dict[str, str] = {}
     try:
-        return asyncio.run(asyncio.wait_for(_revoke_grpc(ticket), max(0.0, budget)))
+        return asyncio.run(asyncio.wait_for(_revoke_grpc(ticket, errors), max(0.0, budget)))
     except TimeoutError:
-        raise RevokeError(f"gRPC: no endpoint revoked the lease within {budget:.1f} s") from None
+        said = "; ".join(f"{k}: {v}" for k, v in errors.items()) or "no answer"
+        raise RevokeError(f"gRPC: {said}") from None
 
 
-async def _revoke_grpc(ticket: RevokeTicket) -> str:
+async def _revoke_grpc(ticket: RevokeTicket, errors: dict[str, str]) -> str:
+    """Try each endpoint in turn until one revokes the lease (the caller bounds it); what failed goes to `errors`."""
     from runner.errors import RendezvousError
     from runner.rendezvous.etcd.client import Connection, Credentials, Endpoint, Unavailable
     from runner.rendezvous.etcd.identity import ClusterIdentity
@@ -171,7 +174,6 @@ async def _revoke_grpc(ticket: RevokeTicket) -> str:
         creds = Credentials.load(ticket.ca, ticket.cert, ticket.key, ticket.user, ticket.password)
     except RendezvousError as exc:
         raise RevokeError(exc.message) from None
-    errors: list[str] = []
     while True:
         for e in ticket.endpoints:
             conn = Connection(Endpoint(e.host, e.port, e.https), creds, ClusterIdentity(), REQUEST_TIMEOUT_S)
@@ -179,7 +181,7 @@ async def _revoke_grpc(ticket: RevokeTicket) -> str:
                 await conn.authenticate()
                 await conn.lease_revoke(ticket.lease)  # a lease etcd no longer knows is fine too
             except Unavailable as exc:
-                errors.append(f"{e.host}:{e.port}: {exc}")
+                errors[f"{e.host}:{e.port}"] = str(exc) or type(exc).__name__
                 continue
             except RendezvousError as exc:
                 raise RevokeError(f"{e.host}:{e.port}: {exc.message}") from None
