@@ -99,32 +99,40 @@ class JobKeys:
         return self._k("rounds", round_, "nodes", encode_node(node))
 
     def result(self, round_: int) -> bytes:
-        """Result of round `round_`, written once; also the prefix of its annex keys (leader, lost, next).
-
-        A watch on this prefix (`news(round_)`) sees the result and its annex keys and nothing else: O(1) events.
-        """
+        """Result of round `round_`, written once (and copied into the news: `closed`)."""
         return self._k("rounds", round_, "result")
-
-    def news(self, round_: int) -> tuple[bytes, bytes]:
-        """Watch range of round `round_`'s result key and its annex keys (key, range_end)."""
-        key = self.result(round_)
-        return key, key[:-1] + bytes([key[-1] + 1])  # every key starting with the result key
 
     def ticket(self, round_: int) -> bytes:
         """Put by every join of round `round_` (outside news: nobody watches it); version 1 read back = first."""
         return self._k("rounds", round_, "ticket")
 
+    def news(self) -> tuple[bytes, bytes]:
+        """Watch range of the control key and the rounds' annex keys under it (key, range_end).
+
+        What every node must hear about while it waits for a round or runs in one, and nothing else: one watcher
+        carries it, with O(1) events per round (leader, result copy, lost, next) besides stop requests.
+        """
+        key = self.control
+        return key, key[:-1] + bytes([key[-1] + 1])  # every key starting with the control key
+
+    def _annex(self, round_: int, name: str) -> bytes:
+        return self._k("control", "rounds", round_, name)
+
     def leader(self, round_: int) -> bytes:
         """Which node leads round `round_` (writes its result), on that node's lease: gone when the leader is."""
-        return self._k("rounds", round_, "result", "leader")
+        return self._annex(round_, "leader")
+
+    def closed(self, round_: int) -> bytes:
+        """Copy of round `round_`'s result, written with it: what a waiting node receives on its news watch."""
+        return self._annex(round_, "result")
 
     def lost(self, round_: int) -> bytes:
         """First member of round `round_` found lost (its ring neighbour writes it once): every member reads it."""
-        return self._k("rounds", round_, "result", "lost")
+        return self._annex(round_, "lost")
 
     def opened(self, round_: int) -> bytes:
         """Which node opened round `round_ + 1` (bumped the round key): a newcomer means a membership change."""
-        return self._k("rounds", round_, "result", "next")
+        return self._annex(round_, "next")
 
     @property
     def states(self) -> bytes:

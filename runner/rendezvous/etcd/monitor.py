@@ -4,7 +4,7 @@ The round's members form a ring in group-rank order, and each watches the live s
 state key is on that node's lease, so it vanishes with the node):
 - the watched node's state vanishes without a clean final state, or says FAILED for this round -> PeerLost here,
   and the watcher writes the round's `lost` key once (a transaction: the first finder wins);
-- the round's `lost` key (JobKeys.news, watched by every member) -> PeerLost for the node it names;
+- the round's `lost` key (in JobKeys.news, watched by every member) -> PeerLost for the node it names;
 - the round's `next` key names a node that opened the next round without being a member, while this round is
   below max nodes -> MembershipChanged (a newcomer opens the next round: it finds this one closed);
 - the control key says "stopping" -> StopRequested(signum=0).
@@ -59,7 +59,7 @@ class RoundMonitor:
         self._state = {}
 
     def _ranges(self) -> list[tuple[bytes, bytes | None]]:
-        ranges: list[tuple[bytes, bytes | None]] = [self._k.news(self._res.round), (self._k.control, None)]
+        ranges: list[tuple[bytes, bytes | None]] = [self._k.news()]
         if self.watched is not None:
             ranges.append((self._k.state(self.watched), None))
         return ranges
@@ -71,8 +71,8 @@ class RoundMonitor:
         Every relevant change comes after that revision: a node gone before it is not a member, states name this
         round and the next round is opened only once the result was written. No read at all.
 
-        `watch`: the stream this node waited for the result on (the round's news and the control key, followed
-        since before the result): only the watched member's state is added to it, so a node keeps one stream.
+        `watch`: the stream this node waited for the result on (the job's news, followed since before the
+        result): only the watched member's state is added to it, so a node keeps one stream.
         """
         k = self._k
         if not self._since:  # no leader revision (record from an older runner): from now, after a read
@@ -148,7 +148,7 @@ class RoundMonitor:
         return False
 
     def _on_news(self, key: bytes, value: Any) -> None:
-        """One of the round's annex keys was written (the result and leader keys are no news here)."""
+        """An annex key was written (other rounds', and this round's leader and result, are no news here)."""
         r = self._res.round
         if key == self._k.lost(r) and isinstance(value, dict):
             self._lost(str(value.get("node")), str(value.get("why", "lost")))

@@ -7,9 +7,9 @@ when max nodes joined, or when min joined, every still-alive node of the previou
 last_call passed. A round that only re-forms the previous one (every node that joined was in it: a restart,
 or survivors of a lost node) closes without last_call: last_call is there for newcomers, and a newcomer
 that comes later still joins, through membership_changed.
-Other nodes only watch the result key with its annex keys (`JobKeys.news`: the leader key among them, so a
-leader that leaves is seen and replaced) and the control key, so a round costs O(N) watch events in all and
-O(1) per follower. No read is O(N) but the leader's one snapshot of the joins.
+Other nodes only watch the job's news (`JobKeys.news`: the control key and the rounds' annex keys under it, the
+leader key and a copy of the result among them, so a leader that leaves is seen and replaced): one watcher, O(1)
+events per follower and round, O(N) in all. No read is O(N) but the leader's one snapshot of the joins.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ class RoundWaiter:
         self._roster = Roster(())
         self.progress: dict[str, Any] = {}  # what a waiting node shows (runner/progress.py), besides the round
         self._nodes_prefix, self._result = keys.round_nodes(round_), keys.result(round_)
-        self._leader = keys.leader(round_)
+        self._leader, self._closed = keys.leader(round_), keys.closed(round_)
         self._watch: Watch | None = None  # a follower's stream, once the result came on it
 
     def reads(self) -> list[Any]:
@@ -192,7 +192,7 @@ class RoundWaiter:
             claim = True  # the leader left, or none came
 
     def take_watch(self) -> Watch | None:
-        """The stream a follower saw the result on (the round's news and the control key), now the caller's."""
+        """The stream a follower saw the result on (the job's news), now the caller's."""
         watch, self._watch = self._watch, None
         return watch
 
@@ -218,8 +218,7 @@ class RoundWaiter:
         `leader`: the leader's node id, None while unknown. The stream is kept (take_watch) when the result comes.
         """
         self._log.debug("rendezvous_following", round=self._r, leader=leader)
-        watch: Watch | None = await Watch(self._s, [self._k.news(self._r), (self._k.control, None)], rev + 1,
-                                          self._log).start()
+        watch: Watch | None = await Watch(self._s, [self._k.news()], rev + 1, self._log).start()
         try:
             while watch is not None:
                 try:
@@ -228,7 +227,7 @@ class RoundWaiter:
                     return None
                 if ev.key == self._k.control and ev.kind == PUT:
                     self._k.check_open(ev.value)
-                elif ev.key == self._result and ev.kind == PUT:
+                elif ev.key == self._closed and ev.kind == PUT:
                     self._watch, watch = watch, None
                     return dict(load(ev.value))
                 elif ev.key == self._leader:
@@ -321,7 +320,8 @@ class RoundWaiter:
     async def _write_result(self, roster: Roster) -> dict[str, Any]:
         record = {**build_result(roster.joined, roster.previous, self._rules.max_nodes), "rev": self._view}
         key = self._result
-        done = await self._s.call(lambda c: c.txn([absent(key)], [put_op(key, dump(record))],
+        value = dump(record)
+        done = await self._s.call(lambda c: c.txn([absent(key)], [put_op(key, value), put_op(self._closed, value)],
                                                    [range_op(key_range(key))]))
         if not done.succeeded:
             record = dict(load(done.kvs[0][0].value))
