@@ -73,7 +73,7 @@ def nested(inner: st.SearchStrategy[Any], *, refs: bool) -> st.SearchStrategy[An
         **LEAF_KEYWORDS,
         "items": inner,
         "properties": st.dictionaries(st.sampled_from(NAMES), inner, max_size=2),
-        "patternProperties": st.dictionaries(st.sampled_from(PATTERNS), inner, max_size=2),
+        "patternProperties": st.dictionaries(st.sampled_from(["", "^a", "b$"]), inner, max_size=2),  # "" is a quirk
         "additionalProperties": inner,
         "propertyNames": inner,
         "anyOf": st.lists(inner, min_size=1, max_size=3),
@@ -96,11 +96,36 @@ def schemas(*, refs: bool) -> st.SearchStrategy[Any]:
 ROOTS = st.tuples(schemas(refs=True), st.fixed_dictionaries({"d0": schemas(refs=False), "d1": schemas(refs=False)}))
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=1200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ROOTS, st.lists(VALUES, min_size=1, max_size=5))
 def test_the_compiled_check_agrees_with_jsonschema(root: tuple[Any, dict[str, Any]], instances: list[Any]) -> None:
     body, defs = root
     schema = {**body, "$defs": defs} if isinstance(body, dict) else body
+    check = compile_schema(schema)
+    assert check is not None
+    validator = Draft202012Validator(schema)
+    for instance in instances:
+        assert check(instance) == validator.is_valid(instance), (schema, instance)
+
+
+SMALL = st.booleans() | st.fixed_dictionaries({}, optional={"type": TYPES, "const": VALUES})
+OBJECT_SCHEMAS = st.fixed_dictionaries(
+    {},
+    optional={
+        "properties": st.dictionaries(st.sampled_from(NAMES), SMALL, max_size=2),
+        "patternProperties": st.dictionaries(st.sampled_from(["", "^a", "b$"]), SMALL, max_size=2),
+        "additionalProperties": SMALL,
+        "propertyNames": st.fixed_dictionaries({}, optional={"pattern": st.sampled_from(PATTERNS), "maxLength": COUNTS}),
+        "required": st.lists(st.sampled_from(NAMES), max_size=2, unique=True),
+    },
+)
+OBJECTS = st.dictionaries(st.sampled_from([*NAMES, "x", "ab", "b", ""]), SCALARS, max_size=4)
+
+
+@settings(max_examples=600, deadline=None)
+@given(OBJECT_SCHEMAS, st.lists(OBJECTS, min_size=1, max_size=4))
+def test_object_keywords_together_agree_with_jsonschema(schema: dict[str, Any], instances: list[Any]) -> None:
+    """properties, patternProperties and additionalProperties decide together which keys are "additional"."""
     check = compile_schema(schema)
     assert check is not None
     validator = Draft202012Validator(schema)
@@ -120,6 +145,23 @@ def test_values_that_print_alike_are_told_apart() -> None:
     integer = compile_schema({"type": "integer"})
     assert integer is not None
     assert [integer(v) for v in (1, 1.0, 1.5, True, "1")] == [True, True, False, False, False]
+
+
+@pytest.mark.parametrize(
+    ("schema", "instance"),
+    [
+        ({"patternProperties": {"": True}, "additionalProperties": False}, {"x": 1}),  # "" joined is no pattern
+        ({"patternProperties": {"^x": True, "": True}, "additionalProperties": False}, {"y": 1}),
+        ({"properties": {"a": True}, "additionalProperties": {"type": "string"}}, {"a": 1, "b": "s"}),
+        ({"type": "integer", "minimum": 1.5}, 2.0),
+        ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, 1),  # both: not exactly one
+        ({"propertyNames": {"pattern": "^[a-z]+$"}}, {"ab": 1, "A": 2}),
+    ],
+)
+def test_corner_cases_agree_with_jsonschema(schema: dict[str, Any], instance: Any) -> None:
+    check = compile_schema(schema)
+    assert check is not None
+    assert check(instance) == Draft202012Validator(schema).is_valid(instance)
 
 
 @pytest.mark.parametrize(

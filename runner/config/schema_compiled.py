@@ -295,8 +295,10 @@ def _additional_properties(compiler: _Compiler, value: Any, schema: dict[str, An
     patterns = schema.get("patternProperties", {})
     if not isinstance(known, dict) or not isinstance(patterns, dict):
         raise UnsupportedSchemaError("additionalProperties")
-    # jsonschema joins the patterns into one alternation; compiled alone each must be valid too (checked above)
-    search = _pattern("|".join(patterns)).search if patterns else None
+    # As jsonschema does: the patterns joined into one alternation, and none at all when that text is empty (so
+    # `patternProperties: {"": ...}` matches every key, yet leaves every key to additionalProperties too).
+    joined = "|".join(patterns)
+    search = _pattern(joined).search if joined else None
     each = compiler.compile(value)
 
     def check(instance: Any) -> bool:
