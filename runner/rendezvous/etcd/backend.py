@@ -38,6 +38,7 @@ from runner.rendezvous.etcd.client import (
     Connection,
     EtcdSession,
     LeaseNotFound,
+    TxnResult,
     absent,
     key_range,
     put_op,
@@ -134,25 +135,27 @@ class EtcdRendezvous:
         tree, digest = spec_identity(self._spec)
         k = self._keys
         reads = [range_op(key_range(k.control)), range_op(key_range(k.round))]
-        while True:
-            done = await self.session.call(lambda c: c.txn(
-                [value_is(k.spec, digest.encode())], [range_op(key_range(k.epoch)), *reads],
-                [range_op(key_range(k.spec))]))
-            if done.succeeded:
-                stored_epoch, control, round_kv = done.kvs
-                self._epoch = bytes(stored_epoch[0].value) if stored_epoch else await self._add_epoch()
-                break
-            if done.kvs[0]:
-                spec_json = await self.session.call(lambda c: c.get(k.spec_json))  # only now: names the fields
-                raise self._mismatch(tree, [spec_json] if spec_json is not None else [])
+        done = await self.session.call(lambda c: c.txn(
+            [value_is(k.spec, digest.encode())], [range_op(key_range(k.epoch)), *reads], [range_op(key_range(k.spec))]))
+        if not done.succeeded and not done.kvs[0]:  # no job yet: create it, unless another node just did
             epoch = os.urandom(12).hex().encode()
             puts = [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), put_op(k.epoch, epoch)]
             if self._restarts_known:  # the job is recreated after a data loss: keep the budget already spent
                 puts.append(put_op(k.restarts, str(self._restarts_known).encode()))
-            done = await self.session.call(partial(Connection.txn, compare=[absent(k.spec)], success=[*puts, *reads]))
-            if done.succeeded:  # else another node created the job at the same time: read it
+            done = await self.session.call(lambda c: c.txn(
+                [absent(k.spec)], [*puts, *reads], [range_op(key_range(k.spec)), range_op(key_range(k.epoch)), *reads]))
+            if done.succeeded:
                 self._epoch, (control, round_kv) = epoch, done.kvs[-2:]
-                break
+                k.check_open(control[0].value if control else None)
+                self._round_hint = _round_of(round_kv)
+                return
+            spec, *rest = done.kvs  # created meanwhile: the same reads as a later node's
+            done = TxnResult(bool(spec and bytes(spec[0].value) == digest.encode()), done.revision, rest)
+        if not done.succeeded:
+            spec_json = await self.session.call(lambda c: c.get(k.spec_json))  # only now: names the fields
+            raise self._mismatch(tree, [spec_json] if spec_json is not None else [])
+        stored_epoch, control, round_kv = done.kvs
+        self._epoch = bytes(stored_epoch[0].value) if stored_epoch else await self._add_epoch()
         k.check_open(control[0].value if control else None)
         self._round_hint = _round_of(round_kv)
 

@@ -1,0 +1,147 @@
+"""The etcd rendezvous at scale, against a real etcd: O(1) watch events and RPCs per node, the ring of round
+monitors (a loss reaches every member, a cleanly ended neighbour is skipped), the leader key handed on, and
+Watch.add / per-range resume across an etcd restart."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+from typing import Any
+
+import pytest
+
+from runner.events import PeerLost
+from runner.rendezvous.etcd.keys import JobKeys
+from runner.rendezvous.etcd.watch import Watch
+from tests.etcd_server import EtcdServer
+from tests.test_rdzv_etcd import WAIT_S, Node, close_all, make_spec, open_nodes, rounds, run
+
+pytestmark = pytest.mark.integration
+
+
+def counters(etcd: EtcdServer) -> dict[str, float]:
+    """etcd's own counts: watch events sent, unary RPCs answered, watchers created (summed over labels)."""
+    with urllib.request.urlopen(f"http://{etcd.endpoint}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out = {"events": 0.0, "unary": 0.0, "watches": 0.0}
+    for name, labels, value in re.findall(r"^(\w+)(\{[^}]*\})? (\S+)$", text, re.MULTILINE):
+        if name == "etcd_debugging_mvcc_events_total":
+            out["events"] += float(value)
+        elif name == "grpc_server_handled_total" and 'grpc_type="unary"' in labels:
+            out["unary"] += float(value)
+        elif name == "grpc_server_msg_received_total" and 'grpc_method="Watch"' in labels:
+            out["watches"] += float(value)
+    return out
+
+
+async def lifecycle(etcd: EtcdServer, n: int, name: str) -> dict[str, float]:
+    """n nodes: open, one round, every node publishes two states (as agents do), close; etcd's counts per node."""
+    before = counters(etcd)
+    nodes = await open_nodes(make_spec(etcd.endpoint, nmin=n, nmax=n, name=name, last_call=0.0),
+                             [f"n{i:02d}" for i in range(n)])
+    await rounds(nodes)
+    for state in ("RUNNING", "RUNNING"):
+        await asyncio.gather(*(x.rdzv.publish({"state": state, "attempt": 0}) for x in nodes))
+    at_round = counters(etcd)
+    await close_all(nodes)
+    after = counters(etcd)
+    return {"events": (after["events"] - before["events"]) / n, "unary": (at_round["unary"] - before["unary"]) / n,
+            "watches": (at_round["watches"] - before["watches"]) / n}
+
+
+def test_watch_events_and_rpcs_per_node_do_not_grow_with_nodes(etcd: EtcdServer) -> None:
+    """From 4 to 32 nodes, each node costs the same few watch events, RPCs and watchers, states published or not.
+
+    (Each node watching every member's state made the events per node grow with the nodes.)
+    """
+    async def body() -> list[dict[str, float]]:
+        return [await lifecycle(etcd, n, f"scale{n}") for n in (4, 32)]
+    small, large = run(body)
+    # per node: the result, perhaps the leader key, its ring neighbour's states (2 published, final, gone); each
+    # state published by every node reaching every node would be 2 * 32 events per node from the publishes alone
+    assert large["events"] <= 8 and large["events"] <= small["events"] + 2, (small, large)
+    # lease grant, admission (two for a node racing the job's creation), join, the first joiner's claim, 2 publishes
+    assert large["unary"] <= 8 and large["unary"] <= small["unary"] + 1, (small, large)
+    assert large["watches"] <= 2.2, (small, large)  # the news range and the ring neighbour's state
+
+
+def test_a_lost_member_reaches_every_member_not_only_its_ring_neighbour(etcd: EtcdServer) -> None:
+    """Four nodes; one loses its lease: the three others all get PeerLost for it."""
+    async def body() -> None:
+        nodes = await open_nodes(make_spec(etcd.endpoint, nmin=4, nmax=4), ["a", "b", "c", "d"])
+        await rounds(nodes)
+        await nodes[2].rdzv.lease.stop(revoke=True)
+        for other in (nodes[0], nodes[1], nodes[3]):
+            assert (await other.event(PeerLost)).node == "c"
+        await close_all(nodes, "failed")
+    run(body)
+
+
+def test_a_cleanly_ended_neighbour_is_skipped(etcd: EtcdServer) -> None:
+    """a watches b, b watches c: b ends (succeeded), then c is lost: a, watching c now, reports it."""
+    async def body() -> None:
+        nodes = await open_nodes(make_spec(etcd.endpoint, nmin=3, nmax=3), ["a", "b", "c"])
+        res = await rounds(nodes)
+        assert [r.nodes for r in res] == [("a", "b", "c")] * 3
+        await nodes[1].rdzv.close("succeeded")
+        await nodes[2].rdzv.lease.stop(revoke=True)
+        lost = await nodes[0].event(PeerLost)
+        assert (lost.node, lost.why) == ("c", "lease expired or node left")
+        await close_all([nodes[0], nodes[2]], "failed")
+    run(body)
+
+
+def test_a_leader_that_leaves_before_the_round_closes_is_replaced(etcd: EtcdServer) -> None:
+    """The first joiner leads; it leaves before max nodes joined: another node takes the leader key and closes."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint, nmin=3, nmax=3)
+        keys = JobKeys(spec.rendezvous.prefix, spec.name)
+        early = dict(zip("ab", await open_nodes(spec, ["a", "b"]), strict=True))
+        waits = {name: asyncio.ensure_future(n.rdzv.next_round(0)) for name, n in early.items()}
+        leader = await until_leader(early["a"], keys)
+        stays = "b" if leader == "a" else "a"
+        waits[leader].cancel()
+        await early[leader].rdzv.lease.stop(revoke=True)  # its join and leader keys vanish
+        late = await open_nodes(spec, ["c", "d"])
+        results = await asyncio.gather(waits[stays], *(n.rdzv.next_round(0) for n in late))
+        assert {r.nodes for r in results} == {(stays, "c", "d")}
+        assert await until_leader(early[stays], keys) != leader
+        await close_all([early[stays], *late])
+        await early[leader].rdzv.close("failed")
+    run(body)
+
+
+async def until_leader(node: Node, keys: JobKeys) -> str:
+    """The node id in round 0's leader key, once someone holds it."""
+    async def read() -> Any:
+        return await node.rdzv.session.call(lambda c: c.get(keys.leader(0)))
+    for _ in range(int(WAIT_S / 0.05)):
+        kv = await read()
+        if kv is not None:
+            return str(bytes(kv.value).decode().strip('"'))
+        await asyncio.sleep(0.05)
+    msg = "no leader"
+    raise AssertionError(msg)
+
+
+def test_watch_add_replays_a_range_and_resumes_each_range_after_etcd_restarts(etcd: EtcdServer) -> None:
+    """A range added with an older start revision replays its history; after etcd restarts, each range
+    resumes after its own last event: nothing is missed, nothing repeated."""
+    async def body() -> None:
+        (node,) = await open_nodes(make_spec(etcd.endpoint, nmin=1, nmax=1, lease_ttl=30.0), ["w"])
+        session = node.rdzv.session
+        first = await session.call(lambda c: c.put(b"/t/b", b"b1"))
+        await session.call(lambda c: c.put(b"/t/a", b"a1"))
+        watch = await Watch(session, [(b"/t/a", None)], first).start()
+        assert (await asyncio.wait_for(watch.next(), WAIT_S)).value == b"a1"
+        await watch.add(b"/t/b", None, first)  # older than what the first range delivered: b1 is replayed
+        assert (await asyncio.wait_for(watch.next(), WAIT_S)).value == b"b1"
+        await asyncio.to_thread(etcd.restart)
+        await session.call(lambda c: c.put(b"/t/b", b"b2"))
+        await session.call(lambda c: c.put(b"/t/a", b"a2"))
+        seen = [(await asyncio.wait_for(watch.next(), WAIT_S)).value for _ in range(2)]
+        assert sorted(seen) == [b"a2", b"b2"]
+        await watch.cancel()
+        await node.rdzv.close("succeeded")
+    run(body)
