@@ -1,7 +1,7 @@
 """Cost of `runner validate` on big and hostile spec files, side by side with PyYAML's plain `yaml.safe_load`.
 
 For each file, both run N times as child processes (fresh interpreters, as a user runs them):
-  runner:    <venv>/bin/runner validate FILE         (RUNNER_CACHE_DIR unset: no validation cache)
+  runner:    <venv>/bin/runner validate FILE
   safe_load: python -c "yaml.safe_load(open(FILE))"  (PyYAML's pure-Python safe loader, builds the data only)
 Wall time is taken around fork..wait4 (median of N), peak memory is wait4's ru_maxrss of the child (max of N).
 Files (written to a temp dir):
@@ -10,7 +10,7 @@ Files (written to a temp dir):
   largest-args   exactly MAX_FILE_BYTES, MAX_VALUES values as entrypoint.args (a list)
   alias-bomb     "billion laughs": 9 levels of 9 aliases (refused by runner)
   deep-nesting   200,000 nested '[' (refused by runner; PyYAML's C composer would crash, its Python one recurses)
-  hello          examples/jobs/hello.yaml, also with RUNNER_CACHE_DIR set (second run on: a cache hit)
+  hello          examples/jobs/hello.yaml
 
     python bench/validate_cost.py [--runs 5]
 """
@@ -98,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    env = {k: v for k, v in os.environ.items() if k != "RUNNER_CACHE_DIR"}
+    env = dict(os.environ)
     print(f"# {platform.node()}: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"median wall of {args.runs} runs, max ru_maxrss")
     header = (f"{'file':<14} {'bytes':>9} | {'runner rc':>9} {'wall s':>7} {'RSS MiB':>8} | "
@@ -111,14 +111,6 @@ def main() -> None:
             rc_y, wall_y, rss_y = series([*SAFE_LOAD, str(path)], env, args.runs)
             print(f"{name:<14} {path.stat().st_size:>9} | {rc_r:>9} {wall_r:>7.3f} {rss_r / 1024:>8.1f} | "
                   f"{rc_y:>12} {wall_y:>7.3f} {rss_y / 1024:>8.1f} | {wall_r / wall_y:>6.2f} {rss_r / rss_y:>6.2f}")
-        cache = Path(tmp) / "cache"
-        hello = ROOT / "examples" / "jobs" / "hello.yaml"
-        cached_env = {**env, "RUNNER_CACHE_DIR": str(cache)}
-        measure([*RUNNER, "validate", str(hello)], cached_env)  # fills the cache
-        _, wall_c, rss_c = series([*RUNNER, "validate", str(hello)], cached_env, args.runs)
-        _, wall_n, rss_n = series([*RUNNER, "validate", str(hello)], env, args.runs)
-        print(f"\nrunner validate examples/jobs/hello.yaml: no cache {wall_n:.3f} s ({rss_n / 1024:.1f} MiB), "
-              f"RUNNER_CACHE_DIR hit {wall_c:.3f} s ({rss_c / 1024:.1f} MiB)")
 
 
 if __name__ == "__main__":
