@@ -61,7 +61,7 @@ def test_watch_events_and_rpcs_per_node_do_not_grow_with_nodes(etcd: EtcdServer)
     # per node: the result, perhaps the leader key, its ring neighbour's states (2 published, final, gone); each
     # state published by every node reaching every node would be 2 * 32 events per node from the publishes alone
     assert large["events"] <= 8 and large["events"] <= small["events"] + 2, (small, large)
-    # lease grant, admission (two for a node racing the job's creation), join, the first joiner's claim, 2 publishes
+    # lease grant, admission, join, the first joiner's claim, 2 publishes
     assert large["unary"] <= 8 and large["unary"] <= small["unary"] + 1, (small, large)
     assert large["watches"] <= 2.2, (small, large)  # the news range and the ring neighbour's state
 

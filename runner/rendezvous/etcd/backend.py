@@ -38,7 +38,6 @@ from runner.rendezvous.etcd.client import (
     Connection,
     EtcdSession,
     LeaseNotFound,
-    TxnResult,
     absent,
     key_range,
     put_op,
@@ -125,37 +124,31 @@ class EtcdRendezvous:
             self._lease.watch(listener, revoke_ticket(self._spec.rendezvous))
 
     async def _admit(self) -> None:
-        """Join the job; raises when the job is closed or runs another spec.
+        """Join the job in one transaction; raises when the job is closed or runs another spec.
 
         The first node stores the spec digest, the spec tree (secrets as digests) and a new epoch; any later node
         compares the digest and adopts the epoch. Both read the round key: the round this node will try first.
-        A job that exists with this spec (every node but the first) costs one read-only transaction: nothing
-        for etcd to write (a transaction that may write is a raft proposal even when its compare fails).
+        (One transaction that creates the job or reads it: a read first would cost every node that races the
+        job's creation a second one, most nodes when they all start at once.)
         """
         tree, digest = spec_identity(self._spec)
         k = self._keys
+        epoch = os.urandom(12).hex().encode()
+        puts = [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), put_op(k.epoch, epoch)]
+        if self._restarts_known:  # the job is recreated after a data loss: keep the budget already spent
+            puts.append(put_op(k.restarts, str(self._restarts_known).encode()))
         reads = [range_op(key_range(k.control)), range_op(key_range(k.round))]
         done = await self.session.call(lambda c: c.txn(
-            [value_is(k.spec, digest.encode())], [range_op(key_range(k.epoch)), *reads], [range_op(key_range(k.spec))]))
-        if not done.succeeded and not done.kvs[0]:  # no job yet: create it, unless another node just did
-            epoch = os.urandom(12).hex().encode()
-            puts = [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), put_op(k.epoch, epoch)]
-            if self._restarts_known:  # the job is recreated after a data loss: keep the budget already spent
-                puts.append(put_op(k.restarts, str(self._restarts_known).encode()))
-            done = await self.session.call(lambda c: c.txn(
-                [absent(k.spec)], [*puts, *reads], [range_op(key_range(k.spec)), range_op(key_range(k.epoch)), *reads]))
-            if done.succeeded:
-                self._epoch, (control, round_kv) = epoch, done.kvs[-2:]
-                k.check_open(control[0].value if control else None)
-                self._round_hint = _round_of(round_kv)
-                return
-            spec, *rest = done.kvs  # created meanwhile: the same reads as a later node's
-            done = TxnResult(bool(spec and bytes(spec[0].value) == digest.encode()), done.revision, rest)
-        if not done.succeeded:
-            spec_json = await self.session.call(lambda c: c.get(k.spec_json))  # only now: names the fields
-            raise self._mismatch(tree, [spec_json] if spec_json is not None else [])
-        stored_epoch, control, round_kv = done.kvs
-        self._epoch = bytes(stored_epoch[0].value) if stored_epoch else await self._add_epoch()
+            [absent(k.spec)], [*puts, *reads], [range_op(key_range(k.spec)), range_op(key_range(k.epoch)), *reads]))
+        control, round_kv = done.kvs[-2:]
+        if done.succeeded:
+            self._epoch = epoch
+        else:
+            spec, stored_epoch = done.kvs[:2]
+            if not (spec and bytes(spec[0].value) == digest.encode()):
+                spec_json = await self.session.call(lambda c: c.get(k.spec_json))  # only now: names the fields
+                raise self._mismatch(tree, [spec_json] if spec_json is not None else [])
+            self._epoch = bytes(stored_epoch[0].value) if stored_epoch else await self._add_epoch()
         k.check_open(control[0].value if control else None)
         self._round_hint = _round_of(round_kv)
 
