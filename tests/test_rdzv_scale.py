@@ -10,9 +10,11 @@ import urllib.request
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from runner.events import PeerLost
-from runner.rendezvous.etcd.keys import JobKeys
+from runner.rendezvous.etcd.keys import JobKeys, decode_closed, encode_closed
 from runner.rendezvous.etcd.watch import Watch
 from tests.etcd_server import EtcdServer
 from tests.test_rdzv_etcd import WAIT_S, Node, close_all, make_spec, open_nodes, rounds, run
@@ -145,3 +147,17 @@ def test_watch_add_replays_a_range_and_resumes_each_range_after_etcd_restarts(et
         await watch.cancel()
         await node.rdzv.close("succeeded")
     run(body)
+
+
+@given(st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=40),
+       st.dictionaries(st.sampled_from(["master_addr", "master_port", "nproc", "rev"]), st.integers(0, 9)))
+def test_the_result_news_copy_round_trips_any_node_ids(nodes: list[str], head: dict[str, int]) -> None:
+    record = {**head, "nodes": nodes}
+    decoded = decode_closed(encode_closed(record))
+    assert decoded == {**head, "nodes": tuple(nodes)}
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_to_a_record_or_none(raw: bytes) -> None:
+    decoded = decode_closed(raw)
+    assert decoded is None or isinstance(decoded["nodes"], tuple)

@@ -33,7 +33,7 @@ from runner.rendezvous.etcd.client import (
     put_op,
     range_op,
 )
-from runner.rendezvous.etcd.keys import JobKeys, dump, load
+from runner.rendezvous.etcd.keys import JobKeys, decode_closed, dump, encode_closed, load
 from runner.rendezvous.etcd.lease import LeaseKeeper
 from runner.rendezvous.etcd.watch import DELETE, PUT, Event, Watch
 from runner.rendezvous.ranks import assign_ranks
@@ -227,9 +227,9 @@ class RoundWaiter:
                     return None
                 if ev.key == self._k.control and ev.kind == PUT:
                     self._k.check_open(ev.value)
-                elif ev.key == self._closed and ev.kind == PUT:
+                elif ev.key == self._closed and ev.kind == PUT and (closed := decode_closed(ev.value)) is not None:
                     self._watch, watch = watch, None
-                    return dict(load(ev.value))
+                    return closed
                 elif ev.key == self._leader:
                     if ev.kind == DELETE:
                         return None
@@ -320,9 +320,8 @@ class RoundWaiter:
     async def _write_result(self, roster: Roster) -> dict[str, Any]:
         record = {**build_result(roster.joined, roster.previous, self._rules.max_nodes), "rev": self._view}
         key = self._result
-        value = dump(record)
-        done = await self._s.call(lambda c: c.txn([absent(key)], [put_op(key, value), put_op(self._closed, value)],
-                                                   [range_op(key_range(key))]))
+        puts = [put_op(key, dump(record)), put_op(self._closed, encode_closed(record))]
+        done = await self._s.call(lambda c: c.txn([absent(key)], puts, [range_op(key_range(key))]))
         if not done.succeeded:
             record = dict(load(done.kvs[0][0].value))
         self._log.info("rendezvous_round_closed", round=self._r, nodes=len(record["nodes"]), written=done.succeeded)
