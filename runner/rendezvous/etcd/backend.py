@@ -131,10 +131,10 @@ class EtcdRendezvous:
         (One transaction that creates the job or reads it: a read first would cost every node that races the
         job's creation a second one, most nodes when they all start at once.)
         """
-        tree, digest = spec_identity(self._spec)
+        tree, digest, stored = spec_identity(self._spec)
         k = self._keys
         epoch = os.urandom(12).hex().encode()
-        puts = [put_op(k.spec, digest.encode()), put_op(k.spec_json, dump(tree)), put_op(k.epoch, epoch)]
+        puts = [put_op(k.spec, digest), put_op(k.spec_json, stored), put_op(k.epoch, epoch)]
         if self._restarts_known:  # the job is recreated after a data loss: keep the budget already spent
             puts.append(put_op(k.restarts, str(self._restarts_known).encode()))
         reads = [range_op(key_range(k.control)), range_op(key_range(k.round))]
@@ -145,7 +145,7 @@ class EtcdRendezvous:
             self._epoch = epoch
         else:
             spec, stored_epoch = done.kvs[:2]
-            if not (spec and bytes(spec[0].value) == digest.encode()):
+            if not (spec and bytes(spec[0].value) == digest):
                 spec_json = await self.session.call(lambda c: c.get(k.spec_json))  # only now: names the fields
                 raise self._mismatch(tree, [spec_json] if spec_json is not None else [])
             self._epoch = bytes(stored_epoch[0].value) if stored_epoch else await self._add_epoch()
@@ -449,10 +449,10 @@ class EtcdRendezvous:
 
 
 @functools.lru_cache(maxsize=4)
-def spec_identity(spec: JobSpec) -> tuple[dict[str, Any], str]:
-    """The spec's shared tree (secrets as digests) and its digest, computed once per spec (both read-only)."""
+def spec_identity(spec: JobSpec) -> tuple[dict[str, Any], bytes, bytes]:
+    """The spec's shared tree (secrets as digests), its digest and the tree as stored, once per spec (read-only)."""
     tree = shared_tree(spec)
-    return tree, tree_digest(tree)
+    return tree, tree_digest(tree).encode(), dump(tree)
 
 
 def _round_of(kvs: list[Any]) -> int:
