@@ -109,11 +109,12 @@ class Watch:
         try:
             for index in range(len(self._ranges)):
                 await call.write(rpc.WatchRequest(create_request=self._create(index)))
-            while self._creating:
-                reply = await asyncio.wait_for(call.read(), conn.timeout)
-                _check_created(reply)
-                self._session.identity.check(reply.header, None)
-                self._deliver(reg, reply)
+            async with asyncio.timeout(conn.timeout):  # no task per read, as wait_for would make
+                while self._creating:
+                    reply = await call.read()
+                    _check_created(reply)
+                    self._session.identity.check(reply.header, None)
+                    self._deliver(reg, reply)
         except grpc.aio.AioRpcError as exc:
             call.cancel()
             raise translate(exc) from exc
