@@ -195,8 +195,8 @@ def plot(rows: list[dict[str, object]], png: Path) -> None:
     right.plot(nodes, [r["watch_events"] for r in rows], marker="o", label="watch events sent by etcd")
     right.plot(nodes, [r["rpcs_per_node"] * r["nodes"] for r in rows], marker="s",  # type: ignore[operator]
                label="unary RPCs (to all results)")
-    right.set(xscale="log", yscale="log", xlabel="nodes (one process)", ylabel="count, open to close",
-              title="runner: events and RPCs grow linearly")
+    right.set(xscale="log", yscale="log", xlabel="nodes (one process)", ylabel="count",
+              title="runner: watch events (open to close) and RPCs grow linearly")
     right.legend()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110, bbox_inches="tight")
