@@ -6,7 +6,8 @@ init_process_group (long enough for standbys to be warm again); attempt 1 must i
   B: runner with restart.standby false (every worker a cold interpreter, as before standbys)
   C: torchrun --standalone --nproc-per-node N --max-restarts 1 bench/workers/recover_worker.py
 Runs interleave A, B, C. recovery = max over ranks of attempt 1's time past init_process_group - the crash time
-(same host clock). A run counts only if the launcher exits 0 and every rank of attempt 1 all_reduced.
+(same host clock). A run counts only if the launcher exits 0 and every rank of attempt 1 all_reduced; a run still going after 60 s is
+killed with all its processes (a failure).
 
     python bench/recovery.py [--runs 5] [--nproc 2] [--backend gloo|nccl] [--crash-after 8] [--how raise|exit]
 """
@@ -68,7 +69,7 @@ def one_run(argv: list[str], work: Path, nproc: int, extra: dict[str, str]) -> f
     """Seconds from the crash to the last rank of attempt 1 past init_process_group, or why the run failed."""
     env = bench_env(work, **extra)
     out = Path(env["BENCH_OUT"])
-    m = measure(argv, env=env, timeout=120, log_path=work / "launcher.log")
+    m = measure(argv, env=env, timeout=60, log_path=work / "launcher.log")
     crash = out / "crash"
     past = [out / f"past-1-{r}" for r in range(nproc)]
     ok = [out / f"ok-1-{r}" for r in range(nproc)]
