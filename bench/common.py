@@ -216,6 +216,30 @@ def measure(
     )
 
 
+def launch_all(
+    argvs: Sequence[Sequence[str]], env: Mapping[str, str], cwd: Path, *, stagger: float = 0.0, timeout: float = 180.0
+) -> tuple[float, list[int]]:
+    """Start every command (`stagger` s apart), each in its own session, output discarded; (time.time() at the
+    first start, exit codes once all exited). A command still running `timeout` s after the first start is killed
+    with all its processes."""
+    t0 = time.time()
+    procs = []
+    for i, argv in enumerate(argvs):
+        if i and stagger:
+            time.sleep(stagger)
+        procs.append(subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+    deadline = time.monotonic() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            kill_tree(p.pid, grace=0)
+            codes.append(p.wait())
+    return t0, codes
+
+
 def interpreter_startup(
     script: Path, env: Mapping[str, str], runs: int = 5
 ) -> list[float]:

@@ -35,7 +35,7 @@ from bench.common import (
     RUNNER,
     TORCHRUN,
     Stat,
-    kill_tree,
+    launch_all,
     machine_line,
     precompile,
     ratios,
@@ -64,22 +64,6 @@ def runner_spec(work: Path, endpoint: str, nodes: int, run: int) -> Path:
     return spec
 
 
-def launch_all(argvs: list[list[str]], env: dict[str, str], work: Path) -> tuple[float, list[int]]:
-    """Start every agent as fast as possible; (launch time, exit codes once all exited)."""
-    t0 = time.time()
-    procs = [subprocess.Popen(a, env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True) for a in argvs]
-    deadline = time.monotonic() + TIMEOUT_S
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(max(0.1, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            kill_tree(p.pid, grace=0)
-            codes.append(p.wait())
-    return t0, codes
-
-
 def children_cpu() -> float:
     """User + sys seconds of every reaped child so far."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -102,7 +86,7 @@ def one_run(kind: str, nodes: int, run: int, etcd: EtcdServer, base: Path) -> tu
                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"bench-{run}", "--max-restarts", "0",
                   "--monitor-interval", "0.1", str(WORKER)] for _ in range(nodes)]
     cpu0 = children_cpu()
-    t0, codes = launch_all(argvs, env, work)
+    t0, codes = launch_all(argvs, env, work, timeout=TIMEOUT_S)
     done = time.time() - t0
     cpu = children_cpu() - cpu0
     stamps = [float(p.read_text()) for p in out.glob("start-*") if not p.name.endswith(".tmp")]

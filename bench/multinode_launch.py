@@ -20,11 +20,9 @@ import argparse
 import contextlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -34,7 +32,7 @@ from bench.common import (
     RUNNER,
     TORCHRUN,
     Stat,
-    kill_tree,
+    launch_all,
     machine_line,
     precompile,
     ratios,
@@ -78,21 +76,7 @@ def one_run(kind: str, run: int, etcd: EtcdServer, base: Path, stagger: float) -
         argvs = [[*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                   "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"bench-{run}", "--max-restarts", "0",
                   "--monitor-interval", "0.1", str(WORKER)] for _ in range(2)]
-    t0 = time.time()
-    procs = []
-    for i, argv in enumerate(argvs):
-        if i:
-            time.sleep(stagger)
-        procs.append(subprocess.Popen(argv, env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, start_new_session=True))
-    deadline = time.monotonic() + TIMEOUT_S
-    codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(max(0.1, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            kill_tree(p.pid, grace=0)
-            codes.append(p.wait())
+    t0, codes = launch_all(argvs, env, work, stagger=stagger, timeout=TIMEOUT_S)
     stamps = [float(p.read_text()) for p in out.glob("past-*")]
     ok = len(stamps) == 2 and codes == [0, 0]
     took = max(stamps) - t0 if ok else None

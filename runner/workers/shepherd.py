@@ -71,23 +71,27 @@ class Shepherd:
 
     def worker_tag(self, attempt: int, local_rank: int) -> str:
         """The value of RUNNER_WORKER_TAG for one worker (ends with '.', so rank 1's is no prefix of rank 10's)."""
-        self.start()
-        return f"{self.tag}{attempt}.{local_rank}."
+        return self._tag(str(attempt), local_rank)
 
     def worker_cgroup(self, attempt: int, local_rank: int) -> Path | None:
         """A new cgroup for one worker under the job's, or None (no cgroup on this machine)."""
-        self.start()
-        return None if self.cgroup is None else self.cgroup.child(f"attempt{attempt}-rank{local_rank}")
+        return self._cgroup(f"attempt{attempt}-rank{local_rank}")
 
     def standby_tag(self, serial: int, local_rank: int) -> str:
         """RUNNER_WORKER_TAG of standby `serial` (runner.workers.standby): it keeps it as a worker."""
-        self.start()
-        return f"{self.tag}s{serial}.{local_rank}."
+        return self._tag(f"s{serial}", local_rank)
 
     def standby_cgroup(self, serial: int, local_rank: int) -> Path | None:
         """A new cgroup for standby `serial` under the job's (it stays the worker's), or None."""
+        return self._cgroup(f"standby{serial}-rank{local_rank}")
+
+    def _tag(self, slot: str, local_rank: int) -> str:
         self.start()
-        return None if self.cgroup is None else self.cgroup.child(f"standby{serial}-rank{local_rank}")
+        return f"{self.tag}{slot}.{local_rank}."
+
+    def _cgroup(self, name: str) -> Path | None:
+        self.start()
+        return None if self.cgroup is None else self.cgroup.child(name)
 
     def _spawn(self) -> None:
         argv = [sys.executable, "-S", "-I", "-c", _BOOT, _ROOT, self.tag]
