@@ -13,6 +13,10 @@ python bench/agent_overhead.py --runs "$RUNS"
 echo
 python bench/restart_latency.py --runs "$RUNS"
 echo
+python bench/recovery.py --runs 5 --how raise
+echo
+python bench/recovery.py --runs 5 --how exit
+echo
 python bench/crash_after_init.py --runner-runs "${RUNNER_RUNS:-20}" --torchrun-runs "${TORCHRUN_RUNS:-8}" \
     --timeout "${RUN_TIMEOUT:-90}"
 echo
