@@ -61,12 +61,12 @@ def ready_lines(j: Job, local_rank: int) -> int:
 
 
 def run_crash_once(j: Job, *, warm: bool = True) -> tuple[int, str]:
-    """Start the job; once the refilled standbys are warm (cold: once rank 1 runs), let rank 1 of attempt 0 crash."""
+    """Start the job; once the standbys are warm (cold: once rank 1 runs), let rank 1 of attempt 0 crash."""
     proc = j.start()
 
     def crash_now() -> bool:
         if warm:
-            return all(ready_lines(j, r) >= 2 for r in (0, 1))
+            return all(ready_lines(j, r) >= 1 for r in (0, 1))  # local: the standbys start after attempt 0's
         return (j.out / "rank1.attempt0.json").exists()
 
     try:
@@ -98,6 +98,7 @@ def test_a_restarted_worker_runs_in_its_warm_standby_as_a_cold_one_would(job: An
     code, output = run_crash_once(cold, warm=False)
     assert code == 0, output
     for rank in (0, 1):
+        assert warm.worker_info(rank, 0)["preloaded"] is False  # local rendezvous: nothing to overlap, attempt 0 cold
         w, c = warm.worker_info(rank, 1), cold.worker_info(rank, 1)
         assert w["preloaded"] is True  # started in a standby that had imported torch
         assert c["preloaded"] is False
@@ -107,7 +108,8 @@ def test_a_restarted_worker_runs_in_its_warm_standby_as_a_cold_one_would(job: An
         assert w["contract"]["TORCHELASTIC_RESTART_COUNT"] == "1"
     rep = report(warm)["standby"]
     assert rep["enabled"] is True
-    assert rep["handed_off"] >= 2
+    assert rep["handed_off"] == 2  # attempt 1's two workers
+    assert rep["cold_starts"] == []  # attempt 0 had no standby to use yet: not a cold start for a reason
     assert rep.get("rss_mb_max", 0) > 0, rep
     assert report(cold)["standby"]["enabled"] is False
 
@@ -115,13 +117,13 @@ def test_a_restarted_worker_runs_in_its_warm_standby_as_a_cold_one_would(job: An
 def test_a_module_entrypoint_runs_in_a_standby_as_python_dash_m_does(job: Any) -> None:
     """`module:` entrypoints: argv[0] is the module's file, sys.path[0] the working dir, __spec__ set."""
     entry_text = "module: standby_probe"
-    warm = standby_job(job, entry=entry_text, preload="[json]")
-    cold = standby_job(job, entry=entry_text, standby=False)
-    for j in (warm, cold):
+    warm = standby_job(job, entry=entry_text, preload="[json]", crash=1)
+    cold = standby_job(job, entry=entry_text, standby=False, crash=1)
+    for j, is_warm in ((warm, True), (cold, False)):
         (j.tmp / "standby_probe.py").write_text(PROBE.read_text())
-        res = j.run()
-        assert res.returncode == 0, res.stderr
-    w, c = warm.worker_info(0), cold.worker_info(0)
+        code, output = run_crash_once(j, warm=is_warm)
+        assert code == 0, output
+    w, c = warm.worker_info(0, 1), cold.worker_info(0, 1)
     assert comparable(w, warm) == comparable(c, cold)
     assert w["argv"][0].endswith("standby_probe.py")
     assert w["path0"] == str(warm.tmp)
@@ -132,10 +134,11 @@ def test_a_module_entrypoint_runs_in_a_standby_as_python_dash_m_does(job: Any) -
 @pytest.mark.parametrize(("end", "code"), [("exit:7", 7), ("raise", 1), ("interrupt", -signal.SIGINT)])
 def test_a_worker_in_a_standby_ends_as_a_cold_one_does(job: Any, end: str, code: int) -> None:
     """sys.exit, an uncaught exception (traceback without the standby's frames), KeyboardInterrupt (killed by SIGINT)."""
-    j = standby_job(job, end=end, restarts=0, preload="[json]")
-    res = j.run()
-    assert res.returncode != 0
-    failure = report(j)["failures"][0]
+    j = standby_job(job, end=end, crash=1, preload="[json]")
+    code_of_run, _ = run_crash_once(j)
+    assert code_of_run != 0
+    failure = report(j)["failures"][-1]  # attempt 1's, in a standby
+    assert failure["attempt"] == 1
     assert failure["exit_code"] == code
     assert report(j)["standby"]["handed_off"] == 2
     if end == "raise":
@@ -146,9 +149,9 @@ def test_a_worker_in_a_standby_ends_as_a_cold_one_does(job: Any, end: str, code:
 
 def test_multiprocessing_spawn_finds_the_main_module_of_a_worker_in_a_standby(job: Any) -> None:
     """A spawn child re-imports __main__ from its file, as it does for a cold worker."""
-    j = standby_job(job, end="spawn", restarts=0, preload="[json]")
-    res = j.run()
-    assert res.returncode == 0, res.stderr
+    j = standby_job(job, end="spawn", crash=1, preload="[json]")
+    code, output = run_crash_once(j)
+    assert code == 0, output
     assert (j.out / "spawned0").read_text() == "spawned"
     assert report(j)["standby"]["handed_off"] == 2
 
@@ -206,7 +209,7 @@ def test_standbys_die_with_a_sigkilled_agent(job: Any) -> None:
     j = standby_job(job, crash=1, preload="[json]")
     proc = j.start()
     try:
-        wait_for(lambda: all(ready_lines(j, r) >= 2 for r in (0, 1)), timeout=60, what="refilled standbys")
+        wait_for(lambda: all(ready_lines(j, r) >= 1 for r in (0, 1)), timeout=60, what="waiting standbys")
         standbys = [pid for pid in _pids() if _is_standby(pid, j)]
         assert standbys
         proc.send_signal(signal.SIGKILL)
@@ -266,3 +269,14 @@ def test_path0_is_the_scripts_real_directory_or_the_working_dir(tmp_path: Path) 
     (tmp_path / "link" / "s.py").symlink_to(tmp_path / "real" / "s.py")
     assert path0("script", "link/s.py", str(tmp_path)) == str(tmp_path / "real")
     assert path0("module", "pkg.mod", str(tmp_path)) == str(tmp_path)
+
+
+def test_with_etcd_the_first_attempt_starts_in_standbys_warmed_during_the_rendezvous(job: Any, etcd: Any) -> None:
+    """A rendezvous that waits for other nodes: the standbys start in INIT and attempt 0 already runs in them."""
+    j = standby_job(job, preload="[json]")
+    j.spec.write_text(j.spec.read_text().replace(
+        "logs:", f'nodes: 1\nrendezvous: {{backend: etcd, endpoints: ["{etcd.endpoint}"]}}\nlogs:', 1))
+    res = j.run()
+    assert res.returncode == 0, res.stderr
+    assert report(j)["standby"]["handed_off"] == 2
+    assert j.worker_info(0)["cmdline"][:2] == ["-u", str(PROBE)]

@@ -34,7 +34,7 @@ async def handle(ctx: Context) -> Step:
         write_private(ctx.run_dir / "spec.json", json.dumps(spec_for_disk(ctx.spec), indent=2))
     except OSError as e:
         ctx.warn("spec_write_failed", error=str(e))
-    start_standbys(ctx)  # their imports overlap the rendezvous
+    start_standbys(ctx)  # their imports overlap the rendezvous (etcd)
     if isinstance(ctx.rendezvous, LeaseHolder):  # etcd: if this agent dies, its guard revokes its lease at once
         ctx.rendezvous.on_lease(ctx.shepherd.revoke_at_death)
     try:
@@ -56,7 +56,8 @@ def start_standbys(ctx: Context) -> None:
     ctx.standbys = StandbyPool(
         ctx.spec, ctx.shepherd, nproc=ctx.spec.nproc_per_node, run_dir=ctx.run_dir, base_env=os.environ, log=ctx.log
     )
-    ctx.standbys.fill()
+    if ctx.spec.rendezvous.backend != "local":  # a wait for other nodes to overlap; local: after the first workers
+        ctx.standbys.fill()
 
 
 async def start_watchdog(ctx: Context) -> None:

@@ -13,8 +13,10 @@ from the standby's anywhere outside the contract (the interpreter already starte
 standby is there. A standby still importing is handed its orders all the same: it runs them once its imports are
 done, which is never later than a cold interpreter started now would be.
 
-The pool refills a rank `REFILL_DELAY_S` after handing its standby off (the new workers' start-up gets the CPU
-first), or at once when the attempt fails (`fill()`, from RESTARTING: the CPU is free then). It turns
+The first standbys start in INIT when the rendezvous waits for other nodes (etcd): their imports overlap the wait.
+With the local rendezvous there is no wait to overlap: the first attempt starts cold and its standbys follow. The
+pool (re)fills a rank `REFILL_DELAY_S` after a worker of that rank started (its own start-up gets the CPU first),
+or at once when the attempt fails (`fill()`, from RESTARTING: the CPU is free then). It turns
 itself off for the rest of the run (with a warning) when a preload fails, when a warm standby's resident memory
 exceeds `restart.standby_max_memory_mb`, or after `MAX_LOSSES` standbys died while waiting.
 """
@@ -242,6 +244,11 @@ class StandbyPool:
         if standby is not None and standby.ready_after is None:
             self._on_message(standby)  # a "ready" not read yet counts (memory cap, warm-up figures)
             standby = self.waiting.get(wp.local_rank)
+        if wp.local_rank not in self._refills:  # the next attempt's standby, once this worker had the CPU first
+            self._refills[wp.local_rank] = asyncio.get_running_loop().call_later(
+                REFILL_DELAY_S, self._refill, wp.local_rank)
+        if standby is None and self.serial == 0:
+            return None  # none started yet (local rendezvous: the first attempt starts cold, standbys follow)
         why = "no standby for this rank yet" if standby is None else standby.fits(wp)
         if standby is None or why:
             self.cold.append(f"rank {wp.rank}: {why}")
@@ -249,8 +256,6 @@ class StandbyPool:
             return None
         self._release(standby)
         self.handed_off += 1
-        loop = asyncio.get_running_loop()
-        self._refills[wp.local_rank] = loop.call_later(REFILL_DELAY_S, self._refill, wp.local_rank)
         return standby
 
     def _refill(self, local_rank: int) -> None:

@@ -1,8 +1,9 @@
 """A worker for the standby tests: records how its interpreter looks at its first statement, then behaves as told.
 
 Writes $OUT/rank<R>.attempt<A>.json. The same script runs cold and in a standby: the records must match (except
-what a standby changes on purpose: `torch` already imported). PROBE_CRASH_ATTEMPTS=N: rank 1 raises on attempts < N
-once $OUT/go exists (the test creates it when the standbys are warm). PROBE_END: "exit:<code>", "raise",
+what a standby changes on purpose: `torch` already imported). PROBE_CRASH_ATTEMPTS=N: on attempts < N rank 1 raises
+once $OUT/go exists (the test creates it when the standbys are warm), the others wait to be stopped. Later attempts
+end as PROBE_END says: "exit:<code>", "raise",
 "interrupt" (KeyboardInterrupt), "spawn" (a multiprocessing spawn child that needs __main__ importable).
 """
 
@@ -77,8 +78,8 @@ def main() -> None:
     with open(os.path.join(out, f"rank{rank}.attempt{attempt}.json"), "w") as f:
         json.dump(info, f)
     print(f"probe rank {rank} attempt {attempt}", flush=True)
-    if rank == 1 and attempt < int(os.environ.get("PROBE_CRASH_ATTEMPTS", "0")):
-        while not os.path.exists(os.path.join(out, "go")):
+    if attempt < int(os.environ.get("PROBE_CRASH_ATTEMPTS", "0")):  # rank 1 crashes once told; the others wait
+        while rank != 1 or not os.path.exists(os.path.join(out, "go")):
             time.sleep(0.05)
         raise ValueError("probe crash")
     end = os.environ.get("PROBE_END", "exit:0")
