@@ -18,7 +18,7 @@ tests/test_config_schema_compiled.py checks the answer against jsonschema's on g
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any
 
 Check = Callable[[Any], bool]
@@ -218,29 +218,9 @@ def _exclusive_maximum(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
     return lambda instance: not _number(instance) or not instance >= limit
 
 
-def _min_length(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
-    size = _count(value)
-    return lambda instance: not isinstance(instance, str) or len(instance) >= size
-
-
-def _max_length(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
-    size = _count(value)
-    return lambda instance: not isinstance(instance, str) or len(instance) <= size
-
-
 def _pattern_keyword(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
     search = _pattern(value).search
     return lambda instance: not isinstance(instance, str) or search(instance) is not None
-
-
-def _min_items(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
-    size = _count(value)
-    return lambda instance: not isinstance(instance, list) or len(instance) >= size
-
-
-def _max_items(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
-    size = _count(value)
-    return lambda instance: not isinstance(instance, list) or len(instance) <= size
 
 
 def _items(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
@@ -248,14 +228,16 @@ def _items(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
     return lambda instance: not isinstance(instance, list) or all(each(item) for item in instance)
 
 
-def _min_properties(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
-    size = _count(value)
-    return lambda instance: not isinstance(instance, dict) or len(instance) >= size
+def _size(kind: type[Sized], *, at_least: bool) -> Callable[[_Compiler, Any, dict[str, Any]], Check]:
+    """A bound on len() of a `kind`: minLength / maxLength, minItems / maxItems, minProperties / maxProperties."""
 
+    def keyword(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+        size = _count(value)
+        if at_least:
+            return lambda instance: not isinstance(instance, kind) or len(instance) >= size
+        return lambda instance: not isinstance(instance, kind) or len(instance) <= size
 
-def _max_properties(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
-    size = _count(value)
-    return lambda instance: not isinstance(instance, dict) or len(instance) <= size
+    return keyword
 
 
 def _required(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
@@ -350,14 +332,14 @@ _KEYWORDS: dict[str, Callable[[_Compiler, Any, dict[str, Any]], Check]] = {
     "maximum": _maximum,
     "exclusiveMinimum": _exclusive_minimum,
     "exclusiveMaximum": _exclusive_maximum,
-    "minLength": _min_length,
-    "maxLength": _max_length,
+    "minLength": _size(str, at_least=True),
+    "maxLength": _size(str, at_least=False),
     "pattern": _pattern_keyword,
-    "minItems": _min_items,
-    "maxItems": _max_items,
+    "minItems": _size(list, at_least=True),
+    "maxItems": _size(list, at_least=False),
     "items": _items,
-    "minProperties": _min_properties,
-    "maxProperties": _max_properties,
+    "minProperties": _size(dict, at_least=True),
+    "maxProperties": _size(dict, at_least=False),
     "required": _required,
     "properties": _properties,
     "patternProperties": _pattern_properties,
