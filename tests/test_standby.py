@@ -85,7 +85,7 @@ def report(j: Job) -> dict[str, Any]:
 
 def comparable(info: dict[str, Any], j: Job) -> dict[str, Any]:
     """A probe record without what differs between any two runs (pids, the job's dir) or on purpose (preloaded)."""
-    out = {k: v for k, v in info.items() if k not in ("pid", "preloaded")}
+    out = {k: v for k, v in info.items() if k not in ("pid", "preloaded", "gc_frozen")}
     return json.loads(json.dumps(out).replace(str(j.tmp), "<job dir>"))
 
 
@@ -102,6 +102,7 @@ def test_a_restarted_worker_runs_in_its_warm_standby_as_a_cold_one_would(job: An
         w, c = warm.worker_info(rank, 1), cold.worker_info(rank, 1)
         assert w["preloaded"] is True  # started in a standby that had imported torch
         assert c["preloaded"] is False
+        assert w["gc_frozen"] > c["gc_frozen"] == 0  # the imports' objects are out of the cyclic GC's way
         assert comparable(w, warm) == comparable(c, cold)
         assert w["main_is_module"] and w["name"] == "__main__" and w["spec"] is None
         assert w["leader"] and w["tag_in_proc_environ"] and w["pickled"] == 42

@@ -6,7 +6,8 @@ Standard library only, and never imported as part of the `runner` package: the i
 the agent's.
 
 1. Puts `<sys.path[0]>` (where the worker's own modules are found) first on sys.path and imports each module
-   (CUDA is never initialised: importing torch does not). A module that fails to import is reported (`failed
+   (CUDA is never initialised: importing torch does not), then moves what the imports made out of the cyclic
+   GC's way (gc.freeze). A module that fails to import is reported (`failed
    <module>` instead of `ready`, the error on stderr): the agent then stops it and starts workers cold.
 2. Says `ready` on the socket and waits for its orders: one length-prefixed JSON message
    {"argv": [...], "env": {...}, "cwd": "..."} with the worker's stdout and stderr file descriptors attached.
@@ -18,6 +19,7 @@ the agent's.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import socket
@@ -44,6 +46,10 @@ def main() -> None:
             print(f"runner standby: preload of {name!r} failed: {type(e).__name__}: {e}", file=sys.stderr)
             said = f"failed {name}\n".encode()
             break
+    # What the imports made lives as long as the process: the cyclic GC need never scan it again, nor at the
+    # interpreter's teardown (0.55 -> 0.12 s for torch here, from a crashed worker's last statement to its exit).
+    # Objects the worker makes are collected as ever.
+    gc.freeze()
     sock = socket.socket(fileno=fd)
     with contextlib.suppress(OSError):
         sock.sendall(said)

@@ -11,6 +11,7 @@ import sys
 
 PRELOADED = "torch" in sys.modules  # before anything else: was the interpreter warm?
 
+import gc  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import os  # noqa: E402
@@ -67,6 +68,7 @@ def record() -> dict[str, object]:
         "tag_in_proc_environ": bool(tag) and f"RUNNER_WORKER_TAG={tag}".encode() in initial_env,
         "pickled": pickle.loads(pickle.dumps(Thing())).value,
         "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\0").decode().split("\0")[1:],
+        "gc_frozen": gc.get_freeze_count(),
         "pid": os.getpid(),
     }
 
