@@ -4,13 +4,14 @@ bench/workers/recover_worker.py (torch): on attempt 0 the last rank crashes $BEN
 init_process_group (long enough for standbys to be warm again); attempt 1 must init and all_reduce.
   A: runner, pre-warmed standby workers (the default: restart.standby true, preload [torch])
   B: runner with restart.standby false (every worker a cold interpreter, as before standbys)
-  C: torchrun --standalone --nproc-per-node N --max-restarts 1 bench/workers/recover_worker.py
+  C: torchrun --standalone --nproc-per-node N --max-restarts <crash attempt + 1> bench/workers/recover_worker.py
 Runs interleave A, B, C. recovery = max over ranks of attempt 1's time past init_process_group - the crash time
 (same host clock), over the runs where every rank of attempt 1 got past init_process_group; a run succeeds when the
 launcher exits 0 and every rank of attempt 1 all_reduced (torchrun's attempt 1 often gets past init and then fails:
 docs/benchmarks.md). A run still going after 60 s is killed with all its processes.
 
     python bench/recovery.py [--runs 5] [--nproc 2] [--backend gloo|nccl] [--crash-after 8] [--how raise|exit]
+                             [--crash-attempt 0|1]
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ entrypoint:
 cwd: {root}
 nproc_per_node: {nproc}
 restart:
-  max_restarts: 1
+  max_restarts: {restarts}
   backoff: {{initial: 0s}}
   standby: {standby}
 shutdown:
@@ -55,15 +56,16 @@ logs:
 """
 
 
-def commands(work: Path, nproc: int) -> dict[str, list[str]]:
+def commands(work: Path, nproc: int, restarts: int) -> dict[str, list[str]]:
     """The three launchers' commands (run from the repository root)."""
     root = Path(__file__).resolve().parent.parent
     cmds: dict[str, list[str]] = {}
     for name, standby in (("runner", "true"), ("runner-cold", "false")):
         spec = work / f"{name}.yaml"
-        spec.write_text(SPEC.format(worker=root / WORKER, root=root, nproc=nproc, standby=standby))
+        spec.write_text(SPEC.format(worker=root / WORKER, root=root, nproc=nproc, standby=standby, restarts=restarts))
         cmds[name] = [*RUNNER, str(spec)]
-    cmds["torchrun"] = [*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "1", WORKER]
+    cmds["torchrun"] = [*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts", str(restarts),
+                        WORKER]
     return cmds
 
 
@@ -82,15 +84,19 @@ def one_run(argv: list[str], work: Path, nproc: int, extra: dict[str, str]) -> R
     out = Path(env["BENCH_OUT"])
     m = measure(argv, env=env, timeout=60, log_path=work / "launcher.log")
     crash = out / "crash"
-    past = [out / f"past-1-{r}" for r in range(nproc)]
-    ok = [out / f"ok-1-{r}" for r in range(nproc)]
+    nxt = int(extra["BENCH_CRASH_ATTEMPT"]) + 1
+    past = [out / f"past-{nxt}-{r}" for r in range(nproc)]
+    ok = [out / f"ok-{nxt}-{r}" for r in range(nproc)]
     took = None
     if crash.exists() and all(p.exists() for p in past):
         took = max(float(p.read_text()) for p in past) - float(crash.read_text())
     failed = ""
-    if m.rc != 0 or not all(p.exists() for p in ok):
-        failed = "timeout" if m.timed_out else f"exit code {m.rc}, attempt 1 all_reduced on {sum(p.exists() for p in ok)}"
-    if any((out / f"cuda-1-{r}").exists() and (out / f"cuda-1-{r}").read_text() == "True" for r in range(nproc)):
+    if not crash.exists():
+        failed = "the timed crash never came (an earlier attempt failed otherwise)"
+    elif m.rc != 0 or not all(p.exists() for p in ok):
+        failed = "timeout" if m.timed_out else f"exit code {m.rc}, next attempt all_reduced on {sum(p.exists() for p in ok)}"
+    if any((out / f"cuda-{nxt}-{r}").exists() and (out / f"cuda-{nxt}-{r}").read_text() == "True"
+           for r in range(nproc)):
         failed = "CUDA was initialised before the worker's own code ran"
     return Run(took, failed)
 
@@ -102,17 +108,20 @@ def main() -> None:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--backend", default="gloo")
     p.add_argument("--crash-after", type=float, default=8.0)
+    p.add_argument("--crash-attempt", type=int, default=0,
+                   help="the attempt whose crash is timed (1: the crashed worker runs in a standby with the local "
+                        "rendezvous, whose first attempt starts cold); earlier attempts end in an untimed crash")
     p.add_argument("--how", choices=("raise", "exit"), default="raise",
                    help="raise: an uncaught exception (the dying interpreter's teardown counts, as in real crashes); "
                         "exit: os._exit(1) (the launcher's recovery alone)")
     args = p.parse_args()
     precompile()
     extra = {"BENCH_BACKEND": args.backend, "BENCH_CRASH_AFTER": str(args.crash_after), "RUNNER_STANDBY": "1",
-             "BENCH_CRASH_HOW": args.how}
+             "BENCH_CRASH_HOW": args.how, "BENCH_CRASH_ATTEMPT": str(args.crash_attempt)}
     runs: dict[str, list[Run]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         work = Path(tmp)
-        cmds = commands(work, args.nproc)
+        cmds = commands(work, args.nproc, args.crash_attempt + 1)
         for name, argv in cmds.items():
             one_run(argv, work, args.nproc, extra)
             print(f"warm-up {name} done", file=sys.stderr)
@@ -127,7 +136,8 @@ def main() -> None:
 
 def report(cmds: dict[str, list[str]], runs: dict[str, list[Run]], args: argparse.Namespace) -> None:
     """Markdown: seconds per launcher and the ratios to torchrun, taken run by run."""
-    print(f"### Crash ({args.how}) -> every rank of the next attempt past init_process_group ({args.nproc} ranks, "
+    print(f"### Crash ({args.how}, attempt {args.crash_attempt}) -> every rank of the next attempt past "
+          f"init_process_group ({args.nproc} ranks, "
           f"{args.backend}; {machine_line()})\n")
     rows = []
     for name in cmds:
