@@ -224,6 +224,10 @@ def paths(data: Any, here: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 def edited(data: Any, draw: Any) -> Any:
     """A copy of `data` with up to three random edits: a value replaced, a key removed or added."""
     data = copy.deepcopy(data)
+
+    def value(strategy: Any) -> Any:  # a drawn value may be a shared constant: a copy, so no edit makes a cycle
+        return copy.deepcopy(draw(strategy))
+
     for _ in range(draw(st.integers(0, 3))):
         path = draw(st.sampled_from(paths(data)))
         parent = data
@@ -232,14 +236,14 @@ def edited(data: Any, draw: Any) -> Any:
         kind = draw(st.sampled_from(["replace", "remove", "add"]))
         if not path:
             if kind == "add" and isinstance(data, dict):
-                data[draw(st.sampled_from(["name", "nope", "restart", "env"]))] = draw(VALUES)
+                data[draw(st.sampled_from(["name", "nope", "restart", "env"]))] = value(VALUES)
             continue
         if kind == "replace":
-            parent[path[-1]] = draw(VALUES | st.text(max_size=70))
+            parent[path[-1]] = value(VALUES | st.text(max_size=70))
         elif kind == "remove" and isinstance(parent, dict):
             del parent[path[-1]]
         elif kind == "add" and isinstance(parent[path[-1]], dict):
-            parent[path[-1]][draw(st.sampled_from(["script", "max_restarts", "dir", "x", "min", "max"]))] = draw(VALUES)
+            parent[path[-1]][draw(st.sampled_from(["script", "max_restarts", "dir", "x", "min", "max"]))] = value(VALUES)
     return data
 
 
