@@ -216,6 +216,14 @@ def measure(
     )
 
 
+def torchrun_nodes(nodes: int, port: int, rdzv_id: str, worker: Path) -> list[list[str]]:
+    """One torchrun per node of a `nodes`-node c10d job (1 worker each, no restart, store on 127.0.0.1:`port`)."""
+    argv = [*TORCHRUN, "--nnodes", str(nodes), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", rdzv_id, "--max-restarts", "0",
+            "--monitor-interval", "0.1", str(worker)]
+    return [list(argv) for _ in range(nodes)]
+
+
 def launch_all(
     argvs: Sequence[Sequence[str]], env: Mapping[str, str], cwd: Path, *, stagger: float = 0.0, timeout: float = 180.0
 ) -> tuple[float, list[int]]:

@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (
     ROOT,
     RUNNER,
-    TORCHRUN,
     Stat,
     launch_all,
     machine_line,
@@ -41,6 +40,7 @@ from bench.common import (
     ratios,
     reproduce_line,
     table,
+    torchrun_nodes,
 )
 from tests.etcd_server import EtcdServer, free_port
 
@@ -82,9 +82,7 @@ def one_run(kind: str, nodes: int, run: int, etcd: EtcdServer, base: Path) -> tu
         subprocess.run([*RUNNER, "validate", str(spec)], check=True, capture_output=True)
     else:
         port = free_port()
-        argvs = [[*TORCHRUN, "--nnodes", str(nodes), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                  "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"bench-{run}", "--max-restarts", "0",
-                  "--monitor-interval", "0.1", str(WORKER)] for _ in range(nodes)]
+        argvs = torchrun_nodes(nodes, port, f"bench-{run}", WORKER)
     cpu0 = children_cpu()
     t0, codes = launch_all(argvs, env, work, timeout=TIMEOUT_S)
     done = time.time() - t0

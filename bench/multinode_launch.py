@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (
     ROOT,
     RUNNER,
-    TORCHRUN,
     Stat,
     launch_all,
     machine_line,
@@ -38,6 +37,7 @@ from bench.common import (
     ratios,
     reproduce_line,
     table,
+    torchrun_nodes,
 )
 from tests.etcd_server import EtcdServer, free_port
 
@@ -73,9 +73,7 @@ def one_run(kind: str, run: int, etcd: EtcdServer, base: Path, stagger: float) -
         argvs = [[*RUNNER, str(spec), "--node", f"n{i}"] for i in range(2)]
     else:
         port = free_port()
-        argvs = [[*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                  "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"bench-{run}", "--max-restarts", "0",
-                  "--monitor-interval", "0.1", str(WORKER)] for _ in range(2)]
+        argvs = torchrun_nodes(2, port, f"bench-{run}", WORKER)
     t0, codes = launch_all(argvs, env, work, stagger=stagger, timeout=TIMEOUT_S)
     stamps = [float(p.read_text()) for p in out.glob("past-*")]
     ok = len(stamps) == 2 and codes == [0, 0]

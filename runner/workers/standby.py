@@ -186,6 +186,10 @@ class StandbyPool:
         """Standbys are on (the spec, and no RUNNER_STANDBY=0 on this machine) and the entrypoint is a script/module."""
         return spec.restart.standby and environ.get(OFF_VAR) != "0" and spec.entrypoint.command is None
 
+    def log_path(self, local_rank: int) -> Path:
+        """Where the standbys of `local_rank` write until they become workers (<run dir>/standby/rank_<r>.log)."""
+        return self.run_dir / "standby" / f"rank_{local_rank}.log"
+
     def fill(self) -> None:
         """Start a standby for every local rank that has none."""
         for local_rank in range(self.nproc):
@@ -212,7 +216,7 @@ class StandbyPool:
                *spec.restart.preload]
         if cgroup is not None:
             cmd = JobCgroup.enter(cgroup, cmd)
-        log_path = self.run_dir / "standby" / f"rank_{local_rank}.log"
+        log_path = self.log_path(local_rank)
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with log_path.open("ab") as out:
@@ -288,8 +292,7 @@ class StandbyPool:
             return
         word = standby.said.split(b"\n", 1)[0].decode(errors="replace")
         if word.startswith("failed "):
-            log = self.run_dir / "standby" / f"rank_{standby.local_rank}.log"
-            self.turn_off(f"the preload of {word[7:80]!r} failed (see {log})")
+            self.turn_off(f"the preload of {word[7:80]!r} failed (see {self.log_path(standby.local_rank)})")
             return
         if word != "ready":
             self._stop(standby, f"it said {word[:80]!r}")
