@@ -1,4 +1,4 @@
-"""Render the spec reference table (README "Job spec") from the job schema, so docs can't drift."""
+"""Render the spec reference table (docs/spec.md "Every field") from the job schema, so docs can't drift."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""The bookkeeping of runs: the runs index, `runner status` and `runner stop`/`reset` (control)."""

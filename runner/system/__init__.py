@@ -1,0 +1,1 @@
+"""Process primitives: pidfds, the guard (shepherd), cgroups, private files, signals, helper environments."""
