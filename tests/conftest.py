@@ -133,7 +133,7 @@ def job(tmp_path: Path) -> Iterator[Any]:
 
 def cgroup_here() -> bool:
     """True if this machine gives the runner a cgroup v2 (made and removed again)."""
-    from runner.workers.cgroup import JobCgroup
+    from runner.system.cgroup import JobCgroup
 
     cg = JobCgroup.create("probe")
     if cg is None:

@@ -25,9 +25,9 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.console import ConsoleRenderer, ConsoleWriter, LevelFilter, countdown, level_number, wait_text
-from runner.live_line import LiveLine
-from runner.progress import step_intervals
+from runner.observe.console import ConsoleRenderer, ConsoleWriter, LevelFilter, countdown, level_number, wait_text
+from runner.observe.live_line import LiveLine
+from runner.observe.progress import step_intervals
 from tests.etcd_server import etcd_server
 
 STAMP = "2026-01-02T03:04:05.000001Z"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import control
+from runner.runs import control
 
 STRANGER = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(9))\nprint('up', flush=True)\ntime.sleep(60)"
 

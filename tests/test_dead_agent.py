@@ -22,8 +22,8 @@ from conftest import alive, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.workers.cgroup import JobCgroup
-from runner.workers.lease_revoke import GatewayEndpoint, RevokeError, RevokeTicket, revoke, revoke_grpc
+from runner.rendezvous.etcd.lease_revoke import GatewayEndpoint, RevokeError, RevokeTicket, revoke, revoke_grpc
+from runner.system.cgroup import JobCgroup
 from tests.etcd_server import EtcdServer, etcd_server
 from tests.test_multinode import Cluster, Node, cluster, probe_args, spec_text
 

@@ -1,5 +1,5 @@
 """The docs say what the code does: README's usage block names only real subcommands and flags (and every
-subcommand), and docs/architecture.md's state diagram has exactly the edges of runner.machine.TRANSITIONS.
+subcommand), and docs/architecture.md's state diagram has exactly the edges of runner.core.machine.TRANSITIONS.
 
 Formats the docs must keep (so these checks can be strict):
 - README.md: the first fenced block after `## Usage`. Each line is `runner SUBCOMMAND ARGS...   description`
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from runner.cli.commands import COMMANDS, DEFAULT, names
 from runner.cli.main import build_parser
-from runner.machine import TRANSITIONS, JobState
+from runner.core.machine import TRANSITIONS, JobState
 
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)

@@ -22,8 +22,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.outcomes import FailureClass, FailureKind
+from runner.system.cgroup import JobCgroup
 from runner.workers import oom
-from runner.workers.cgroup import JobCgroup
 from runner.workers.failures import Failure, default_class, fingerprint, traceback_parts
 
 WORKER = ROOT / "tests" / "workers" / "failing_worker.py"
@@ -296,7 +296,7 @@ def test_the_metrics_count_failures_by_class() -> None:
     import urllib.request
 
     from runner.config import load_spec_text
-    from runner.metrics import AgentMetrics
+    from runner.observe.metrics import AgentMetrics
 
     spec = load_spec_text("name: j\nentrypoint: t.py\nmetrics: {enabled: true, host: 127.0.0.1, port: 0}\n",
                           environ={})

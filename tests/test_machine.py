@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from runner.config.spec import Budgets
-from runner.errors import RendezvousError
-from runner.machine import (
+from runner.core.machine import (
     TRANSITIONS,
     Guard,
     JobState,
@@ -21,8 +20,9 @@ from runner.machine import (
     edges,
     mermaid,
 )
+from runner.core.restart_policy import GUARDS, settle
+from runner.errors import RendezvousError
 from runner.outcomes import FailureKind
-from runner.restart_policy import GUARDS, settle
 from runner.workers.failures import Failure
 
 S, T, G = JobState, Trigger, Guard

@@ -83,7 +83,7 @@ def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Pa
 
 def test_agent_does_not_import_prometheus_client_unless_enabled() -> None:
     """Importing the agent (and the CLI) loads no prometheus_client: start-up stays fast."""
-    code = "import sys, runner.agent, runner.cli.main; print('prometheus_client' in sys.modules)"
+    code = "import sys, runner.agent.agent, runner.cli.main; print('prometheus_client' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
@@ -91,7 +91,7 @@ def test_agent_does_not_import_prometheus_client_unless_enabled() -> None:
 def test_hooks_before_start_are_no_ops() -> None:
     """AgentMetrics has no side effects until start(): hooks before it record nothing and raise nothing."""
     from runner.config import load_spec_text
-    from runner.metrics import AgentMetrics
+    from runner.observe.metrics import AgentMetrics
 
     metrics = AgentMetrics(load_spec_text("name: j\nentrypoint: t.py\n", environ={}), "node0")
     metrics.on_transition("INIT", "RENDEZVOUS", "initialized", 0, 0)

@@ -16,7 +16,7 @@ from conftest import wait_for
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner import runs_index
+from runner.runs import index as runs_index
 
 SLEEPER = """\
 import os, sys, time

@@ -1,4 +1,4 @@
-"""runner.private_files: the run dir is 0700 and the agent's files 0600 whatever the umask; writes are atomic."""
+"""runner.system.private_files: the run dir is 0700 and the agent's files 0600 whatever the umask; writes are atomic."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.private_files import open_private_append, private_dir, write_private
+from runner.system.private_files import open_private_append, private_dir, write_private
 
 
 def mode(path: Path) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, alive, cgroup_here, wait_for
 
-from runner.workers import procs
+from runner.system import procs
 
 pytestmark = pytest.mark.integration
 AGENT = ROOT / "tests" / "workers" / "group_agent.py"
@@ -137,8 +137,8 @@ def test_agent_sigkilled_env_scrubbed_escapee_dies_with_cgroup(tmp_path: Path, a
 
 RECYCLE = r"""
 import os, signal, subprocess, sys, time
-from runner.workers import procs
-from runner.workers.shepherd import Shepherd
+from runner.system import procs
+from runner.system.shepherd import Shepherd
 
 def fork_at(pid):
     # the next fork in this PID namespace gets `pid`

@@ -12,8 +12,8 @@ from conftest import alive, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner import signals
 from runner.events import StopRequested
+from runner.system import signals
 
 ESCAPE_JOB = """
 version: 1

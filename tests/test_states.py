@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from runner.config import load_spec_text
-from runner.context import Context
+from runner.core.context import Context
+from runner.core.machine import Step, Trigger
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
 from runner.events import GuardLost, StopRequested, TimerExpired, WorkerExited
-from runner.machine import Step, Trigger
 from runner.outcomes import FailureKind, Outcome
 from runner.rendezvous.base import RendezvousResult
 from runner.states import failed, init, rendezvous, restarting, running, shutdown

@@ -13,7 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from runner.config.clusters.common import ETCD_ENV, load_for_template, render
+from runner.config.clusters.common import ETCD_ENV, load_for_template
+from runner.config.clusters.render import render
 from runner.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]

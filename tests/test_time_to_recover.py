@@ -20,7 +20,7 @@ from conftest import wait_for
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.recovery import Recoveries
+from runner.observe.recovery import Recoveries
 from runner.rendezvous.ports import free_port
 from runner.report.page import render
 from runner.report.story import read_story
@@ -328,7 +328,7 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() |
 
 def test_status_table_shows_the_last_recovery() -> None:
     """The RECOVERY column: both phases, '?' for a ready never said, '-' before any restart."""
-    from runner.run_status import recovery
+    from runner.runs.status import recovery
 
     assert recovery({"running_s": 0.009, "ready_s": 1.3}) == "0.01s running → 1.30s ready"
     assert recovery({"running_s": 0.03, "ready_s": None}) == "0.03s running → ? ready"
@@ -338,7 +338,7 @@ def test_status_table_shows_the_last_recovery() -> None:
 @given(st.dictionaries(st.sampled_from(["running_s", "ready_s", "attempt"]), JSONISH | st.floats(1e300)) | JSONISH)
 def test_status_table_takes_any_published_recovery(value: object) -> None:
     """Whatever a status file or etcd holds under `recovery`, the cell is one short line, never an error."""
-    from runner.run_status import recovery
+    from runner.runs.status import recovery
 
     cell = recovery(value)
     assert "\n" not in cell and len(cell) < 40

@@ -15,9 +15,9 @@ from conftest import alive, cgroup_here, wait_for
 from workers.plans import plan
 
 from runner.events import WorkerExited
-from runner.workers import procs
+from runner.system import procs
+from runner.system.shepherd import Shepherd
 from runner.workers.group import WorkerGroup, signal_number
-from runner.workers.shepherd import Shepherd
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.workers.cgroup import own_cgroup_dir
-from runner.workers.procs import parse_stat
+from runner.system.cgroup import own_cgroup_dir
+from runner.system.procs import parse_stat
 
 TAIL = "S 1 2 3 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 100"
 

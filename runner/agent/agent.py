@@ -10,20 +10,20 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from runner import runs_index
+from runner.agent.backends import make_rendezvous
 from runner.config.spec import JobSpec
-from runner.context import Context
+from runner.core.context import Context
+from runner.core.machine import Edge, JobState, Step, build_machine, drive
+from runner.core.restart_policy import GUARDS, settle
 from runner.events import GuardLost
-from runner.logs import RUN_LOG, JsonLines
-from runner.machine import Edge, JobState, Step, build_machine, drive
+from runner.observe.logs import RUN_LOG, JsonLines
 from runner.outcomes import Outcome
-from runner.private_files import private_dir
-from runner.rendezvous import make_rendezvous
-from runner.restart_policy import GUARDS, settle
+from runner.runs import index as runs_index
 from runner.states import HANDLERS
+from runner.system.private_files import private_dir
 
 if TYPE_CHECKING:
-    from runner.metrics import AgentMetrics
+    from runner.observe.metrics import AgentMetrics
 
 
 def default_node_id() -> str:
@@ -72,7 +72,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     transitions = JsonLines(run_dir / "transitions.jsonl")
     metrics = None
     if spec.metrics.enabled:
-        from runner.metrics import AgentMetrics
+        from runner.observe.metrics import AgentMetrics
 
         metrics = AgentMetrics(spec, node)
         ctx.recoveries.observe = metrics.on_recovery  # runner_time_to_recover_seconds

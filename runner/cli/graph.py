@@ -15,7 +15,7 @@ class GraphCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:  # noqa: ARG002 - uniform signature
         """Print the transition table as Mermaid."""
-        from runner.machine import mermaid
+        from runner.core.machine import mermaid
 
         print(mermaid())
         return 0

@@ -15,7 +15,7 @@ from runner.cli.command import Command
 from runner.errors import EXIT_SPEC, RunnerError
 
 if TYPE_CHECKING:
-    from runner.runs_index import Run
+    from runner.runs.index import Run
 
 
 class NoRun(RunnerError):
@@ -60,8 +60,8 @@ def is_run_dir(path: Path) -> bool:
 
 def resolve(target: str) -> list[Path]:
     """The run dir(s) `target` designates."""
-    from runner import runs_index
-    from runner.run_status import looks_like_a_file
+    from runner.runs import index as runs_index
+    from runner.runs.status import looks_like_a_file
 
     path = Path(target).expanduser()
     if path.is_dir():

@@ -20,7 +20,7 @@ class ResetCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         """Print how many keys were deleted."""
-        from runner.control import reset
+        from runner.runs.control import reset
 
         print(reset(load(args.spec), args.force))
         return 0

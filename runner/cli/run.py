@@ -12,7 +12,7 @@ from runner.cli.command import Command, add_spec_argument, load
 from runner.outcomes import Outcome
 
 if TYPE_CHECKING:
-    from runner.context import Context
+    from runner.core.context import Context
 
 
 class RunCommand(Command):
@@ -36,8 +36,9 @@ class RunCommand(Command):
         """Exit code per README "Exit codes"."""
         import asyncio
 
-        from runner import agent, logs
+        from runner.agent import agent
         from runner.config.preflight import require
+        from runner.observe import logs
 
         spec = load(args.spec)
         require(spec, args.spec)  # what the spec needs from this machine: exit 2 before anything is created

@@ -24,8 +24,8 @@ class RunsCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         """Print the table (or JSON lines)."""
-        from runner import runs_index
-        from runner.run_status import pid_alive
+        from runner.runs import index as runs_index
+        from runner.runs.status import pid_alive
 
         runs = runs_index.read()
         if args.job:

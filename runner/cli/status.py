@@ -1,6 +1,6 @@
 """`runner status job.yaml|JOB [--json] [--watch]`: the job's state, nodes and workers, while it runs and after.
 
-A job name works from any directory: the per-user runs index (runner/runs_index.py) knows where its run dir is.
+A job name works from any directory: the per-user runs index (runner/runs/index.py) knows where its run dir is.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class StatusCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         """Print the status as a table or JSON (once, or until the job ends with --watch)."""
-        from runner.run_status import read
+        from runner.runs.status import read
 
         if args.watch:
             return watch(args.spec, max(MIN_INTERVAL, args.interval))
@@ -58,7 +58,7 @@ def print_status(status: dict[str, Any]) -> None:
 
 def watch(target: str, interval: float) -> int:
     """Redraw the table every `interval` s until the job ends (on a terminal); otherwise print each change."""
-    from runner.run_status import ended, read, table
+    from runner.runs.status import ended, read, table
 
     tty = sys.stdout.isatty()
     shown = ""

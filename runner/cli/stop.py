@@ -20,7 +20,7 @@ class StopCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         """Print what was done."""
-        from runner.control import request_stop
+        from runner.runs.control import request_stop
 
         print(request_stop(load(args.spec), args.graceful))
         return 0

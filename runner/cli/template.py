@@ -22,7 +22,8 @@ class TemplateCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         """Print (or write) the rendered template."""
-        from runner.config.clusters.common import load_for_template, render
+        from runner.config.clusters.common import load_for_template
+        from runner.config.clusters.render import render
 
         spec, text = load_for_template(args.spec)
         emit(render("kubernetes" if args.kind == "k8s" else args.kind, spec, args.spec, text), args.output)

@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from runner.control import agent_identity
+from runner.core.machine import JobState
 from runner.errors import RendezvousError
 from runner.events import Event, StopRequested, TimerExpired, WorkerExited
-from runner.machine import JobState
+from runner.observe.recovery import Recoveries
 from runner.outcomes import Outcome
-from runner.private_files import write_private
-from runner.recovery import Recoveries
+from runner.runs.control import agent_identity
+from runner.system.private_files import write_private
+from runner.system.shepherd import Shepherd
 from runner.watchdog.readiness import Readiness
 from runner.workers.failures import Failure
 from runner.workers.group import Worker, WorkerGroup
 from runner.workers.launch_plan import LaunchPlan, build_plan
-from runner.workers.shepherd import Shepherd
 
 if TYPE_CHECKING:
     from runner.config.spec import JobSpec
@@ -63,7 +63,7 @@ class Context:
     warnings: list[str] = field(default_factory=list)  # side failures (status writes, etcd) that did not stop the job
     report_path: Path | None = None  # where report.json went (the run dir, or a fallback when it could not)
     budget_error: str = ""  # why the restart budget could not be charged (etcd unreachable), if it could not
-    recoveries: Recoveries = field(init=False)  # time to recover: the launch and every restart (runner/recovery.py)
+    recoveries: Recoveries = field(init=False)  # time to recover (runner/observe/recovery.py)
     readiness: Readiness | None = None  # who of the current attempt has not said it is ready (made at first spawn)
     publishing: asyncio.Lock = field(default_factory=asyncio.Lock)  # one publish at a time, in order
     side_tasks: set[asyncio.Task[None]] = field(default_factory=set)  # publishes started by a callback

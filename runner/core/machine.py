@@ -18,7 +18,7 @@ from runner.outcomes import Outcome
 if TYPE_CHECKING:
     from transitions import EventData
 
-    from runner.context import Context
+    from runner.core.context import Context
 
 
 class JobState(enum.Enum):
@@ -57,7 +57,7 @@ class Trigger(enum.Enum):
 
 
 class Guard(enum.Enum):
-    """A condition on an edge of the restart policy (evaluated by runner/restart_policy.py, in table order)."""
+    """A condition on an edge of the restart policy (evaluated by runner/core/restart_policy.py, in table order)."""
 
     stopping = "a stop was requested"
     class_spent = "the failure's class has no restart left (restart.budgets: oom 0, infra 0 by default)"

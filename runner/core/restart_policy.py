@@ -1,6 +1,6 @@
 """Where a restart is decided.
 
-The guards of FAILED's edges (runner/machine.py lists them in order) and what each edge means for the job (reason,
+The guards of FAILED's edges (runner/core/machine.py lists them in order) and what each edge means for the job (reason,
 outcome, exit code). A failure's class (runner.outcomes.FailureClass) picks its budget in restart.budgets; the
 job-wide restart.max_restarts counts the classes that are charged (docs/failure_classes.md).
 """
@@ -11,14 +11,14 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from runner.core.machine import Edge, Guard, GuardCheck, Step, Trigger
 from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED, RendezvousError
-from runner.machine import Edge, Guard, GuardCheck, Step, Trigger
 from runner.outcomes import FailureClass, Outcome
 from runner.workers.failures import traceback_parts
 
 if TYPE_CHECKING:
     from runner.config.spec import ClassBudget
-    from runner.context import Context
+    from runner.core.context import Context
     from runner.workers.failures import Failure
 
 

@@ -1,6 +1,6 @@
 """The agent's console on a terminal: a header once, one calm line per transition and per notable event.
 
-JSON lines stay the format when the console is not a terminal (runner/logs.py). Every event, shown or not, is
+JSON lines stay the format when the console is not a terminal (runner/observe/logs.py). Every event, shown or not, is
 kept in `<run dir>/agent.jsonl`.
 """
 
@@ -16,7 +16,7 @@ from typing import IO, Any
 import structlog
 from structlog.typing import EventDict
 
-from runner.live_line import LIVE
+from runner.observe.live_line import LIVE
 
 RESET, BOLD, DIM = "\x1b[0m", "\x1b[1m", "\x1b[2m"
 RED, GREEN, YELLOW, BLUE, CYAN = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[34m", "\x1b[36m"

@@ -1,6 +1,6 @@
 """The live line: one line at the bottom of the terminal, redrawn in place while the agent waits.
 
-Only the calm console on a terminal has one (runner/console.py attaches it). Every writer of that terminal (the
+Only the calm console on a terminal has one (runner/observe/console.py attaches it). Every writer of that terminal (the
 agent's events, the workers' tee threads) writes inside `LIVE.writing()`: the line is erased first, the output
 goes above it, and the line is drawn again below. So the line never mixes with other output, and a closed terminal
 (EPIPE, EIO) turns it off for good, like the rest of the console.

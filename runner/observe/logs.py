@@ -13,7 +13,7 @@ import structlog
 from structlog.typing import EventDict
 
 from runner.config.redact import redact_event
-from runner.private_files import open_private_append
+from runner.system.private_files import open_private_append
 
 
 def configure(fmt: str = "auto", stream: IO[str] | None = None, verbosity: str = "normal") -> None:
@@ -22,7 +22,7 @@ def configure(fmt: str = "auto", stream: IO[str] | None = None, verbosity: str =
     `verbosity` (quiet | normal | verbose; RUNNER_LOG_LEVEL=debug|info|warning overrides it) only changes what the
     console shows: `<run dir>/agent.jsonl` keeps every event at INFO and above (and DEBUG when verbose).
     """
-    from runner.console import ConsoleRenderer, LevelFilter, level_number, writer_factory
+    from runner.observe.console import ConsoleRenderer, LevelFilter, level_number, writer_factory
 
     shown = level_number(os.environ.get("RUNNER_LOG_LEVEL") or verbosity)
     out = stream or sys.stderr

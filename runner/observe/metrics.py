@@ -13,7 +13,7 @@ import structlog
 
 from runner.config.spec import JobSpec
 from runner.errors import RunnerError
-from runner.recovery import PHASES
+from runner.observe.recovery import PHASES
 
 STATES = ("INIT", "RENDEZVOUS", "RUNNING", "FAILED", "RESTARTING", "SHUTDOWN")
 # trigger of a transition -> cause counted in runner_worker_exits_total (one per attempt's deciding exit)

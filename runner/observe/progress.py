@@ -3,7 +3,7 @@
     with Progress(log, "backoff", lambda: {"restart": 2}, deadline=loop.time() + 8):
         await asyncio.sleep(8)
 
-On the calm console's terminal the live line (runner/live_line.py) is redrawn every TICK_S with the wait's fields
+On the calm console's terminal the live line (observe/live_line.py) is redrawn every TICK_S with the wait's fields
 (`left_s` counted down to `deadline`), and erased when the wait ends. Whatever the console, a `waiting` event
 (`wait`, the fields, `waited_s`) is logged once per step: after 5 s, then at intervals doubling up to 60 s, so a
 wait of hours adds about one line a minute to agent.jsonl and a wait under 5 s adds none. Timers only (the loop's
@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Protocol, Self
 
-from runner.live_line import LIVE
+from runner.observe.live_line import LIVE
 
 TICK_S = 0.5  # the live line's refresh: a countdown in whole seconds never lags by more
 STEP_S = 5.0  # the first `waiting` event, after this long

@@ -12,8 +12,8 @@ from typing import Any
 
 from runner.config.spec import JobSpec
 from runner.errors import RunnerError
-from runner.signals import GRACEFUL_SIGNAL
-from runner.workers import procs
+from runner.system import procs
+from runner.system.signals import GRACEFUL_SIGNAL
 
 
 def local_status_path(spec: JobSpec) -> Path:

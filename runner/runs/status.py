@@ -1,7 +1,7 @@
 """A run's status from anywhere: find it (spec file or job name, through the runs index), read it, draw the table.
 
 `runner status` and `runner status --watch` use this; the local backend's status lives in `<run dir>/status.json`,
-an etcd job's in etcd (runner/control.py reads both).
+an etcd job's in etcd (runner/runs/control.py reads both).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner import runs_index
 from runner.config.spec import JobSpec
 from runner.errors import EXIT_SPEC, RunnerError
+from runner.runs import index as runs_index
 
 LIVE = frozenset({"running", "rendezvous", "stopping", "starting"})
 MAX_TAIL = 65536  # bytes of agent.jsonl read to find the last event
@@ -58,7 +58,7 @@ def spec_of_run(run: runs_index.Run) -> JobSpec | None:
 
 
 def local_status(run: runs_index.Run) -> dict[str, Any]:
-    """The status of a local-backend run from its run dir, shaped as runner.control.read_status's."""
+    """The status of a local-backend run from its run dir, shaped as runner.runs.control.read_status's."""
     path = Path(run.run_dir) / "status.json"
     try:
         node = json.loads(path.read_text(encoding="utf-8"))
@@ -86,7 +86,7 @@ def pid_alive(pid: object) -> bool:
 
 def read(target: str) -> dict[str, Any]:
     """The status of the job a spec file or a job name designates, from whichever directory."""
-    from runner.control import read_status
+    from runner.runs.control import read_status
 
     if looks_like_a_file(target):
         from runner.config import load_spec

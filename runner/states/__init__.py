@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runner.machine import Handler, JobState
+from runner.core.machine import Handler, JobState
 from runner.states import failed, init, rendezvous, restarting, running, shutdown
 
 HANDLERS: dict[JobState, Handler] = {

@@ -1,7 +1,7 @@
 """FAILED: class the root cause on the evidence, keep it, then fire `decide`.
 
-The restart policy's guarded edges (runner/machine.py,
-runner/restart_policy.py) choose retry, give_up or non_retryable.
+The restart policy's guarded edges (runner/core/machine.py,
+runner/core/restart_policy.py) choose retry, give_up or non_retryable.
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import json
 import signal
 from typing import TYPE_CHECKING
 
-from runner.machine import Step, Trigger
+from runner.core.machine import Step, Trigger
 from runner.outcomes import FailureKind
-from runner.private_files import write_private
-from runner.workers import oom, procs
+from runner.system import procs
+from runner.system.private_files import write_private
+from runner.workers import oom
 
 if TYPE_CHECKING:
-    from runner.context import Context
+    from runner.core.context import Context
     from runner.workers.failures import Failure
 
 

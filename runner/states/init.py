@@ -6,19 +6,19 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from runner import signals
 from runner.config.redact import spec_for_disk
+from runner.core.machine import Step, Trigger
 from runner.errors import RunnerError
-from runner.machine import Step, Trigger
 from runner.outcomes import FailureKind, Outcome
-from runner.private_files import write_private
+from runner.rendezvous.etcd.lease_revoke import LeaseHolder
 from runner.states.waiting import Stopped, unless_stopped
+from runner.system import signals
+from runner.system.private_files import write_private
 from runner.workers.failures import Failure
-from runner.workers.lease_revoke import LeaseHolder
 from runner.workers.standby import StandbyPool
 
 if TYPE_CHECKING:
-    from runner.context import Context
+    from runner.core.context import Context
 
 
 async def handle(ctx: Context) -> Step:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from runner.core.machine import Step, Trigger
 from runner.errors import EXIT_INFRA, JobClosed, RendezvousError, RendezvousTimeout
-from runner.machine import Step, Trigger
 from runner.outcomes import FailureKind, Outcome
 from runner.states.waiting import Stopped, unless_stopped
 from runner.workers.failures import Failure
 
 if TYPE_CHECKING:
-    from runner.context import Context
+    from runner.core.context import Context
 
 
 async def handle(ctx: Context) -> Step:

@@ -6,16 +6,16 @@ import asyncio
 import random
 from typing import TYPE_CHECKING
 
+from runner.core.machine import Step, Trigger
 from runner.errors import EXIT_WORKERS_FAILED
 from runner.events import StopRequested
-from runner.machine import Step, Trigger
+from runner.observe.progress import Progress
 from runner.outcomes import Outcome
-from runner.progress import Progress
 from runner.states.waiting import Stopped, unless_stopped
 
 if TYPE_CHECKING:
     from runner.config.spec import Backoff
-    from runner.context import Context
+    from runner.core.context import Context
 
 
 async def handle(ctx: Context) -> Step:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from runner.core.machine import Step, Trigger
 from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_WORKERS_FAILED
 from runner.events import (
     DeadlineReached,
@@ -16,13 +17,12 @@ from runner.events import (
     TimerExpired,
     WorkerExited,
 )
-from runner.machine import Step, Trigger
 from runner.outcomes import FailureKind, Outcome
 from runner.workers.failures import Failure, worker_failure
 from runner.workers.group import WorkerGroup
 
 if TYPE_CHECKING:
-    from runner.context import Context
+    from runner.core.context import Context
 
 
 async def handle(ctx: Context) -> Step:
@@ -34,7 +34,7 @@ async def handle(ctx: Context) -> Step:
             standbys=ctx.standbys,
         )
         ctx.group.start(ctx.plan)
-        ctx.workers_spawned(list(ctx.group.workers.values()))  # all running: time to recover (runner/recovery.py)
+        ctx.workers_spawned(list(ctx.group.workers.values()))  # all running: time to recover
         if ctx.timer is not None:
             ctx.timer.watch(ctx.group)
         arm_deadline(ctx)

@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runner.core.machine import JobState
 from runner.errors import EXIT_OK, EXIT_STOPPED_BASE
-from runner.machine import JobState
 from runner.outcomes import Outcome
-from runner.private_files import write_private
-from runner.runs_index import state_dir
+from runner.runs.index import state_dir
+from runner.system.private_files import write_private
 
 if TYPE_CHECKING:
-    from runner.context import Context
+    from runner.core.context import Context
 
 
 async def handle(ctx: Context) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 from runner.events import StopRequested
 
 if TYPE_CHECKING:
-    from runner.context import Context
+    from runner.core.context import Context
 
 T = TypeVar("T")
 

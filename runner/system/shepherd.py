@@ -1,4 +1,4 @@
-"""The agent's side of the guard (runner.workers.shepherd_main): what the job's processes are and who kills them.
+"""The agent's side of the guard (runner.system.shepherd_main): what the job's processes are and who kills them.
 
 `Shepherd` owns the job's containment: a random tag every worker carries in its environment, the job's cgroup when
 the machine allows one, the agent as child subreaper (orphans of workers reparent to it), and the guard process
@@ -16,18 +16,34 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import structlog
 
-from runner.workers import procs
-from runner.workers.cgroup import JobCgroup
-from runner.workers.launch_plan import HELPER_ENV_KEEP
-from runner.workers.lease_revoke import RevokeTicket
+from runner.system import procs
+from runner.system.cgroup import JobCgroup
+from runner.system.environ import HELPER_ENV_KEEP
 
 TAG_VAR = procs.TAG_VAR
 _ROOT = str(Path(__file__).resolve().parents[2])  # where `import runner` works from
-_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from runner.workers.shepherd_main import main; main()"
+_BOOT = "import sys; sys.path.insert(0, sys.argv.pop(1)); from runner.system.shepherd_main import main; main()"
+
+
+class DeathNote(Protocol):
+    """Work the guard does for a dead agent after its kill passes (the etcd backends: revoke the node's lease).
+
+    `handler()` names a runner module with `on_agent_death(payload: bytes) -> None`; `encode()` is that payload,
+    one line. The guard imports the module only when the agent died holding a note, so this layer names no layer
+    above it.
+    """
+
+    def handler(self) -> str:
+        """The dotted name of the module whose `on_agent_death` the guard calls."""
+        ...
+
+    def encode(self) -> bytes:
+        """The payload, one line (no newline in it)."""
+        ...
 
 
 class ShepherdLostError(RuntimeError):
@@ -172,7 +188,7 @@ class Shepherd:
         if self._watched.pop(pid, None) is not None:
             self._send(f"- {pid}\n")
 
-    def revoke_at_death(self, ticket: RevokeTicket | None) -> None:
+    def revoke_at_death(self, ticket: DeathNote | None) -> None:
         """If the agent dies, the guard also revokes the etcd lease of `ticket` (None: the agent gave it up itself).
 
         Called whenever the lease is granted or replaced; starts the guard, so that an agent dying while it waits
@@ -185,7 +201,7 @@ class Shepherd:
             self._lease_line = b"L\n"
         else:
             self.start()
-            self._lease_line = b"L " + ticket.encode() + b"\n"
+            self._lease_line = b"L " + ticket.handler().encode() + b" " + ticket.encode() + b"\n"
         self._send_bytes(self._lease_line)
 
     def _send(self, line: str) -> None:

@@ -1,6 +1,6 @@
 """Guard process: kills every process of the job if the agent dies, even by SIGKILL.
 
-Started by runner.workers.shepherd as `python -S -I -c <import this, run main()> <job tag> [<job cgroup>]` with a
+Started by runner.system.shepherd as `python -S -I -c <import this, run main()> <job tag> [<job cgroup>]` with a
 pipe from the agent on stdin (standard library only: no site-packages are loaded).
 The agent writes `+ PID START` when it starts a worker (START: its start time in /proc/PID/stat) and `- PID` once
 that worker's processes are gone and it is about to reap it. The guard holds a pidfd on every listed worker, so it
@@ -16,11 +16,13 @@ It ignores the signals a terminal or a scheduler sends to a process group, so on
 agent notices that at once through a pidfd and starts another).
 
 With the etcd rendezvous the agent also writes `L TICKET` whenever its lease is granted or replaced (TICKET: one
-line of JSON, runner.workers.lease_revoke.RevokeTicket) and a bare `L` once it gave the lease up itself. When the
-agent died holding a lease, the guard revokes it right after the kill passes (the workers come first; the wait for
-the cgroup to empty comes after): the node's keys vanish and its peers see it lost within a second, not after the
-lease TTL. The revoke gives up after lease_revoke.REVOKE_BUDGET_S, so a dead etcd delays the guard's exit by that at
-most. The ticket (with the etcd password, when auth is on) stays in this process's memory.
+`L MODULE TICKET` (runner.system.shepherd.DeathNote: MODULE names the handler, here
+runner.rendezvous.etcd.lease_revoke; TICKET is one line of JSON) and a bare `L` once it gave the lease up itself.
+When the agent died holding a lease, the guard calls MODULE's `on_agent_death(TICKET)` right after the kill passes
+(the workers come first; the wait for the cgroup to empty comes after): the node's keys vanish and its peers see it
+lost within a second, not after the lease TTL. The revoke gives up after lease_revoke.REVOKE_BUDGET_S, so a dead etcd
+delays the guard's exit by that at most. The ticket (with the etcd password, when auth is on) stays in this
+process's memory. The guard imports nothing above runner.system until then, and only a module under `runner.`.
 """
 
 import os
@@ -29,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from runner.workers import procs
-from runner.workers.cgroup import JobCgroup
+from runner.system import procs
+from runner.system.cgroup import JobCgroup
 
 ROUNDS = 20  # kill passes at most: a process forked during one pass is found by the next
 CGROUP_WAIT_S = 10.0
@@ -76,7 +78,7 @@ def kill_job(leaders: dict[int, int], tag: str, cgroup: Path | None, ticket: byt
     """
     kill_all(leaders, tag, cgroup)
     if ticket:
-        revoke_lease(ticket)
+        carry_out(ticket)
     if cgroup is not None:
         deadline = time.monotonic() + CGROUP_WAIT_S
         while JobCgroup.populated(cgroup) and time.monotonic() < deadline:
@@ -101,16 +103,16 @@ def kill_all(leaders: dict[int, int], tag: str, cgroup: Path | None) -> None:
             break
 
 
-def revoke_lease(ticket: bytes) -> None:
-    """Revoke the dead agent's etcd lease (bounded); say on stderr when that failed, and what it costs the peers."""
-    from runner.workers.lease_revoke import REVOKE_BUDGET_S, RevokeError, RevokeTicket, revoke
+def carry_out(note: bytes) -> None:
+    """Call the death note's handler (`MODULE PAYLOAD`): only a module under `runner.`; anything else is ignored."""
+    import importlib
 
-    try:
-        revoke(RevokeTicket.decode(ticket))
-    except (RevokeError, ValueError) as exc:
-        sys.stderr.write(f"runner guard: the agent died and its etcd lease could not be revoked within "
-                         f"{REVOKE_BUDGET_S:g} s ({exc}); its peers see this node lost when the lease expires "
-                         f"(rendezvous.lease_ttl)\n")
+    module, _, payload = note.partition(b" ")
+    name = module.decode("ascii", "replace")
+    if not name.startswith("runner.") or not payload:
+        sys.stderr.write(f"runner guard: ignored a death note for {name!r}\n")
+        return
+    importlib.import_module(name).on_agent_death(payload)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import structlog
 
+from runner.contract import HEARTBEAT_FILE_VAR
 from runner.watchdog.clock import Clock, SystemClock
 
-ENV_VAR = "RUNNER_HEARTBEAT_FILE"
+ENV_VAR = HEARTBEAT_FILE_VAR
 MAX_CHECK_INTERVAL_S = 5.0
 MIN_CHECK_INTERVAL_S = 0.01  # never spin, whatever the timeout
 

@@ -1,6 +1,6 @@
 """Readiness: when each new worker first says "I am ready" (heartbeat file touched, or a first timer request).
 
-It feeds the time to recover (runner/recovery.py) and never kills or fails anything. A timer request is reported
+It feeds the time to recover (runner/observe/recovery.py) and never kills or fails anything. A timer request is reported
 by the file-timer server as it is read (`request()`). The heartbeat file is looked at: its rank's log dir is new
 for every attempt, so the file exists only once the worker has touched it. Files are stat'ed on one
 `loop.call_at` handle for all workers still waited for, every 10 ms at first, the interval doubling to 0.25 s (a

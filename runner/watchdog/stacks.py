@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from runner.workers.launch_plan import helper_env
+from runner.system.environ import helper_env
 
 DEFAULT_TIMEOUT_S = 3.0
 MAX_STACKS_CHARS = 64 * 1024  # keep reports and log lines bounded

@@ -108,7 +108,7 @@ class FileTimerServer:
     check_interval: expiries are coalesced: two expiry wake-ups are at least this far apart, so a burst
     of expiries is handled together and a scope is reported at most this late (plus stack capture).
     on_first_request(local_rank, monotonic time), when given, is called for the first accepted request of each
-    rank's worker (again after `forget()` or `clear()`): that worker says it is ready (runner/recovery.py).
+    rank's worker (again after `forget()` or `clear()`): that worker says it is ready (runner/observe/recovery.py).
     """
 
     def __init__(

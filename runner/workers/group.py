@@ -1,7 +1,7 @@
 """WorkerGroup: spawn a LaunchPlan's workers, notice exits at once (pidfd), tee their output, stop them.
 
 Every worker runs in its own session (so its own process group), carries the job's tag in its environment and,
-where the machine allows, runs in its own cgroup (runner.workers.shepherd). A worker is never reaped before
+where the machine allows, runs in its own cgroup (runner.system.shepherd). A worker is never reaped before
 everything it started is gone: until then its pid, process-group id and session id cannot be given to another
 process, so signalling them reaches only ours. Its exit is read without reaping (waitid WNOWAIT on its pidfd).
 No preexec_fn: running Python between fork and exec is unsafe once the agent has threads (grpc's, with the etcd
@@ -23,12 +23,12 @@ from typing import IO, Any
 import structlog
 
 from runner.events import WorkerExited
-from runner.progress import Progress
-from runner.workers import procs
-from runner.workers.cgroup import JobCgroup
+from runner.observe.progress import Progress
+from runner.system import procs
+from runner.system.cgroup import JobCgroup
+from runner.system.procs import exit_code
+from runner.system.shepherd import TAG_VAR, Shepherd
 from runner.workers.launch_plan import LaunchPlan, WorkerPlan
-from runner.workers.procs import exit_code
-from runner.workers.shepherd import TAG_VAR, Shepherd
 from runner.workers.standby import Standby, StandbyPool
 from runner.workers.tee import Console, Tee
 

@@ -18,9 +18,9 @@ from pathlib import PurePath
 from string import Template
 
 from runner.config.spec import JobSpec
+from runner.contract import HEARTBEAT_FILE_VAR as HEARTBEAT_ENV
 from runner.errors import RunnerError
 from runner.rendezvous.base import RendezvousResult
-from runner.watchdog.heartbeat import ENV_VAR as HEARTBEAT_ENV
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,6 @@ class LaunchPlan:
     workers: tuple[WorkerPlan, ...]
 
 
-# Inherited variables a helper process keeps (locale and search path only: a helper needs nothing else).
-HELPER_ENV_KEEP = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ", "TMPDIR")
-
-
 def agent_secret_vars(spec: JobSpec) -> frozenset[str]:
     """Environment variables the spec names as the agent's own secret sources (never given to a worker)."""
     return frozenset(name for name in (spec.rendezvous.auth.password_env,) if name)
@@ -93,14 +89,6 @@ def without_agent_secrets(spec: JobSpec, environ: Mapping[str, str]) -> dict[str
     """`environ` without the variables of `agent_secret_vars`."""
     drop = agent_secret_vars(spec)
     return {k: v for k, v in environ.items() if k not in drop}
-
-
-def helper_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment for a helper process the agent starts (shepherd, py-spy): HELPER_ENV_KEEP only.
-
-    Helpers need no credential, so none is passed: not the etcd password, not a token the workers inherit.
-    """
-    return {k: environ[k] for k in HELPER_ENV_KEEP if k in environ}
 
 
 class VirtualLocalRankError(RunnerError):

@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from runner.workers.cgroup import JobCgroup
+from runner.system.cgroup import JobCgroup
 
 KMSG = Path("/dev/kmsg")
 MAX_RECORDS = 50_000  # records read from the kernel log at most (its ring buffer is bounded too)

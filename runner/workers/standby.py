@@ -35,15 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runner.workers import procs
-from runner.workers.cgroup import JobCgroup
+from runner.system import procs
+from runner.system.cgroup import JobCgroup
 from runner.workers.launch_plan import WorkerPlan, attempt_free_env, worker_argv
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from runner.config.spec import JobSpec
-    from runner.workers.shepherd import Shepherd
+    from runner.system.shepherd import Shepherd
 
 MAIN = str(Path(__file__).with_name("standby_main.py"))
 HEADER = 8  # standby_main.HEADER: big-endian length of the JSON orders

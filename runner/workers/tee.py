@@ -5,7 +5,7 @@ head`, a closed terminal: EPIPE, EIO) or stop reading (a paused pager). Console 
 console with a bounded backlog, so the agent's loop never blocks on them; the first write error ends the echo for
 good (the job and its log files go on), and a backlog that overflows drops lines and says how many.
 
-On the calm console's terminal, every write makes room for the live line (runner/live_line.py), and a tee told to
+On the calm console's terminal, every write makes room for the live line (observe/live_line.py), and a tee told to
 `fold` (its rank's output after a peer's crash: collateral) counts lines instead of echoing them, then says in one
 line how many there were and in which log file.
 """
@@ -20,7 +20,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO
 
-from runner.live_line import DIM, LIVE, RESET
+from runner.observe.live_line import DIM, LIVE, RESET
 
 _CHUNK = 65536
 BACKLOG_BYTES = 4 << 20  # console output waiting to be written, at most; beyond it lines are dropped

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from plans import plan
 
+from runner.system.shepherd import Shepherd
 from runner.workers.group import WorkerGroup
-from runner.workers.shepherd import Shepherd
 
 
 async def main() -> None:

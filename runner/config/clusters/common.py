@@ -52,17 +52,6 @@ def check_etcd(spec: JobSpec, source: str) -> None:
                       f"set rendezvous.backend: etcd and rendezvous.endpoints: ${{{ETCD_ENV}}}")
 
 
-def render(kind: str, spec: JobSpec, spec_path: str, spec_text: str) -> str:
-    """The template of `kind` for `spec`, loaded from `spec_path` (kept as given: the script refers to it)."""
-    if kind == "slurm":
-        from runner.config.clusters.slurm import sbatch_script
-
-        return sbatch_script(spec, spec_path)
-    from runner.config.clusters.kubernetes import manifests
-
-    return manifests(spec, spec_path, spec_text)
-
-
 def load_for_template(path: str) -> tuple[JobSpec, str]:
     """Load the spec at `path` as the nodes will, with ${RUNNER_ETCD_ENDPOINTS} standing for the template's etcd."""
     import os

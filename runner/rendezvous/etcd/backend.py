@@ -47,11 +47,11 @@ from runner.rendezvous.etcd.client import (
 from runner.rendezvous.etcd.connect import new_session
 from runner.rendezvous.etcd.keys import JobKeys, check_node_id, dump, load
 from runner.rendezvous.etcd.lease import LeaseKeeper, revoke_ticket
+from runner.rendezvous.etcd.lease_revoke import LeaseListener
 from runner.rendezvous.etcd.monitor import RoundMonitor
 from runner.rendezvous.etcd.round import RoundRules, RoundWaiter
 from runner.rendezvous.ports import free_port
 from runner.rendezvous.spec_check import diff_paths, shared_tree, tree_digest
-from runner.workers.lease_revoke import LeaseListener
 
 T = TypeVar("T")
 FINAL_STATE_TTL_S = 3600
@@ -117,7 +117,7 @@ class EtcdRendezvous:
     def on_lease(self, listener: LeaseListener) -> None:
         """Tell `listener` how to revoke this node's lease whenever it is granted or replaced (None: given up).
 
-        The agent passes its guard's (runner.workers.shepherd), so that a dead agent's lease is revoked at once.
+        The agent passes its guard's (runner.system.shepherd), so that a dead agent's lease is revoked at once.
         """
         self._lease_listener = listener
         if self._lease is not None:

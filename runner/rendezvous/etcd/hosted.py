@@ -24,7 +24,7 @@ import structlog
 
 from runner.config.spec import JobSpec
 from runner.errors import RendezvousError
-from runner.logs import RUN_LOG
+from runner.observe.logs import RUN_LOG
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.admin import write_control
 from runner.rendezvous.etcd.backend import EtcdRendezvous
@@ -33,7 +33,7 @@ from runner.rendezvous.etcd.connect import new_session
 from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, url_host, wait_for_host
 from runner.rendezvous.etcd.hosted_server import HostedEtcd
 from runner.rendezvous.etcd.keys import JobKeys
-from runner.workers.lease_revoke import LeaseListener
+from runner.rendezvous.etcd.lease_revoke import LeaseListener
 
 LINGER_POLL_S = 0.25
 

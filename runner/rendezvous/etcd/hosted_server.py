@@ -6,7 +6,7 @@
 - Files: `<run dir>/etcd/` (0700): `etcd.log` (etcd's own output, kept) and `data/` (removed after a clean stop).
 - Network: client URLs on the endpoint's addresses and port, the peer URL on a free loopback port (one member:
   no peer ever connects).
-- Guard: a runner.workers.shepherd.Shepherd of its own (not the workers'): its guard process holds a pidfd on etcd
+- Guard: a runner.system.shepherd.Shepherd of its own (not the workers'): its guard process holds a pidfd on etcd
   and SIGKILLs it when the agent's pipe closes, so etcd dies with the agent even when the agent is SIGKILLed.
   etcd runs in its own session: a Ctrl-C on the terminal reaches the agent, not etcd, which must stay up until the
   other nodes have left.
@@ -29,12 +29,12 @@ from typing import Any
 import structlog
 
 from runner.errors import RendezvousError
-from runner.private_files import private_dir
 from runner.rendezvous.etcd.host_rule import tcp_listeners, url_host
 from runner.rendezvous.ports import free_port
-from runner.workers import procs
-from runner.workers.launch_plan import helper_env
-from runner.workers.shepherd import Shepherd
+from runner.system import procs
+from runner.system.environ import helper_env
+from runner.system.private_files import private_dir
+from runner.system.shepherd import Shepherd
 
 INSTALL = "pip install 'runner[etcd]'"
 POLL_S = 0.02

@@ -5,8 +5,8 @@ longer than the TTL), they are put again on the new lease. A lease etcd does not
 lost the job's data: before re-granting, the keeper asks `job_intact` (the backend compares the job's epoch key);
 when the job is gone it tells `on_data_lost` and stops, and the backend re-admits the node with a fresh lease.
 
-A listener given to `watch()` (the agent's guard, runner.workers.shepherd) is told how to revoke the lease each time
-it is granted or replaced (a runner.workers.lease_revoke.RevokeTicket), and None once the keeper stopped: if the
+A listener given to `watch()` (the agent's guard, runner.system.shepherd) is told how to revoke the lease each time
+it is granted or replaced (a runner.rendezvous.etcd.lease_revoke.RevokeTicket), and None once the keeper stopped: if the
 agent dies holding the lease, its guard revokes it, and the peers see the node gone at once instead of one TTL later.
 """
 
@@ -36,7 +36,7 @@ from runner.rendezvous.etcd.client import (
     range_op,
 )
 from runner.rendezvous.etcd.connect import read_password
-from runner.workers.lease_revoke import GatewayEndpoint, LeaseListener, RevokeTicket
+from runner.rendezvous.etcd.lease_revoke import GatewayEndpoint, LeaseListener, RevokeTicket
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """Revoking a dead agent's etcd lease from its guard: what the guard is told, and the bounded call it makes.
 
-The agent tells its guard (runner.workers.shepherd_main) how to revoke the node's lease each time the lease is
+The agent tells its guard (runner.system.shepherd_main) how to revoke the node's lease each time the lease is
 granted or replaced, as a `RevokeTicket` sent over the guard's stdin pipe, and an empty ticket once it gave the lease
 up itself. The guard keeps the ticket's bytes in memory only and decodes them only when the agent has died, after
 it killed the job's processes: `revoke()` then revokes the lease through etcd's JSON gateway (`POST
@@ -61,6 +61,10 @@ class RevokeTicket:
     password: str | None = field(default=None, repr=False)
     path: tuple[str, ...] = ()  # the agent's sys.path: where the gRPC route finds grpc and aetcd
 
+    def handler(self) -> str:
+        """The module whose `on_agent_death` the guard calls with encode()'s bytes (a shepherd DeathNote)."""
+        return __name__
+
     def encode(self) -> bytes:
         """One line of JSON (no newline in it, whatever the password holds)."""
         return json.dumps({
@@ -106,6 +110,16 @@ class LeaseHolder(Protocol):
 
 class RevokeError(Exception):
     """The lease could not be revoked within the budget; the message says what each endpoint answered."""
+
+
+def on_agent_death(ticket: bytes) -> None:
+    """In the guard of a dead agent: revoke its lease (bounded); say on stderr when that failed, and what it costs."""
+    try:
+        revoke(RevokeTicket.decode(ticket))
+    except (RevokeError, ValueError) as exc:
+        sys.stderr.write(f"runner guard: the agent died and its etcd lease could not be revoked within "
+                         f"{REVOKE_BUDGET_S:g} s ({exc}); its peers see this node lost when the lease expires "
+                         f"(rendezvous.lease_ttl)\n")
 
 
 def revoke(ticket: RevokeTicket, budget: float = REVOKE_BUDGET_S, clock: Callable[[], float] = time.monotonic) -> str:

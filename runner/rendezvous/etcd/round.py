@@ -22,7 +22,7 @@ from typing import Any
 
 import structlog
 
-from runner.progress import Progress
+from runner.observe.progress import Progress
 from runner.rendezvous.etcd.client import (
     EtcdSession,
     LeaseNotFound,
@@ -148,7 +148,7 @@ class RoundWaiter:
         self.joined_seen = 1
         self._view = 0  # leader: revision up to which its table of joins is complete
         self._roster = Roster(())
-        self.progress: dict[str, Any] = {}  # what a waiting node shows (runner/progress.py), besides the round
+        self.progress: dict[str, Any] = {}  # what a waiting node shows (runner/observe/progress.py), besides the round
         self._nodes_prefix, self._result = keys.round_nodes(round_), keys.result(round_)
         self._leader, self._closed = keys.leader(round_), keys.closed(round_)
         self._watch: Watch | None = None  # a follower's stream, once the result came on it

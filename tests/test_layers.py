@@ -1,0 +1,101 @@
+"""The package's layers: each folder of runner/ imports only folders below it, and the top level stays small.
+
+Every `import`/`from ... import` of a runner module counts (at module level, inside functions, and under
+TYPE_CHECKING alike): an import that only a type checker sees still ties the two layers together. The order is
+docs/architecture.md's "Layers"; a module at the top of runner/ is in the foundation layer, except the program's
+entry point (`runner/__main__.py`), which is the top of its own process and imports the CLI.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "runner"
+ENTRY_POINTS = {"runner.__main__"}
+MAX_TOP_LEVEL_MODULES = 10
+
+# Lowest first: a layer may import itself and any layer before it, never one after it.
+LAYERS = (
+    "runner",  # foundation: errors, events, outcomes, the worker contract's names, the version
+    "runner.system",  # process primitives: pidfds, the guard, cgroups, private files, signals
+    "runner.config",  # the spec: load, validate, resolve
+    "runner.config.clusters",  # Slurm and Kubernetes templates of a spec
+    "runner.observe",  # console, live line, progress, logs, metrics, time to recover
+    "runner.rendezvous",  # the backend interface, ports, ranks, the local backend
+    "runner.rendezvous.etcd",  # the etcd v3 backend, hosted etcd, lease revoke at death, admin
+    "runner.workers",  # launch plan, group, standbys, tee, failures
+    "runner.watchdog",  # file timers, heartbeats, stacks of a hung worker
+    "runner.runs",  # the runs index, `runner status`, `runner stop`/`reset`
+    "runner.core",  # the state machine, the context handlers share, the restart policy
+    "runner.states",  # one handler per state
+    "runner.agent",  # wires it all and runs one job on a node
+    "runner.report",  # `runner report`'s page
+    "runner.cli",  # the command line
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    """The folder a module lives in (a package's __init__ is in its own folder)."""
+    path = ROOT.parent.joinpath(*module.split("."))
+    if path.is_dir():
+        return module
+    return module.rsplit(".", 1)[0]
+
+
+def imported(path: Path) -> set[str]:
+    """Every runner module `path` imports, wherever the import statement is."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "runner"}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "runner":
+            for alias in node.names:  # `from runner.x import y`: y may be a module of its own
+                sub = f"{node.module}.{alias.name}"
+                is_module = ROOT.parent.joinpath(*sub.split(".")).with_suffix(".py").exists()
+                out.add(sub if is_module else node.module)
+    return out
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in ROOT.rglob("*.py") if "__pycache__" not in p.parts}
+
+
+def test_every_folder_of_runner_is_a_declared_layer():
+    folders = {layer_of(m) for m in modules()}
+    assert folders == set(LAYERS), f"undeclared: {folders - set(LAYERS)}; gone: {set(LAYERS) - folders}"
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_a_module_imports_no_layer_above_its_own(module):
+    if module in ENTRY_POINTS:
+        return
+    rank = LAYERS.index(layer_of(module))
+    above = sorted(
+        f"{target} ({layer_of(target)})"
+        for target in imported(modules()[module])
+        if LAYERS.index(layer_of(target)) > rank
+    )
+    assert not above, f"{module} ({layer_of(module)}) imports a higher layer: {above}"
+
+
+def test_no_two_folders_import_each_other():
+    """The layering implies it; this says it in the issue's own terms, over the whole graph."""
+    graph: dict[str, set[str]] = {}
+    for module, path in modules().items():
+        if module not in ENTRY_POINTS:
+            graph.setdefault(layer_of(module), set()).update(layer_of(t) for t in imported(path))
+    pairs = sorted((a, b) for a in graph for b in graph[a] if a < b and a in graph.get(b, set()))
+    assert not pairs
+
+
+def test_the_top_level_keeps_at_most_ten_modules():
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
