@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from runner.events import Event
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,7 @@ class Rendezvous(Protocol):
     are put on the `events` queue given to `open`, as instances of runner.events classes.
     """
 
-    async def open(self, events: asyncio.Queue[Any]) -> None:
+    async def open(self, events: asyncio.Queue[Event]) -> None:
         """Connect (retrying up to the connect timeout) and start background watches."""
 
     async def next_round(self, attempt: int) -> RendezvousResult:

@@ -6,10 +6,13 @@ A fresh free MASTER_PORT every round, unless the spec fixes one (as torchrun's -
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.ports import free_port
+
+if TYPE_CHECKING:
+    from runner.events import Event
 
 
 class LocalRendezvous:
@@ -27,7 +30,7 @@ class LocalRendezvous:
         self.state: dict[str, Any] = {}
         self._last_port: int | None = None
 
-    async def open(self, events: asyncio.Queue[Any]) -> None:
+    async def open(self, events: asyncio.Queue[Event]) -> None:
         """Nothing to connect to."""
 
     async def next_round(self, attempt: int) -> RendezvousResult:

@@ -15,7 +15,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from runner.config.spec import JobSpec
 
 VERSION = 1
 MAX_BYTES = 256 * 1024  # compact past this size
@@ -180,7 +185,7 @@ def runs_of(job: str, path: Path | None = None) -> list[Run]:
     return [r for r in read(path) if r.job == job]
 
 
-def record_start(job: str, node: str, run_dir: Path, backend: str, log: Any) -> None:
+def record_start(job: str, node: str, run_dir: Path, backend: str, log: FilteringBoundLogger) -> None:
     """Append this run's start (failures are logged, never raised)."""
     try:
         append(start_line(job, node, run_dir, backend))
@@ -197,7 +202,7 @@ def record_end(ctx: Any) -> None:
         ctx.log.warning("runs_index_unwritable", path=str(index_path()), error=str(e))
 
 
-def announce(spec: Any, node: str, run_dir: Path, log: Any) -> None:
+def announce(spec: JobSpec, node: str, run_dir: Path, log: FilteringBoundLogger) -> None:
     """The run's first event (the console's header: job, node, run dir) and its line in the index."""
     log.info("run_started", run_dir=str(run_dir), nproc_per_node=spec.nproc_per_node,
              nodes=f"{spec.nodes.min}" if spec.nodes.min == spec.nodes.max else f"{spec.nodes.min}:{spec.nodes.max}",

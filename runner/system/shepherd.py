@@ -16,13 +16,16 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Protocol
 
 import structlog
 
 from runner.system import procs
 from runner.system.cgroup import JobCgroup
 from runner.system.environ import HELPER_ENV_KEEP
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 TAG_VAR = procs.TAG_VAR
 _ROOT = str(Path(__file__).resolve().parents[2])  # where `import runner` works from
@@ -57,7 +60,7 @@ class Shepherd:
     orphans that reparented to it. Leave it False where this process has children of its own (tests).
     """
 
-    def __init__(self, *, agent: bool = True, cgroup: bool = True, log: Any = None) -> None:
+    def __init__(self, *, agent: bool = True, cgroup: bool = True, log: FilteringBoundLogger | None = None) -> None:
         self.agent = agent
         self.want_cgroup = cgroup
         self.log = log or structlog.get_logger()

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import structlog
 
@@ -31,6 +31,11 @@ from runner.system.shepherd import TAG_VAR, Shepherd
 from runner.workers.launch_plan import LaunchPlan, WorkerPlan
 from runner.workers.standby import Standby, StandbyPool
 from runner.workers.tee import Console, Tee
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from runner.events import Event
 
 KILL_TIMEOUT_S = 10.0  # after SIGKILL: how long to wait before reporting a process that does not die
 _POLL_S = 0.02
@@ -80,12 +85,12 @@ class WorkerGroup:
 
     def __init__(
         self,
-        events: asyncio.Queue[Any],
+        events: asyncio.Queue[Event],
         shepherd: Shepherd,
         *,
         tee: bool,
         prefix: str,
-        log: Any = None,
+        log: FilteringBoundLogger | None = None,
         kill_timeout: float = KILL_TIMEOUT_S,
         standbys: StandbyPool | None = None,
     ) -> None:

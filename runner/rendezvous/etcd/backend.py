@@ -25,7 +25,7 @@ import os
 import time
 from collections.abc import Awaitable
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -53,6 +53,11 @@ from runner.rendezvous.etcd.round import RoundRules, RoundWaiter
 from runner.rendezvous.ports import free_port
 from runner.rendezvous.spec_check import diff_paths, shared_tree, tree_digest
 
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from runner.events import Event
+
 T = TypeVar("T")
 FINAL_STATE_TTL_S = 3600
 LOST_PEER = "etcd"  # the PeerLost.node of a data loss
@@ -65,13 +70,14 @@ class DataLost(Exception):
 class EtcdRendezvous:
     """Rendezvous through etcd v3. No I/O until open()."""
 
-    def __init__(self, spec: JobSpec, node: str, *, advertise_addr: str, log: Any = None) -> None:
+    def __init__(self, spec: JobSpec, node: str, *, advertise_addr: str,
+                 log: FilteringBoundLogger | None = None) -> None:
         self._spec, self._node, self._addr = spec, node, advertise_addr
         self._keys = JobKeys(spec.rendezvous.prefix, spec.name)
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend").bind(node=node)
         self._session: EtcdSession | None = None
         self._lease: LeaseKeeper | None = None
-        self._events: asyncio.Queue[Any] | None = None
+        self._events: asyncio.Queue[Event] | None = None
         self._monitor: RoundMonitor | None = None
         self._result: RendezvousResult | None = None
         self._state: dict[str, Any] = {}
@@ -99,7 +105,7 @@ class EtcdRendezvous:
             raise RendezvousError(msg)
         return self._lease
 
-    async def open(self, events: asyncio.Queue[Any]) -> None:
+    async def open(self, events: asyncio.Queue[Event]) -> None:
         """Connect, grant the lease, check the spec and that the job is still open."""
         check_node_id(self._node)
         self._events = events

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type stubs
 import structlog
@@ -27,6 +27,9 @@ from aetcd import rpc
 
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.identity import ClusterIdentity
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 T = TypeVar("T")
 OP_TIMEOUT_S = 5.0
@@ -374,7 +377,7 @@ class EtcdSession:
     """
 
     def __init__(self, endpoints: Sequence[str], creds: Credentials, *, connect_timeout: float,
-                 probe_key: bytes | None, log: Any = None) -> None:
+                 probe_key: bytes | None, log: FilteringBoundLogger | None = None) -> None:
         self._endpoints = [Endpoint.parse(e) for e in endpoints]
         self._creds = creds
         self.connect_timeout = connect_timeout

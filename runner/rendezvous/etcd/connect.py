@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runner.config.spec import Auth, JobSpec
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.client import Credentials, EtcdSession
 from runner.rendezvous.etcd.keys import JobKeys
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 
 def read_password(auth: Auth) -> str | None:
@@ -29,7 +32,7 @@ def read_password(auth: Auth) -> str | None:
     return None
 
 
-def new_session(spec: JobSpec, log: Any = None, *, probe: bool = True) -> EtcdSession:
+def new_session(spec: JobSpec, log: FilteringBoundLogger | None = None, *, probe: bool = True) -> EtcdSession:
     """An unconnected session for the spec's endpoints, TLS and auth.
 
     probe=False: connecting does not read the control key (the caller's first call finds out whether etcd answers).

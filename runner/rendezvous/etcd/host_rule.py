@@ -20,9 +20,12 @@ import contextlib
 import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runner.errors import RendezvousError
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 WAIT_RETRY_S = 0.2
 WAIT_RETRY_MAX_S = 1.0
@@ -109,7 +112,7 @@ def url_host(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
 
 
-async def wait_for_host(host: str, port: int, timeout: float, log: Any) -> None:
+async def wait_for_host(host: str, port: int, timeout: float, log: FilteringBoundLogger) -> None:
     """Return once `host`:`port` accepts TCP connections; RendezvousError after `timeout` seconds.
 
     Retried with a short backoff: the hosting node may not have started yet (nothing listens, or the name does not

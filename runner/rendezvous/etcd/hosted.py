@@ -18,7 +18,7 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -35,6 +35,11 @@ from runner.rendezvous.etcd.hosted_server import HostedEtcd
 from runner.rendezvous.etcd.keys import JobKeys
 from runner.rendezvous.etcd.lease_revoke import LeaseListener
 
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from runner.events import Event
+
 LINGER_POLL_S = 0.25
 
 
@@ -42,7 +47,7 @@ class HostedRendezvous:
     """The etcd backend on an etcd that this node starts when the rule says it hosts. No I/O until open()."""
 
     def __init__(self, spec: JobSpec, node: str, *, advertise_addr: str, run_dir: Path | None = None,
-                 log: Any = None) -> None:
+                 log: FilteringBoundLogger | None = None) -> None:
         self._spec, self._node, self._run_dir = spec, node, run_dir
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.hosted").bind(node=node)
         self._inner = EtcdRendezvous(spec, node, advertise_addr=advertise_addr, log=self._log)
@@ -58,7 +63,7 @@ class HostedRendezvous:
         """As the etcd backend's: `listener` learns how to revoke this node's lease (its guard, if the agent dies)."""
         self._inner.on_lease(listener)
 
-    async def open(self, events: asyncio.Queue[Any]) -> None:
+    async def open(self, events: asyncio.Queue[Event]) -> None:
         """Host etcd when the rule says so, else wait for the hosting node's (join_timeout); then join the job."""
         rdzv = self._spec.rendezvous
         endpoint = Endpoint.parse(rdzv.endpoints[0])

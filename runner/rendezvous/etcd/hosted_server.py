@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -35,6 +35,9 @@ from runner.system import procs
 from runner.system.environ import helper_env
 from runner.system.private_files import private_dir
 from runner.system.shepherd import Shepherd
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 INSTALL = "pip install 'runner[etcd]'"
 POLL_S = 0.02
@@ -69,7 +72,8 @@ def listens(pid: int, port: int) -> bool:
 class HostedEtcd:
     """One etcd member serving the job's rendezvous, started and stopped by the hosting agent."""
 
-    def __init__(self, folder: Path, ips: tuple[str, ...], port: int, advertise: str, log: Any = None) -> None:
+    def __init__(self, folder: Path, ips: tuple[str, ...], port: int, advertise: str,
+                 log: FilteringBoundLogger | None = None) -> None:
         self.folder, self.ips, self.port, self.advertise = folder, ips, port, advertise
         self.data_dir = folder / "data"
         self.log_path = folder / "etcd.log"

@@ -20,7 +20,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
@@ -37,6 +37,9 @@ from runner.rendezvous.etcd.client import (
 )
 from runner.rendezvous.etcd.connect import read_password
 from runner.rendezvous.etcd.lease_revoke import GatewayEndpoint, LeaseListener, RevokeTicket
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 T = TypeVar("T")
 
@@ -63,7 +66,7 @@ def revoke_ticket(rdzv: Rendezvous, lease: int = 0) -> RevokeTicket:
 class LeaseKeeper:
     """Owns one lease and the keys put on it."""
 
-    def __init__(self, session: EtcdSession, ttl: float, log: Any = None, *,
+    def __init__(self, session: EtcdSession, ttl: float, log: FilteringBoundLogger | None = None, *,
                  job_intact: Callable[[], Awaitable[bool]] = _always_intact,
                  on_data_lost: Callable[[str], None] | None = None) -> None:
         self._session = session

@@ -17,7 +17,7 @@ events per round instead of one per member (states of every member, published on
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -28,6 +28,11 @@ from runner.rendezvous.etcd.client import EtcdSession, absent, cancel_task, key_
 from runner.rendezvous.etcd.keys import JobKeys, dump, load
 from runner.rendezvous.etcd.watch import PUT, Event, Watch
 
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from runner.events import Event as AgentEvent
+
 RETRY_S = 1.0
 
 
@@ -35,7 +40,8 @@ class RoundMonitor:
     """Watches one running round; events go to the agent's queue, each at most once."""
 
     def __init__(self, session: EtcdSession, keys: JobKeys, result: RendezvousResult, max_nodes: int,
-                 events: asyncio.Queue[Any] | None, log: Any = None, *, since: int = 0) -> None:
+                 events: asyncio.Queue[AgentEvent] | None, log: FilteringBoundLogger | None = None, *,
+                 since: int = 0) -> None:
         self._s, self._k, self._res, self._max = session, keys, result, max_nodes
         self._since = since  # the leader's view revision (record "rev"): replay changes from there
         self._events = events

@@ -18,7 +18,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -37,6 +37,9 @@ from runner.rendezvous.etcd.keys import JobKeys, decode_closed, dump, encode_clo
 from runner.rendezvous.etcd.lease import LeaseKeeper
 from runner.rendezvous.etcd.watch import DELETE, PUT, Event, Watch
 from runner.rendezvous.ranks import assign_ranks
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 TERMINAL = "SHUTDOWN"
 MAX_SHOWN = 16  # node ids named in one `waiting` event, at most
@@ -141,7 +144,7 @@ class RoundWaiter:
     """
 
     def __init__(self, session: EtcdSession, keys: JobKeys, node: str, round_: int, rules: RoundRules, *,
-                 lease: LeaseKeeper, record: bytes, log: Any = None) -> None:
+                 lease: LeaseKeeper, record: bytes, log: FilteringBoundLogger | None = None) -> None:
         self._s, self._k, self._node, self._r = session, keys, node, round_
         self._rules, self._lease, self._record = rules, lease, record
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")

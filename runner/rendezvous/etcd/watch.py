@@ -14,7 +14,7 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type stubs
 import structlog
@@ -29,6 +29,9 @@ from runner.rendezvous.etcd.client import (
     channel_closed_under_us,
     translate,
 )
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
 
 PUT, DELETE = "PUT", "DELETE"
 
@@ -55,7 +58,7 @@ class Watch:
     """Events of several key ranges (key, range_end or None for one key), each range in revision order."""
 
     def __init__(self, session: EtcdSession, ranges: Sequence[tuple[bytes, bytes | None]], start_revision: int,
-                 log: Any = None) -> None:
+                 log: FilteringBoundLogger | None = None) -> None:
         self._session = session
         self._ranges = list(ranges)
         self._next = [max(1, start_revision)] * len(self._ranges)  # per range: the revision to resume from
