@@ -20,7 +20,7 @@ from runner.core.machine import (
     edges,
     mermaid,
 )
-from runner.core.restart_policy import GUARDS, settle
+from runner.core.restart_policy import GUARDS, gather, settle
 from runner.errors import RendezvousError
 from runner.outcomes import FailureKind
 from runner.workers.failures import Failure
@@ -72,10 +72,11 @@ class Budget:
     """A rendezvous stand-in with a restart budget (only charge_restart is used by the policy)."""
 
     def __init__(self, left: int) -> None:
-        self.left, self.used = left, 0
+        self.left, self.used, self.calls = left, 0, []
 
     async def charge_restart(self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *,
                              charged: bool = True) -> int | None:
+        self.calls.append(max_restarts)
         if self.left < 0:
             raise RendezvousError("etcd unreachable")
         if self.left <= 0 or self.used >= max_restarts:
@@ -91,8 +92,8 @@ def failed_ctx(*, kind="worker", exit_code=1, stop=None, budget=1, non_retryable
                       exit_code=exit_code, traceback=TRACEBACK if kind == "worker" else "")
     spec = SimpleNamespace(restart=SimpleNamespace(max_restarts=3, non_retryable_exit_codes=tuple(non_retryable),
                                                    budgets=Budgets(), crash_loop=crash_loop))
-    return SimpleNamespace(failure=failure, failures=[*earlier, failure], spec=spec, stop=stop,
-                           rendezvous=Budget(budget), restarts=0, budget_error="")
+    run = SimpleNamespace(failure=failure, failures=[*earlier, failure], restarts=0, charge=None)
+    return SimpleNamespace(run=run, spec=spec, stop=stop, rendezvous=Budget(budget))
 
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 9, in step\n    boom()\nValueError: bad 0x7f'
@@ -101,10 +102,17 @@ LOOP = tuple(Failure(kind=FailureKind.WORKER, reason="rank 0 exited with code 1"
 
 
 def decide(ctx) -> tuple[JobState, Step]:
+    """What FAILED and the driver do: gather the charge, fire `decide`, settle the edge taken."""
     model, machine = build_machine(GUARDS)
     machine.set_state(S.FAILED)
-    asyncio.run(model.trigger(T.decide.value, ctx=ctx))
-    return model.state, settle(ctx, model.taken)
+
+    async def go():
+        await gather(ctx)
+        assert await model.trigger(T.decide.value, ctx=ctx)
+        return await settle(ctx, model.taken)
+
+    step = asyncio.run(go())
+    return model.state, step
 
 
 @pytest.mark.parametrize(
@@ -137,7 +145,31 @@ def test_a_retry_says_which_restart_it_is():
     ctx = failed_ctx(budget=3)
     _, step = decide(ctx)
     assert step.reason == "restart 1 of 3"
-    assert ctx.restarts == 1
+    assert ctx.run.restarts == 1
+
+
+@pytest.mark.parametrize("ctx_args", [{}, {"budget": 0}, {"earlier": LOOP}, {"kind": "rendezvous", "exit_code": None},
+                                      {"stop": object()}, {"budget": -1}], ids=str)
+def test_guards_only_read(ctx_args):
+    """Every guard, asked in any state of the failure, neither calls the rendezvous nor changes the context."""
+    ctx = failed_ctx(**ctx_args)
+    before = repr(ctx)
+    for guard in GUARDS.values():
+        guard(ctx)
+    assert ctx.rendezvous.calls == []
+    assert repr(ctx) == before
+
+
+@pytest.mark.parametrize(("ctx_args", "refused"), [
+    ({"earlier": LOOP}, True),  # a crash loop: the other nodes are told through the round's charge
+    ({"kind": "rendezvous", "exit_code": None}, False),  # infrastructure: decided with no etcd call at all
+    ({"non_retryable": (1,)}, False),
+], ids=["crash-loop", "infrastructure", "non-retryable"])
+def test_a_give_up_acts_after_the_edge_is_taken(ctx_args, refused):
+    ctx = failed_ctx(**ctx_args)
+    state, _ = decide(ctx)
+    assert state is S.SHUTDOWN
+    assert ctx.rendezvous.calls == ([0] if refused else [])
 
 
 @pytest.mark.parametrize("src", list(JobState), ids=lambda s: s.value)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+from runner.agent.agent import assemble
 from runner.config import load_spec_text
-from runner.core.context import Context
-from runner.core.machine import Step, Trigger
+from runner.core.context import Charge, Context, JobInputs
+from runner.core.machine import JobState, Step, Trigger
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
 from runner.events import GuardLost, StopRequested, TimerExpired, WorkerExited
 from runner.outcomes import FailureKind, Outcome
@@ -49,7 +51,8 @@ class FakeRendezvous:
         return RendezvousResult(round=attempt, node="n0", group_rank=0, group_world_size=1, nproc_per_node=2,
                                 master_addr="127.0.0.1", master_port=29500, nodes=("n0",))
 
-    async def charge_restart(self, max_restarts: int) -> int | None:
+    async def charge_restart(self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *,
+                             charged: bool = True) -> int | None:
         return 1
 
     async def publish(self, state: dict) -> None:
@@ -71,12 +74,20 @@ class Log:
         return lambda event, **kw: self.lines.append((level, event, kw))
 
 
-def make_ctx(tmp_path: Path, rdzv: FakeRendezvous | None = None) -> Context:
+class Machine:
+    """The machine's state as the handlers' services see it (the driver moves it; here, the test)."""
+
+    state = JobState.INIT
+
+
+def make_ctx(tmp_path: Path, rdzv: FakeRendezvous | None = None, machine: Machine | None = None) -> Context:
+    """A real context (inputs and the agent's services) around a fake rendezvous and a logger that keeps lines."""
     spec = load_spec_text(SPEC, source=str(tmp_path / "job.yaml"))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    return Context(spec=spec, node="n0", run_dir=run_dir, rendezvous=rdzv or FakeRendezvous(),
-                   log=Log())
+    machine = machine or Machine()
+    inputs = JobInputs(spec, "n0", run_dir, time.monotonic())
+    return assemble(inputs, rdzv or FakeRendezvous(), Log(), lambda: machine.state)
 
 
 def run(coro):
@@ -91,8 +102,8 @@ def test_init_is_fatal_with_exit_3_when_the_rendezvous_cannot_open(tmp_path):
 
     step = run(go())
     assert step == Step(Trigger.fatal, "etcd unreachable", Outcome.ERROR, 3)
-    assert ctx.failure.kind is FailureKind.RENDEZVOUS
-    assert json.loads((ctx.run_dir / "spec.json").read_text())["name"] == "states"
+    assert ctx.run.failure.kind is FailureKind.RENDEZVOUS
+    assert json.loads((ctx.inputs.run_dir / "spec.json").read_text())["name"] == "states"
 
 
 def test_init_honours_a_stop_while_the_rendezvous_hangs(tmp_path):
@@ -121,7 +132,7 @@ def test_rendezvous_turns_each_error_into_its_edge(tmp_path, error, trigger, out
     step = run(rendezvous.handle(ctx))
     assert step.trigger is trigger
     assert step.outcome is outcome
-    assert (ctx.failure.kind if ctx.failure else None) is kind
+    assert (ctx.run.failure.kind if ctx.run.failure else None) is kind
     if "closed" in error.message:
         assert "runner reset" in error.fix
 
@@ -131,7 +142,7 @@ def test_rendezvous_success_plans_the_workers(tmp_path):
     step = run(rendezvous.handle(ctx))
     assert step.trigger is Trigger.rendezvous_complete
     assert "world size 2" in step.reason
-    assert [w.rank for w in ctx.plan.workers] == [0, 1]
+    assert [w.rank for w in ctx.run.plan.workers] == [0, 1]
 
 
 class FakeWorker:
@@ -150,21 +161,21 @@ class FakeGroup:
 def test_running_ignores_exits_and_timer_expiries_of_earlier_workers(tmp_path):
     """Issue 8.6a: a timer expiry queued during one attempt must not fail the next."""
     ctx = make_ctx(tmp_path)
-    ctx.group = FakeGroup()  # type: ignore[assignment]
+    ctx.run.group = FakeGroup()
     stale_timer = TimerExpired(local_rank=1, rank=1, pid=999, scope="step", overdue_s=1.0, reason="old attempt")
     stale_exit = WorkerExited(local_rank=0, rank=0, pid=998, exit_code=1, attempt=0)
     assert run(running.on_event(ctx, stale_timer)) is None
     assert run(running.on_event(ctx, stale_exit)) is None
-    assert ctx.failure is None
+    assert ctx.run.failure is None
     current = TimerExpired(local_rank=1, rank=1, pid=1001, scope="step", overdue_s=1.0, reason="hung")
     step = run(running.on_event(ctx, current))
     assert step.trigger is Trigger.timer_expired
-    assert ctx.failure.kind is FailureKind.WATCHDOG
+    assert ctx.run.failure.kind is FailureKind.WATCHDOG
 
 
 def test_restarting_drops_what_the_old_workers_queued_but_keeps_stops(tmp_path):
     ctx = make_ctx(tmp_path)
-    ctx.group = FakeGroup()  # type: ignore[assignment]
+    ctx.run.group = FakeGroup()
     stop = StopRequested(2, graceful=False)
     ctx.events.put_nowait(TimerExpired(local_rank=0, rank=0, pid=5, scope="s", overdue_s=0, reason="old"))
     ctx.events.put_nowait(stop)
@@ -175,11 +186,12 @@ def test_restarting_drops_what_the_old_workers_queued_but_keeps_stops(tmp_path):
 
 def test_failed_keeps_the_failure_and_lets_the_policy_decide(tmp_path):
     ctx = make_ctx(tmp_path)
-    ctx.failure = Failure(kind=FailureKind.WORKER, reason="rank 1 exited with code 1", attempt=0, rank=1, exit_code=1)
+    ctx.run.failure = Failure(kind=FailureKind.WORKER, reason="rank 1 exited with code 1", attempt=0, rank=1, exit_code=1)
     step = run(failed.handle(ctx))
     assert step.trigger is Trigger.decide
-    assert ctx.failures == [ctx.failure]
-    saved = json.loads((ctx.run_dir / "attempt_0" / "failure.json").read_text())
+    assert ctx.run.failures == [ctx.run.failure]
+    assert ctx.run.charge == Charge(1)  # no guard before the budget holds: the restart is charged before `decide`
+    saved = json.loads((ctx.inputs.run_dir / "attempt_0" / "failure.json").read_text())
     assert saved["kind"] == "worker"
     assert saved["exit_code"] == 1
 
@@ -188,8 +200,8 @@ def test_failed_keeps_the_failure_and_lets_the_policy_decide(tmp_path):
 def test_a_stop_during_the_backoff_ends_the_job_at_once(tmp_path, graceful, outcome, code):
     """Graceful: no restart, the failed attempt's result stands (exit 1). Otherwise a plain stop (SHUTDOWN: 128+N)."""
     ctx = make_ctx(tmp_path)
-    ctx.restarts = 2  # the second restart backs off 30 s
-    ctx.failure = Failure(kind=FailureKind.WORKER, reason="boom", attempt=0, exit_code=1)
+    ctx.run.restarts = 2  # the second restart backs off 30 s
+    ctx.run.failure = Failure(kind=FailureKind.WORKER, reason="boom", attempt=0, exit_code=1)
 
     async def go():
         asyncio.get_running_loop().call_later(0.05, ctx.events.put_nowait, StopRequested(12, graceful=graceful))
@@ -199,16 +211,18 @@ def test_a_stop_during_the_backoff_ends_the_job_at_once(tmp_path, graceful, outc
     assert step.trigger is Trigger.stop_requested
     assert step.outcome is outcome
     assert step.exit_code == code
-    assert ctx.attempt == 0
+    assert ctx.run.attempt == 0
 
 
 def test_shutdown_after_a_stop_exits_128_plus_the_signal_and_writes_the_report(tmp_path):
     rdzv = FakeRendezvous()
-    ctx = make_ctx(tmp_path, rdzv)
+    machine = Machine()
+    ctx = make_ctx(tmp_path, rdzv, machine)
     ctx.stop = StopRequested(2, graceful=False)
+    machine.state = JobState.SHUTDOWN  # the driver runs SHUTDOWN's handler once the machine is there
     run(shutdown.handle(ctx))
     assert (ctx.outcome, ctx.exit_code) == (Outcome.STOPPED, 130)
-    report = json.loads((ctx.run_dir / "report.json").read_text())
+    report = json.loads((ctx.inputs.run_dir / "report.json").read_text())
     assert report["outcome"] == "stopped"
     assert report["exit_code"] == 130
     assert rdzv.closed == ["stopped"]
@@ -221,7 +235,7 @@ def test_shutdown_keeps_the_workers_result_when_the_rendezvous_fails(tmp_path):
     ctx.outcome, ctx.exit_code = Outcome.SUCCEEDED, 0
     run(shutdown.handle(ctx))
     assert (ctx.outcome, ctx.exit_code) == (Outcome.SUCCEEDED, 0)
-    report = json.loads((ctx.run_dir / "report.json").read_text())
+    report = json.loads((ctx.inputs.run_dir / "report.json").read_text())
     assert report["outcome"] == "succeeded"
     assert "rendezvous_close_failed" in report["warnings"]
 
@@ -231,13 +245,13 @@ def test_shutdown_writes_the_report_elsewhere_when_the_run_dir_is_read_only(tmp_
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     ctx = make_ctx(tmp_path)
     ctx.outcome = Outcome.SUCCEEDED
-    ctx.run_dir.chmod(0o500)
+    ctx.inputs.run_dir.chmod(0o500)
     try:
         run(shutdown.handle(ctx))
     finally:
-        ctx.run_dir.chmod(0o700)
+        ctx.inputs.run_dir.chmod(0o700)
     assert ctx.report_path is not None
-    assert ctx.report_path.parent != ctx.run_dir
+    assert ctx.report_path.parent != ctx.inputs.run_dir
     assert json.loads(ctx.report_path.read_text())["outcome"] == "succeeded"
 
 
@@ -248,7 +262,7 @@ def test_running_stops_the_job_when_the_guard_is_lost(tmp_path):
     assert step.trigger is Trigger.guard_lost
     assert (step.outcome, step.exit_code) == (Outcome.ERROR, 3)
     assert "fork failed" in step.reason
-    assert ctx.failure.kind is FailureKind.GUARD
+    assert ctx.run.failure.kind is FailureKind.GUARD
 
 
 def test_a_fixed_master_port_is_the_rounds_port_on_the_local_backend():

@@ -1,29 +1,37 @@
-"""The agent: wires a Context, the state machine and the state handlers, and runs one job on this node."""
+"""The agent: assembles a Context (inputs and services), the state machine and the handlers; runs one job on a node."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
 from runner.agent.backends import make_rendezvous
+from runner.agent.services import GroupLauncher, Publisher, RecoveryTimer, node_status
 from runner.config.spec import JobSpec
-from runner.core.context import Context
+from runner.core.context import Context, JobInputs, Warnings
 from runner.core.machine import Edge, JobState, Step, build_machine, drive
 from runner.core.restart_policy import GUARDS, settle
 from runner.events import GuardLost
 from runner.observe.logs import RUN_LOG, JsonLines
+from runner.observe.recovery import Recoveries
 from runner.outcomes import Outcome
 from runner.runs import index as runs_index
+from runner.runs.control import agent_identity
 from runner.states import HANDLERS
 from runner.system.private_files import private_dir
+from runner.system.shepherd import Shepherd
 
 if TYPE_CHECKING:
+    from runner.events import Event
     from runner.observe.metrics import AgentMetrics
+    from runner.rendezvous.base import Rendezvous
 
 
 def default_node_id() -> str:
@@ -61,23 +69,17 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     addr = advertise_addr or spec.rendezvous.master_addr
     if addr is None:
         addr = "127.0.0.1" if spec.rendezvous.backend == "local" else socket.getfqdn()
-    ctx = Context(
-        spec=spec,
-        node=node,
-        run_dir=run_dir,
-        rendezvous=make_rendezvous(spec, node, addr, run_dir=run_dir),
-        log=log,
-    )
-    ctx.shepherd.on_lost = lambda why: ctx.events.put_nowait(GuardLost(why))
-    transitions = JsonLines(run_dir / "transitions.jsonl")
     metrics = None
     if spec.metrics.enabled:
         from runner.observe.metrics import AgentMetrics
 
         metrics = AgentMetrics(spec, node)
-        ctx.recoveries.observe = metrics.on_recovery  # runner_time_to_recover_seconds
-    on_transition = TransitionLog(ctx, transitions, metrics)
     model, _ = build_machine(GUARDS)
+    inputs = JobInputs(spec, node, run_dir, time.monotonic(), agent_identity())
+    ctx = assemble(inputs, make_rendezvous(spec, node, addr, run_dir=run_dir), log, lambda: model.state,
+                   observe=metrics.on_recovery if metrics is not None else None)  # runner_time_to_recover_seconds
+    transitions = JsonLines(run_dir / "transitions.jsonl")
+    on_transition = TransitionLog(ctx, transitions, metrics)
     try:
         if metrics is not None:
             metrics.start()
@@ -86,13 +88,36 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
         if metrics is not None:
             metrics.stop()
         transitions.close()
-        runs_index.record_end(ctx)
+        runs_index.record_end(node, run_dir, str(ctx.outcome or "stopped"), ctx.exit_code, ctx.run.attempt + 1,
+                              ctx.run.restarts, log)
         RUN_LOG.close()
-        if ctx.standbys is not None:
-            ctx.standbys.close()  # normally a no-op: SHUTDOWN closed it
-        if ctx.group is not None:
-            ctx.group.kill_all()  # normally a no-op: SHUTDOWN stopped them; not so if the agent itself failed
+        if ctx.run.standbys is not None:
+            ctx.run.standbys.close()  # normally a no-op: SHUTDOWN closed it
+        if ctx.run.group is not None:
+            ctx.run.group.kill_all()  # normally a no-op: SHUTDOWN stopped them; not so if the agent itself failed
         ctx.shepherd.close()
+    return ctx
+
+
+def assemble(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typing.FilteringBoundLogger,
+             state: Callable[[], JobState], *, observe: Callable[[str, float], None] | None = None) -> Context:
+    """The context of one run: its inputs and the services the handlers call, wired to one event queue and guard."""
+    events: asyncio.Queue[Event] = asyncio.Queue()
+    shepherd = Shepherd()
+    shepherd.on_lost = lambda why: events.put_nowait(GuardLost(why))
+    warnings = Warnings(log)
+    ctx: Context | None = None  # the status snapshot and the watchdog are read through it once it exists
+
+    def snapshot(now: JobState) -> dict[str, object]:
+        assert ctx is not None
+        return node_status(ctx, now)
+
+    publisher = Publisher(inputs.run_dir, rendezvous, warnings, state, snapshot)
+    recovery = RecoveryTimer(Recoveries(launched_at=inputs.started, observe=observe), publisher,
+                             lambda: ctx.timer if ctx is not None else None, log, JobState.RUNNING)
+    launcher = GroupLauncher(inputs.spec, events, shepherd, log)
+    ctx = Context(inputs=inputs, rendezvous=rendezvous, log=log, launcher=launcher, status=publisher,
+                  recovery=recovery, warnings=warnings, events=events, shepherd=shepherd)
     return ctx
 
 
@@ -108,29 +133,28 @@ class TransitionLog:
 
     async def __call__(self, src: JobState, dst: JobState, edge: Edge, step: Step) -> None:
         """Record the transition `src --edge--> dst` that `step` caused."""
-        ctx = self.ctx
-        ctx.state = dst
+        ctx, run = self.ctx, self.ctx.run
         if step.outcome is not None:
             ctx.outcome = step.outcome
         if step.exit_code is not None:
             ctx.exit_code = step.exit_code
         if self.metrics is not None:
-            self.metrics.on_transition(src.value, dst.value, edge.trigger.value, ctx.attempt, ctx.restarts)
+            self.metrics.on_transition(src.value, dst.value, edge.trigger.value, run.attempt, run.restarts)
         if dst is JobState.FAILED or (src is JobState.RUNNING and dst is JobState.RESTARTING):
-            ctx.attempt_failed(edge.trigger.value)  # a recovery starts here if the policy restarts
-        elif src is JobState.FAILED:
-            ctx.failure_classed()
-            if self.metrics is not None and ctx.failure is not None:  # classed by now (OOM evidence and all)
-                self.metrics.on_failure(ctx.failure.failure_class.value)
+            ctx.recovery.attempt_failed(edge.trigger.value, run.failure)  # a recovery starts if the policy restarts
+        elif src is JobState.FAILED and run.failure is not None:
+            ctx.recovery.failure_classed(run.failure)
+            if self.metrics is not None:  # classed by now (OOM evidence and all)
+                self.metrics.on_failure(run.failure.failure_class.value)
         event: dict[str, object] = {
             "event": "transition",
             "src": src.value,
             "dst": dst.value,
             "trigger": edge.trigger.value,
             "reason": step.reason,
-            "attempt": ctx.attempt,
+            "attempt": run.attempt,
             "job": ctx.spec.name,
-            "node": ctx.node,
+            "node": ctx.inputs.node,
             "time": time.time(),
         }
         if dst is JobState.SHUTDOWN:
@@ -138,7 +162,7 @@ class TransitionLog:
         try:
             self.sink.write(event)
         except OSError as e:
-            ctx.warn("transition_write_failed", error=str(e))
+            ctx.warnings.warn("transition_write_failed", error=str(e))
         ctx.log.info("transition", **{k: v for k, v in event.items() if k not in ("event", "job", "node")})
         if dst is not JobState.SHUTDOWN:
-            await ctx.publish()
+            await ctx.status.publish()

@@ -56,27 +56,27 @@ class RunCommand(Command):
 
 def print_summary(ctx: Context) -> None:
     """The short report a human reads at the end: outcome, attempts, each root cause, where the logs are."""
-    attempts = ctx.attempt + 1
+    attempts = ctx.run.attempt + 1
     out = sys.stderr
     print(
         f"runner: job '{ctx.spec.name}' {ctx.outcome} after {attempts} attempt(s), "
-        f"{ctx.restarts} restart(s); exit code {ctx.exit_code}",
+        f"{ctx.run.restarts} restart(s); exit code {ctx.exit_code}",
         file=out,
     )
-    failures = ctx.failures  # SHUTDOWN adds a fatal failure that skipped FAILED
+    failures = ctx.run.failures  # SHUTDOWN adds a fatal failure that skipped FAILED
     for f in failures[:-1]:
         print(f"runner:   attempt {f.attempt}: {f.reason}", file=out)
     if failures and ctx.outcome is not Outcome.SUCCEEDED:
         print("runner: " + failures[-1].report().replace("\n", "\nrunner: "), file=out)
     elif failures:
         print(f"runner:   attempt {failures[-1].attempt}: {failures[-1].reason}", file=out)
-    if recovered := ctx.recoveries.line():
+    if recovered := ctx.recovery.line():
         print(f"runner: {recovered}", file=out)
-    for warning in ctx.warnings:
+    for warning in ctx.warnings.seen:
         what = warning.replace("_", " ")
         print(f"runner: warning: {what} (the job's result stands; details in agent.jsonl)", file=out)
-    print(f"runner: logs: {ctx.run_dir}", file=out)
+    print(f"runner: logs: {ctx.inputs.run_dir}", file=out)
     if ctx.report_path is None:
         print("runner: warning: report.json could not be written anywhere", file=out)
-    elif ctx.report_path.parent != ctx.run_dir:
+    elif ctx.report_path.parent != ctx.inputs.run_dir:
         print(f"runner: report: {ctx.report_path} (the run dir could not take it)", file=out)

@@ -122,7 +122,7 @@ TRANSITIONS: tuple[Edge, ...] = (
 )
 
 Handler = Callable[["Context"], Awaitable[Step | None]]
-GuardCheck = Callable[["Context"], Awaitable[bool]]
+GuardCheck = Callable[["Context"], bool]  # reads only: FAILED gathers what acts (restart_policy.gather)
 OnTransition = Callable[[JobState, JobState, Edge, Step], Awaitable[None]]
 
 
@@ -135,11 +135,13 @@ class Model:
 
 
 def build_machine(guards: Mapping[Guard, GuardCheck]) -> tuple[Model, AsyncMachine]:
-    """Build the machine from TRANSITIONS; guarded edges ask `guards[edge.when](ctx)` in table order."""
+    """Build the machine from TRANSITIONS; guarded edges ask `guards[edge.when](ctx)` in table order.
+
+    Not `queued`: no callback here fires a trigger (handlers return Steps, the driver fires them one at a time), so
+    a queue would only hide whether a trigger took an edge (`trigger()` then returns True before it ran).
+    """
     model = Model()
-    machine = AsyncMachine(
-        model=model, states=JobState, initial=JobState.INIT, auto_transitions=False, queued=True, send_event=True
-    )
+    machine = AsyncMachine(model=model, states=JobState, initial=JobState.INIT, auto_transitions=False, send_event=True)
     for edge in TRANSITIONS:
 
         def took(_event: EventData, edge: Edge = edge) -> None:
@@ -149,9 +151,9 @@ def build_machine(guards: Mapping[Guard, GuardCheck]) -> tuple[Model, AsyncMachi
         if edge.when is not None:
             check = guards[edge.when]
 
-            async def holds(event: EventData, check: GuardCheck = check) -> bool:
+            def holds(event: EventData, check: GuardCheck = check) -> bool:
                 ctx: Context = event.kwargs["ctx"]
-                return await check(ctx)
+                return check(ctx)
 
             conditions.append(holds)
         event = (edge.fired_by or edge.trigger).value
@@ -164,11 +166,12 @@ async def drive(
     handlers: Mapping[JobState, Handler],
     ctx: Context,
     on_transition: OnTransition,
-    settle: Callable[[Context, Edge], Step],
+    settle: Callable[[Context, Edge], Awaitable[Step]],
 ) -> None:
     """Run each state's handler and fire the Step it returns until SHUTDOWN, then run SHUTDOWN's handler.
 
-    A Step fired through `decide` is completed by `settle(ctx, edge taken)` (the policy's reason and outcome).
+    A Step fired through `decide` is completed by `settle(ctx, edge taken)` (the policy acts, and gives the reason
+    and outcome).
     `on_transition(src, dst, edge, step)` runs after every state change.
     """
     while model.state is not S.SHUTDOWN:
@@ -176,11 +179,12 @@ async def drive(
         step = await handlers[src](ctx)
         if step is None:
             continue  # the handler wants to run again (e.g. it only recorded an event)
-        await model.trigger(step.trigger.value, ctx=ctx)
+        took = await model.trigger(step.trigger.value, ctx=ctx)
         edge = model.taken
+        assert took, f"{step.trigger.value} took no edge from {src.value}"
         assert edge is not None
         if edge.fired_by is not None:
-            step = settle(ctx, edge)
+            step = await settle(ctx, edge)
         await on_transition(src, model.state, edge, step)
     await handlers[S.SHUTDOWN](ctx)
 

@@ -1,7 +1,10 @@
 """Where a restart is decided.
 
 The guards of FAILED's edges (runner/core/machine.py lists them in order) and what each edge means for the job (reason,
-outcome, exit code). A failure's class (runner.outcomes.FailureClass) picks its budget in restart.budgets; the
+outcome, exit code). Guards only read: FAILED's step gathers the one input that acts (`gather`: the restart charge)
+before `decide`, and `settle` acts on the edge taken (telling the other nodes of a give-up).
+
+A failure's class (runner.outcomes.FailureClass) picks its budget in restart.budgets; the
 job-wide restart.max_restarts counts the classes that are charged (docs/failure_classes.md).
 """
 
@@ -11,7 +14,8 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from runner.core.machine import Edge, Guard, GuardCheck, Step, Trigger
+from runner.core.context import Charge
+from runner.core.machine import TRANSITIONS, Edge, Guard, GuardCheck, Step, Trigger
 from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED, RendezvousError
 from runner.outcomes import FailureClass, Outcome
 from runner.workers.failures import traceback_parts
@@ -24,8 +28,8 @@ if TYPE_CHECKING:
 
 def current(ctx: Context) -> Failure:
     """The failure FAILED recorded (every edge into FAILED sets it)."""
-    assert ctx.failure is not None
-    return ctx.failure
+    assert ctx.run.failure is not None
+    return ctx.run.failure
 
 
 def budget_of(ctx: Context) -> ClassBudget:
@@ -36,13 +40,13 @@ def budget_of(ctx: Context) -> ClassBudget:
 def used_here(ctx: Context) -> int:
     """Restarts this node has made after failures of the current failure's class (the earlier ones: all retried)."""
     cls = current(ctx).failure_class
-    return sum(1 for f in ctx.failures[:-1] if f.failure_class is cls)
+    return sum(1 for f in ctx.run.failures[:-1] if f.failure_class is cls)
 
 
 def looping(ctx: Context) -> list[Failure]:
     """The last restart.crash_loop failures when they are the same exception on consecutive attempts, else []."""
     n = ctx.spec.restart.crash_loop
-    last = ctx.failures[-n:] if n else []
+    last = ctx.run.failures[-n:] if n else []
     if len(last) < n or not last or not last[-1].fingerprint:
         return []
     same = all(f.fingerprint == last[-1].fingerprint for f in last)
@@ -60,56 +64,35 @@ async def refuse_round(ctx: Context) -> None:
         await ctx.rendezvous.charge_restart(0)
 
 
-async def stopping(ctx: Context) -> bool:
+def stopping(ctx: Context) -> bool:
     """A stop (graceful or not) arrived: nothing restarts once the job is stopping."""
     return ctx.stop is not None
 
 
-async def class_spent(ctx: Context) -> bool:
+def class_spent(ctx: Context) -> bool:
     """The failure's class has no restart left here (`oom: 0` and `infra: 0` by default).
 
     Decided before any etcd call: an infrastructure failure is not retried even when etcd is gone.
     """
     limit = budget_of(ctx).max
-    if limit is None or used_here(ctx) < limit:
-        return False
-    if current(ctx).failure_class is not FailureClass.INFRA:
-        await refuse_round(ctx)
-    return True
+    return limit is not None and used_here(ctx) >= limit
 
 
-async def crash_loop(ctx: Context) -> bool:
+def crash_loop(ctx: Context) -> bool:
     """The same exception (type, message, innermost frame) on restart.crash_loop consecutive attempts."""
-    if not looping(ctx):
-        return False
-    await refuse_round(ctx)
-    return True
+    return bool(looping(ctx))
 
 
-async def non_retryable_exit(ctx: Context) -> bool:
+def non_retryable_exit(ctx: Context) -> bool:
     """The failed worker's exit code is one the spec says never to retry."""
     code = current(ctx).exit_code
     return code is not None and code in ctx.spec.restart.non_retryable_exit_codes
 
 
-async def restart_charged(ctx: Context) -> bool:
-    """Charge one restart to the class's budget and (unless the class is uncharged) the job's, shared by every node.
-
-    False once either is spent, or when the budgets cannot be reached (etcd down past its connect timeout): no node
-    restarts on a budget it cannot count.
-    """
-    budget, cls = budget_of(ctx), current(ctx).failure_class
-    try:
-        used = await ctx.rendezvous.charge_restart(
-            ctx.spec.restart.max_restarts, cls.value, budget.max, charged=budget.charged
-        )
-    except RendezvousError as e:
-        ctx.budget_error = e.message
-        return False
-    if used is None:
-        return False
-    ctx.restarts = used
-    return True
+def restart_charged(ctx: Context) -> bool:
+    """A restart was charged to the class's budget and (unless the class is uncharged) the job's (`gather`)."""
+    charge = ctx.run.charge
+    return charge is not None and charge.used is not None
 
 
 GUARDS: dict[Guard, GuardCheck] = {
@@ -121,14 +104,42 @@ GUARDS: dict[Guard, GuardCheck] = {
 }
 
 
+BEFORE_CHARGE = tuple(e.when for e in TRANSITIONS if e.fired_by is Trigger.decide and e.when is not None)
+BEFORE_CHARGE = BEFORE_CHARGE[: BEFORE_CHARGE.index(Guard.restart_charged)]  # in table order
+
+
+async def gather(ctx: Context) -> None:
+    """What the last guard needs before FAILED fires `decide`: the restart charge, when no earlier guard decides.
+
+    Charging is the decision's one input that acts (a transaction on the budgets every node shares): it is made
+    here, by the FAILED step, so that every guard only reads. False once either budget is spent, or when the
+    budgets cannot be reached (etcd down past its connect timeout): no node restarts on a budget it cannot count.
+    """
+    ctx.run.charge = None
+    if any(GUARDS[guard](ctx) for guard in BEFORE_CHARGE):
+        return
+    budget, cls = budget_of(ctx), current(ctx).failure_class
+    try:
+        used = await ctx.rendezvous.charge_restart(
+            ctx.spec.restart.max_restarts, cls.value, budget.max, charged=budget.charged
+        )
+    except RendezvousError as e:
+        ctx.run.charge = Charge(None, e.message)
+        return
+    ctx.run.charge = Charge(used)
+    if used is not None:
+        ctx.run.restarts = used
+
+
 def retried(ctx: Context, edge: Edge) -> Step:
     """The retry's reason: which restart this is, of which budget."""
     limit, budget = ctx.spec.restart.max_restarts, budget_of(ctx)
     cls = current(ctx).failure_class
     own = f"; {cls} {used_here(ctx) + 1} of {budget.max}" if budget.max is not None else ""
     if budget.charged:
-        return Step(edge.trigger, f"restart {ctx.restarts} of {limit}{own}")
-    return Step(edge.trigger, f"restart after {cls}, not charged to max_restarts ({ctx.restarts} of {limit} used{own})")
+        return Step(edge.trigger, f"restart {ctx.run.restarts} of {limit}{own}")
+    used = ctx.run.restarts
+    return Step(edge.trigger, f"restart after {cls}, not charged to max_restarts ({used} of {limit} used{own})")
 
 
 Why = tuple[str, int]  # a give-up's reason and exit code
@@ -165,11 +176,11 @@ def why_non_retryable(ctx: Context) -> Why:
 
 def why_spent(ctx: Context) -> Why:
     """restart_charged refused: the budgets unreachable, the job's spent, the class's (job-wide), or a peer's no."""
-    if ctx.budget_error:
-        return f"not retried: the restart budget is unreachable ({ctx.budget_error})", EXIT_INFRA
+    if ctx.run.charge is not None and ctx.run.charge.error:
+        return f"not retried: the restart budget is unreachable ({ctx.run.charge.error})", EXIT_INFRA
     limit, budget, cls = ctx.spec.restart.max_restarts, budget_of(ctx), current(ctx).failure_class
     code = EXIT_INFRA if cls is FailureClass.INFRA else EXIT_WORKERS_FAILED
-    if budget.charged and ctx.restarts >= limit:
+    if budget.charged and ctx.run.restarts >= limit:
         return f"restart budget spent ({limit} of {limit} used)", code
     if budget.max is not None:
         return f"restart budget spent (max_restarts {limit}, or {cls}'s {budget.max} job-wide)", code
@@ -184,8 +195,15 @@ WHY: dict[Guard, Callable[[Context], Why]] = {
 }
 
 
-def settle(ctx: Context, edge: Edge) -> Step:
-    """The reason, outcome and exit code of the policy edge `edge`, taken from FAILED."""
+async def settle(ctx: Context, edge: Edge) -> Step:
+    """Act on the policy edge `edge`, taken from FAILED, and give its reason, outcome and exit code.
+
+    A give-up for a spent class (but infrastructure) or a crash loop tells the other nodes through the round's
+    charge, so they give up too rather than wait for this one in the next rendezvous.
+    """
+    if edge.when is Guard.crash_loop or (edge.when is Guard.class_spent
+                                         and current(ctx).failure_class is not FailureClass.INFRA):
+        await refuse_round(ctx)
     if edge.trigger is Trigger.retry:
         return retried(ctx, edge)
     reason, exit_code = WHY[edge.when](ctx) if edge.when is not None else why_spent(ctx)

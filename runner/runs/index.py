@@ -193,13 +193,13 @@ def record_start(job: str, node: str, run_dir: Path, backend: str, log: Filterin
         log.warning("runs_index_unwritable", path=str(index_path()), error=str(e))
 
 
-def record_end(ctx: Any) -> None:
-    """Append this run's end from the agent's final context (failures are logged, never raised)."""
+def record_end(node: str, run_dir: Path, outcome: str, exit_code: int, attempts: int, restarts: int,
+               log: FilteringBoundLogger) -> None:
+    """Append this run's end (failures are logged, never raised)."""
     try:
-        append(end_line(ctx.node, ctx.run_dir, str(ctx.outcome or "stopped"), int(ctx.exit_code),
-                        ctx.attempt + 1, ctx.restarts))
+        append(end_line(node, run_dir, outcome, exit_code, attempts, restarts))
     except OSError as e:
-        ctx.log.warning("runs_index_unwritable", path=str(index_path()), error=str(e))
+        log.warning("runs_index_unwritable", path=str(index_path()), error=str(e))
 
 
 def announce(spec: JobSpec, node: str, run_dir: Path, log: FilteringBoundLogger) -> None:

@@ -11,6 +11,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from runner.core.machine import Step, Trigger
+from runner.core.restart_policy import gather
 from runner.outcomes import FailureKind
 from runner.system import procs
 from runner.system.private_files import write_private
@@ -23,11 +24,12 @@ if TYPE_CHECKING:
 
 async def handle(ctx: Context) -> Step:
     """Record the failure (nothing is lost); the policy decides what follows."""
-    assert ctx.failure is not None  # every edge into FAILED sets it
-    failure = ctx.failure = with_evidence(ctx, ctx.failure)
-    ctx.failures.append(failure)
+    assert ctx.run.failure is not None  # every edge into FAILED sets it
+    failure = ctx.run.failure = with_evidence(ctx, ctx.run.failure)
+    ctx.run.failures.append(failure)
     save(ctx, failure)
     ctx.log.error("failure", **{k: v for k, v in failure.to_dict().items() if k not in ("traceback", "stacks")})
+    await gather(ctx)  # the restart charge, if the policy needs it: the guards of `decide` only read
     return Step(Trigger.decide)
 
 
@@ -38,9 +40,9 @@ def with_evidence(ctx: Context, failure: Failure) -> Failure:
     log is read only for a SIGKILL, the OOM killer's signal; the cgroup's count also catches a killed child (a
     DataLoader worker) of a worker that then exited with an error.
     """
-    if failure.kind is not FailureKind.WORKER or ctx.group is None or failure.local_rank is None:
+    if failure.kind is not FailureKind.WORKER or ctx.run.group is None or failure.local_rank is None:
         return failure
-    worker = ctx.group.workers.get(failure.local_rank)
+    worker = ctx.run.group.workers.get(failure.local_rank)
     if worker is None or worker.plan.rank != failure.rank:
         return failure
     # The start time tells this worker's kernel log record from a recycled pid's; without it, the cgroup only.
@@ -51,9 +53,9 @@ def with_evidence(ctx: Context, failure: Failure) -> Failure:
 
 def save(ctx: Context, failure: Failure) -> None:
     """Write the failure next to the attempt's logs: <run dir>/attempt_<k>/failure.json (a warning if it can't)."""
-    path = ctx.run_dir / f"attempt_{failure.attempt}" / "failure.json"
+    path = ctx.inputs.run_dir / f"attempt_{failure.attempt}" / "failure.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_private(path, json.dumps(failure.to_dict(), indent=2, default=str))
     except OSError as e:
-        ctx.warn("failure_write_failed", path=str(path), error=str(e))
+        ctx.warnings.warn("failure_write_failed", path=str(path), error=str(e))

@@ -30,10 +30,10 @@ async def handle(ctx: Context) -> Step:
         names=ctx.spec.shutdown.signals_to_handle,
     )
     try:
-        ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        write_private(ctx.run_dir / "spec.json", json.dumps(spec_for_disk(ctx.spec), indent=2))
+        ctx.inputs.run_dir.mkdir(parents=True, exist_ok=True)
+        write_private(ctx.inputs.run_dir / "spec.json", json.dumps(spec_for_disk(ctx.spec), indent=2))
     except OSError as e:
-        ctx.warn("spec_write_failed", error=str(e))
+        ctx.warnings.warn("spec_write_failed", error=str(e))
     start_standbys(ctx)  # their imports overlap the rendezvous (etcd)
     if isinstance(ctx.rendezvous, LeaseHolder):  # etcd: if this agent dies, its guard revokes its lease at once
         ctx.rendezvous.on_lease(ctx.shepherd.revoke_at_death)
@@ -44,26 +44,28 @@ async def handle(ctx: Context) -> Step:
     except Stopped:
         return Step(Trigger.stop_requested, "stop requested while connecting")
     except RunnerError as e:
-        ctx.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=0, hint=e.fix)
+        ctx.run.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=0, hint=e.fix)
         return Step(Trigger.fatal, e.message, Outcome.ERROR, e.exit_code)
-    return Step(Trigger.initialized, f"logs in {ctx.run_dir}")
+    return Step(Trigger.initialized, f"logs in {ctx.inputs.run_dir}")
 
 
 def start_standbys(ctx: Context) -> None:
     """One pre-warmed standby worker per local rank (restart.standby, script/module entrypoints)."""
     if not StandbyPool.wanted(ctx.spec, os.environ):
         return
-    ctx.standbys = StandbyPool(
-        ctx.spec, ctx.shepherd, nproc=ctx.spec.nproc_per_node, run_dir=ctx.run_dir, base_env=os.environ, log=ctx.log
+    ctx.run.standbys = StandbyPool(
+        ctx.spec, ctx.shepherd, nproc=ctx.spec.nproc_per_node, run_dir=ctx.inputs.run_dir, base_env=os.environ,
+        log=ctx.log,
     )
     if ctx.spec.rendezvous.backend != "local":  # a wait for other nodes to overlap; local: after the first workers
-        ctx.standbys.fill()
+        ctx.run.standbys.fill()
 
 
 async def start_watchdog(ctx: Context) -> None:
     """Start the file-timer server; its expiries become TimerExpired events."""
     from runner.watchdog.service import Watchdog
 
-    timer = Watchdog(ctx.spec.watchdog, run_dir=ctx.run_dir, events=ctx.events, log=ctx.log, group=lambda: ctx.group)
+    timer = Watchdog(ctx.spec.watchdog, run_dir=ctx.inputs.run_dir, events=ctx.events, log=ctx.log,
+                     group=lambda: ctx.run.group)
     await timer.start()
     ctx.timer = timer

@@ -17,19 +17,19 @@ if TYPE_CHECKING:
 async def handle(ctx: Context) -> Step:
     """Wait for the round to close (or a stop), then build the LaunchPlan."""
     try:
-        result = await unless_stopped(ctx, ctx.rendezvous.next_round(ctx.attempt))
+        result = await unless_stopped(ctx, ctx.rendezvous.next_round(ctx.run.attempt))
     except Stopped:
         return Step(Trigger.stop_requested, "stop requested during rendezvous")
     except JobClosed as e:
         return Step(Trigger.job_closed, e.message, Outcome.STOPPED, EXIT_INFRA)
     except RendezvousTimeout as e:
-        ctx.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=ctx.attempt, hint=e.fix)
+        ctx.run.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=ctx.run.attempt, hint=e.fix)
         return Step(Trigger.rendezvous_timeout, e.message)
     except RendezvousError as e:
-        ctx.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=ctx.attempt, hint=e.fix)
+        ctx.run.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=ctx.run.attempt, hint=e.fix)
         return Step(Trigger.fatal, e.message, Outcome.ERROR, EXIT_INFRA)
-    ctx.result = result
-    ctx.plan = ctx.make_plan()
+    ctx.run.result = result
+    ctx.run.plan = ctx.make_plan()
     return Step(
         Trigger.rendezvous_complete,
         f"round {result.round}: {result.group_world_size} node(s), world size {result.world_size}, "

@@ -21,24 +21,24 @@ if TYPE_CHECKING:
 async def handle(ctx: Context) -> Step:
     """Tear down what failed, drop what the old workers still queued, wait the backoff, start the next attempt."""
     spec = ctx.spec
-    failure = ctx.failure  # None for a membership change (not charged, no backoff)
+    failure = ctx.run.failure  # None for a membership change (not charged, no backoff)
     one = spec.restart.scope == "worker" and failure is not None and failure.kind.one_worker
-    if one and ctx.group is not None and failure is not None and failure.local_rank is not None:
-        await ctx.group.stop_one(failure.local_rank, spec.shutdown.signal, spec.shutdown.grace_period)
-    elif ctx.group is not None:
-        await ctx.group.stop(spec.shutdown.signal, spec.shutdown.grace_period, ctx.hurry)
-        ctx.group = None
+    if one and ctx.run.group is not None and failure is not None and failure.local_rank is not None:
+        await ctx.run.group.stop_one(failure.local_rank, spec.shutdown.signal, spec.shutdown.grace_period)
+    elif ctx.run.group is not None:
+        await ctx.run.group.stop(spec.shutdown.signal, spec.shutdown.grace_period, ctx.hurry)
+        ctx.run.group = None
         if ctx.timer is not None:
             ctx.timer.clear()
     drop_stale(ctx)
-    if ctx.standbys is not None:
-        ctx.standbys.fill()  # the old workers are gone: warm the next attempt's standbys now, not after a delay
-    delay = backoff_delay(spec.restart.backoff, ctx.restarts) if failure is not None else 0.0
+    if ctx.run.standbys is not None:
+        ctx.run.standbys.fill()  # the old workers are gone: warm the next attempt's standbys now, not after a delay
+    delay = backoff_delay(spec.restart.backoff, ctx.run.restarts) if failure is not None else 0.0
     try:
         if delay > 0:
-            ctx.log.info("backoff", delay_s=round(delay, 3), restart=ctx.restarts)
+            ctx.log.info("backoff", delay_s=round(delay, 3), restart=ctx.run.restarts)
             ends = asyncio.get_running_loop().time() + delay
-            with Progress(ctx.log, "backoff", lambda: {"restart": ctx.restarts}, ends):  # a countdown while it lasts
+            with Progress(ctx.log, "backoff", lambda: {"restart": ctx.run.restarts}, ends):  # a countdown meanwhile
                 await unless_stopped(ctx, asyncio.sleep(delay))
     except Stopped:
         if ctx.stop is not None and ctx.stop.graceful and failure is not None:
@@ -46,16 +46,16 @@ async def handle(ctx: Context) -> Step:
             return Step(Trigger.stop_requested, "graceful stop during backoff: no restart",
                         Outcome.FAILED, EXIT_WORKERS_FAILED)
         return Step(Trigger.stop_requested, "stop requested during backoff")
-    ctx.attempt += 1
-    ctx.failure = None
-    if one and ctx.group is not None and failure is not None and failure.local_rank is not None:
+    ctx.run.attempt += 1
+    ctx.run.failure = None
+    if one and ctx.run.group is not None and failure is not None and failure.local_rank is not None:
         plan = ctx.make_plan()
-        worker = ctx.group.start_one(plan.workers[failure.local_rank], plan)
-        ctx.workers_spawned([worker], scope="worker")  # the replaced worker running: time to recover
+        worker = ctx.run.group.start_one(plan.workers[failure.local_rank], plan)
+        ctx.recovery.workers_spawned(ctx.run.attempt, [worker], scope="worker")  # the replaced worker: running
         if ctx.timer is not None:
-            ctx.timer.watch(ctx.group)
-        return Step(Trigger.worker_replaced, f"rank {failure.rank} replaced (scope worker), attempt {ctx.attempt}")
-    return Step(Trigger.restarted, f"attempt {ctx.attempt}")
+            ctx.timer.watch(ctx.run.group)
+        return Step(Trigger.worker_replaced, f"rank {failure.rank} replaced (scope worker), attempt {ctx.run.attempt}")
+    return Step(Trigger.restarted, f"attempt {ctx.run.attempt}")
 
 
 def drop_stale(ctx: Context) -> None:
@@ -63,7 +63,7 @@ def drop_stale(ctx: Context) -> None:
     keep = []
     while not ctx.events.empty():
         event = ctx.events.get_nowait()
-        if isinstance(event, StopRequested) or not ctx.is_stale(event):
+        if isinstance(event, StopRequested) or not ctx.run.is_stale(event):
             keep.append(event)
     for event in keep:
         ctx.events.put_nowait(event)

@@ -19,7 +19,6 @@ from runner.events import (
 )
 from runner.outcomes import FailureKind, Outcome
 from runner.workers.failures import Failure, worker_failure
-from runner.workers.group import WorkerGroup
 
 if TYPE_CHECKING:
     from runner.core.context import Context
@@ -27,21 +26,17 @@ if TYPE_CHECKING:
 
 async def handle(ctx: Context) -> Step:
     """Start workers if this attempt has none yet; wait for events until one decides the next state."""
-    if ctx.group is None:
-        assert ctx.plan is not None  # RENDEZVOUS planned this attempt
-        ctx.group = WorkerGroup(
-            ctx.events, ctx.shepherd, tee=ctx.spec.logs.tee, prefix=ctx.spec.logs.prefix, log=ctx.log,
-            standbys=ctx.standbys,
-        )
-        ctx.group.start(ctx.plan)
-        ctx.workers_spawned(list(ctx.group.workers.values()))  # all running: time to recover
+    if ctx.run.group is None:
+        assert ctx.run.plan is not None  # RENDEZVOUS planned this attempt
+        group = ctx.run.group = ctx.launcher.launch(ctx.run.plan, ctx.run.standbys)
+        ctx.recovery.workers_spawned(ctx.run.attempt, list(group.workers.values()))  # all running: time to recover
         if ctx.timer is not None:
-            ctx.timer.watch(ctx.group)
+            ctx.timer.watch(group)
         arm_deadline(ctx)
-        await ctx.publish()
+        await ctx.status.publish()
     while True:
         event = await ctx.events.get()
-        ctx.event_seen()  # if it ends the attempt, the agent learnt of the failure now
+        ctx.recovery.event_seen()  # if it ends the attempt, the agent learnt of the failure now
         step = await on_event(ctx, event)
         if step is not None:
             return step
@@ -49,13 +44,13 @@ async def handle(ctx: Context) -> Step:
 
 async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 - one return per event kind
     """The Step `event` causes, or None to keep running. Events of earlier workers are ignored."""
-    if ctx.is_stale(event):
+    if ctx.run.is_stale(event):
         return None
     if isinstance(event, WorkerExited):
         return await on_worker_exit(ctx, event)
     if isinstance(event, TimerExpired):
-        ctx.failure = Failure(
-            kind=FailureKind.WATCHDOG, reason=event.reason, attempt=ctx.attempt, rank=event.rank,
+        ctx.run.failure = Failure(
+            kind=FailureKind.WATCHDOG, reason=event.reason, attempt=ctx.run.attempt, rank=event.rank,
             local_rank=event.local_rank, stacks=event.stacks, log_dir=rank_dir(ctx, event.local_rank),
         )
         return Step(Trigger.timer_expired, event.reason)
@@ -69,41 +64,43 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
             f"stop requested (signal {event.signum})" if event.signum else "stop requested (runner stop)",
         )
     if isinstance(event, PeerLost):
-        ctx.failure = Failure(kind=FailureKind.PEER, reason=f"node {event.node} lost: {event.why}", attempt=ctx.attempt)
-        return Step(Trigger.peer_lost, ctx.failure.reason)
+        reason = f"node {event.node} lost: {event.why}"
+        ctx.run.failure = Failure(kind=FailureKind.PEER, reason=reason, attempt=ctx.run.attempt)
+        return Step(Trigger.peer_lost, ctx.run.failure.reason)
     if isinstance(event, MembershipChanged):
         return Step(Trigger.membership_changed, f"node(s) waiting to join: {', '.join(event.waiting)}")
     if isinstance(event, GuardLost):
         reason = f"stopping: the shepherd died and could not be replaced ({event.why}); no worker may outlive us"
-        ctx.failure = Failure(kind=FailureKind.GUARD, reason=reason, attempt=ctx.attempt)
+        ctx.run.failure = Failure(kind=FailureKind.GUARD, reason=reason, attempt=ctx.run.attempt)
         return Step(Trigger.guard_lost, reason, Outcome.ERROR, EXIT_INFRA)
     reason = f"max_run_time ({event.max_run_time:g} s) reached"  # DeadlineReached, the last kind of Event
-    ctx.failure = Failure(kind=FailureKind.DEADLINE, reason=reason, attempt=ctx.attempt)
+    ctx.run.failure = Failure(kind=FailureKind.DEADLINE, reason=reason, attempt=ctx.run.attempt)
     return Step(Trigger.deadline_reached, reason, Outcome.FAILED, EXIT_WORKERS_FAILED)
 
 
 async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
     """A failure ends the attempt at once (the first failing rank is the root cause); all zero = success."""
-    assert ctx.group is not None  # is_stale() is False, so the worker is one of the group's
-    worker = ctx.group.workers[event.local_rank]
+    assert ctx.run.group is not None  # is_stale() is False, so the worker is one of the group's
+    worker = ctx.run.group.workers[event.local_rank]
     ctx.log.info("worker_exited", rank=event.rank, pid=event.pid, exit_code=event.exit_code)
     if event.exit_code != 0:
-        ctx.failure = worker_failure(ctx.attempt, event.rank, event.local_rank, event.exit_code, worker.plan.log_dir)
-        return Step(Trigger.worker_failed, ctx.failure.reason)
-    if not ctx.group.running():
+        ctx.run.failure = worker_failure(ctx.run.attempt, event.rank, event.local_rank, event.exit_code,
+                                         worker.plan.log_dir)
+        return Step(Trigger.worker_failed, ctx.run.failure.reason)
+    if not ctx.run.group.running():
         return Step(
             Trigger.workers_succeeded,
-            f"all {len(ctx.group.workers)} worker(s) exited with code 0",
+            f"all {len(ctx.run.group.workers)} worker(s) exited with code 0",
             Outcome.SUCCEEDED,
             EXIT_OK,
         )
-    await ctx.publish()  # the exit code for `runner status` (an exit that ends the attempt is published with it)
+    await ctx.status.publish()  # the exit code for `runner status` (an exit that ends the attempt is published with it)
     return None
 
 
 def rank_dir(ctx: Context, local_rank: int) -> str:
     """Log dir of the current worker of `local_rank`."""
-    worker = ctx.group.workers.get(local_rank) if ctx.group is not None else None
+    worker = ctx.run.group.workers.get(local_rank) if ctx.run.group is not None else None
     return worker.plan.log_dir if worker is not None else ""
 
 
@@ -114,5 +111,5 @@ def arm_deadline(ctx: Context) -> None:
         return
     ctx.deadline_armed = True
     loop = asyncio.get_running_loop()
-    delay = max(0.0, ctx.started + limit - loop.time())
+    delay = max(0.0, ctx.inputs.started + limit - loop.time())
     loop.call_later(delay, ctx.events.put_nowait, DeadlineReached(limit))

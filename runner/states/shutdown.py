@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner.core.machine import JobState
 from runner.errors import EXIT_OK, EXIT_STOPPED_BASE
 from runner.outcomes import Outcome
 from runner.runs.index import state_dir
@@ -25,12 +24,12 @@ if TYPE_CHECKING:
 async def handle(ctx: Context) -> None:
     """Stop workers (the received signal, or the spec's, then grace, then SIGKILL), the watchdog, the rendezvous."""
     spec = ctx.spec
-    if ctx.failure is not None and ctx.failure not in ctx.failures:  # a fatal error that skipped FAILED
-        ctx.failures.append(ctx.failure)
-    if ctx.standbys is not None:
-        ctx.standbys.close()
-    if ctx.group is not None:
-        await ctx.group.stop(forwarded_signal(ctx), spec.shutdown.grace_period, ctx.hurry)
+    if ctx.run.failure is not None and ctx.run.failure not in ctx.run.failures:  # a fatal error that skipped FAILED
+        ctx.run.failures.append(ctx.run.failure)
+    if ctx.run.standbys is not None:
+        ctx.run.standbys.close()
+    if ctx.run.group is not None:
+        await ctx.run.group.stop(forwarded_signal(ctx), spec.shutdown.grace_period, ctx.hurry)
     if ctx.timer is not None:
         await ctx.timer.stop()
     if ctx.outcome is None:  # reached by stop_requested
@@ -39,12 +38,11 @@ async def handle(ctx: Context) -> None:
         ctx.exit_code = EXIT_STOPPED_BASE + signum
     if ctx.outcome is Outcome.SUCCEEDED:
         ctx.exit_code = EXIT_OK
-    ctx.state = JobState.SHUTDOWN
-    await ctx.publish()
+    await ctx.status.publish()
     try:
         await ctx.rendezvous.close(ctx.outcome.value)
     except Exception as e:
-        ctx.warn("rendezvous_close_failed", error=str(e) or type(e).__name__)
+        ctx.warnings.warn("rendezvous_close_failed", error=str(e) or type(e).__name__)
     ctx.shepherd.close()
     write_report(ctx)
 
@@ -61,17 +59,17 @@ def report(ctx: Context) -> dict[str, Any]:
     """report.json's content: outcome, exit code, attempts, every failure's root cause, side-failure warnings."""
     return {
         "job": ctx.spec.name,
-        "node": ctx.node,
+        "node": ctx.inputs.node,
         "outcome": ctx.outcome.value if ctx.outcome is not None else None,
         "exit_code": ctx.exit_code,
-        "attempts": ctx.attempt + 1,
-        "restarts": ctx.restarts,
-        "duration_s": round(time.monotonic() - ctx.started, 3),
-        "failures": [f.to_dict() for f in ctx.failures],
-        **ctx.recoveries.report(),  # launch, recoveries, time_to_recover (docs/time_to_recover.md)
-        "standby": ctx.standbys.summary() if ctx.standbys is not None else {"enabled": False},
-        "warnings": list(ctx.warnings),
-        "run_dir": str(ctx.run_dir),
+        "attempts": ctx.run.attempt + 1,
+        "restarts": ctx.run.restarts,
+        "duration_s": round(time.monotonic() - ctx.inputs.started, 3),
+        "failures": [f.to_dict() for f in ctx.run.failures],
+        **ctx.recovery.report(),  # launch, recoveries, time_to_recover (docs/time_to_recover.md)
+        "standby": ctx.run.standbys.summary() if ctx.run.standbys is not None else {"enabled": False},
+        "warnings": list(ctx.warnings.seen),
+        "run_dir": str(ctx.inputs.run_dir),
     }
 
 
@@ -82,17 +80,17 @@ def write_report(ctx: Context) -> Path | None:
     if nowhere could).
     """
     text = json.dumps(report(ctx), indent=2, default=str)
-    name = f"{ctx.spec.name}-{ctx.run_dir.name}-report.json"
-    candidates = (ctx.run_dir / "report.json", state_dir() / "reports" / name,
+    name = f"{ctx.spec.name}-{ctx.inputs.run_dir.name}-report.json"
+    candidates = (ctx.inputs.run_dir / "report.json", state_dir() / "reports" / name,
                   Path(tempfile.gettempdir()) / f"runner-{name}")
     for path in candidates:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_private(path, text)
         except OSError as e:
-            ctx.warn("report_write_failed", path=str(path), error=str(e))
+            ctx.warnings.warn("report_write_failed", path=str(path), error=str(e))
             continue
-        if path.parent != ctx.run_dir:
+        if path.parent != ctx.inputs.run_dir:
             ctx.log.warning("report_elsewhere", path=str(path))
         ctx.report_path = path
         return path

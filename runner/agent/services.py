@@ -1,0 +1,159 @@
+"""The services the state handlers call (runner/core/context.py's Protocols), as the agent provides them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from runner.errors import RendezvousError
+from runner.observe.recovery import Recoveries
+from runner.system.private_files import write_private
+from runner.watchdog.readiness import Readiness
+from runner.workers.group import Worker, WorkerGroup
+
+if TYPE_CHECKING:
+    import structlog
+
+    from runner.config.spec import JobSpec
+    from runner.core.context import Context, Warnings
+    from runner.core.machine import JobState
+    from runner.events import Event
+    from runner.rendezvous.base import Rendezvous
+    from runner.system.shepherd import Shepherd
+    from runner.watchdog.service import Watchdog
+    from runner.workers.failures import Failure
+    from runner.workers.launch_plan import LaunchPlan
+    from runner.workers.standby import StandbyPool
+
+
+class GroupLauncher:
+    """Spawns an attempt's workers as a WorkerGroup feeding the agent's event queue, watched by its guard."""
+
+    def __init__(self, spec: JobSpec, events: asyncio.Queue[Event], shepherd: Shepherd,
+                 log: structlog.typing.FilteringBoundLogger) -> None:
+        self._spec, self._events, self._shepherd, self._log = spec, events, shepherd, log
+
+    def launch(self, plan: LaunchPlan, standbys: StandbyPool | None) -> WorkerGroup:
+        """Start every worker of `plan`."""
+        group = WorkerGroup(self._events, self._shepherd, tee=self._spec.logs.tee, prefix=self._spec.logs.prefix,
+                            log=self._log, standbys=standbys)
+        group.start(plan)
+        return group
+
+
+def node_status(ctx: Context, state: JobState) -> dict[str, object]:
+    """This node's live state, as published for `runner status` (the JSON boundary: strings from here on)."""
+    workers = []
+    if ctx.run.group is not None:
+        for w in ctx.run.group.workers.values():
+            code = w.exited.result() if w.exited.done() else None
+            workers.append({"rank": w.plan.rank, "local_rank": w.plan.local_rank, "pid": w.pid, "exit_code": code})
+    return {
+        "node": ctx.inputs.node,
+        **ctx.inputs.identity,  # pid and start time: `runner stop` proves it is still this agent
+        "state": state.value,
+        "attempt": ctx.run.attempt,
+        "restarts": ctx.run.restarts,
+        "run_id": ctx.spec.name,
+        "run_dir": str(ctx.inputs.run_dir),
+        "heartbeat": time.time(),
+        "workers": workers,
+        "outcome": ctx.outcome.value if ctx.outcome is not None else None,
+        **ctx.recovery.status(),  # launch and the last recovery: running_s, ready_s (docs/time_to_recover.md)
+    }
+
+
+class Publisher:
+    """Writes <run dir>/status.json and publishes to the rendezvous backend, one publish at a time, in order."""
+
+    def __init__(self, run_dir: Path, rendezvous: Rendezvous, warnings: Warnings,
+                 state: Callable[[], JobState], snapshot: Callable[[JobState], dict[str, object]]) -> None:
+        self._run_dir, self._rendezvous, self._warnings = run_dir, rendezvous, warnings
+        self._state, self._snapshot = state, snapshot
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def publish(self, *, only_in: JobState | None = None) -> None:
+        """Publish now; with `only_in`, nothing is published unless the machine is still in that state."""
+        async with self._lock:
+            state = self._state()
+            if only_in is not None and state is not only_in:
+                return
+            status = self._snapshot(state)
+            path = self._run_dir / "status.json"
+            try:
+                write_private(path, json.dumps(status, indent=2))
+            except OSError as e:
+                self._warnings.warn("status_write_failed", path=str(path), error=str(e))
+            try:
+                await self._rendezvous.publish(status)
+            except RendezvousError as e:
+                self._warnings.warn("status_publish_failed", error=e.message)
+
+    def publish_soon(self, *, only_in: JobState) -> None:
+        """Publish from a callback: a task of its own, kept until it is done."""
+        task = asyncio.get_running_loop().create_task(self.publish(only_in=only_in))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class RecoveryTimer:
+    """Time to recover (observe/recovery.py) on the event loop's clock, with readiness from heartbeats and timers."""
+
+    def __init__(self, recoveries: Recoveries, publisher: Publisher, timer: Callable[[], Watchdog | None],
+                 log: structlog.typing.FilteringBoundLogger, running: JobState) -> None:
+        self.recoveries = recoveries
+        self._publisher, self._timer, self._log, self._running = publisher, timer, log, running
+        self._readiness: Readiness | None = None  # made at the first spawn
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    def event_seen(self) -> None:
+        """RUNNING took an event off the queue: if it ends the attempt, this is when the agent learnt of it."""
+        self.recoveries.seen(self._now())
+
+    def attempt_failed(self, trigger: str, failure: Failure | None) -> None:
+        """The attempt ended in a failure (or a membership change): the start of a recovery, if one follows."""
+        self.recoveries.failed(self._now(), trigger, failure.to_dict() if failure is not None else None)
+        if self._readiness is not None:
+            self._readiness.clear()
+
+    def failure_classed(self, failure: Failure) -> None:
+        """FAILED is done with the failure (classed on its evidence): the recovery, if one follows, shows that."""
+        self.recoveries.classed(failure.to_dict())
+
+    def workers_spawned(self, attempt: int, workers: Sequence[Worker], *, scope: str = "job") -> None:
+        """Every worker of this attempt (`workers`) is spawned: "running"; watch each until it says it is ready."""
+        self.recoveries.running(self._now(), attempt, [w.plan.local_rank for w in workers], scope=scope)
+        if self._readiness is None:
+            self._readiness = Readiness(self.worker_ready)
+        timer = self._timer()
+        if timer is not None:
+            timer.on_first_request = self._readiness.request
+        self._readiness.watch({w.plan.local_rank: Path(w.plan.heartbeat_file) for w in workers})
+
+    def worker_ready(self, local_rank: int, at: float, source: str) -> None:
+        """A worker of this attempt said it is ready; once all have, publish it (status.json, etcd)."""
+        rec = self.recoveries.ready(local_rank, at, source)
+        if rec is not None:
+            self._log.info("workers_ready", attempt=rec.attempt, scope=rec.scope, running_s=rec.running_s,
+                           ready_s=rec.ready_s)
+            self._publisher.publish_soon(only_in=self._running)
+
+    def status(self) -> dict[str, object]:
+        """The launch and the last recovery, for status.json."""
+        return dict(self.recoveries.status())
+
+    def report(self) -> dict[str, object]:
+        """Every recovery, for report.json."""
+        return dict(self.recoveries.report())
+
+    def line(self) -> str:
+        """The summary's line on recoveries ("" when there was none)."""
+        return self.recoveries.line()
