@@ -11,11 +11,11 @@ from torch.distributed.elastic.utils.api import macros
 
 from runner.config.spec import Auth, Entrypoint, JobSpec, Logs, Rendezvous, Restart, Shutdown
 from runner.rendezvous.base import RendezvousResult
+from runner.system.environ import helper_env
 from runner.workers.launch_plan import (
     VirtualLocalRankError,
     agent_secret_vars,
     build_plan,
-    helper_env,
     substitute_local_rank,
     without_agent_secrets,
     worker_argv,

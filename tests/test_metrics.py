@@ -35,9 +35,27 @@ def scrape(port: int) -> str:
 
 
 def value(text: str, series: str) -> float | None:
-    """The sample value of one exact series line, e.g. 'runner_attempt' or 'runner_state{runner_state="RUNNING"}'."""
-    match = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else None
+    """The value of one series, e.g. 'runner_attempt' or 'runner_state{runner_state="RUNNING"}' (exactly those labels).
+
+    The scrape is read with prometheus_client's own parser, not matched as text: how a release of it writes label
+    order, quoting or numbers is its business; the names, labels and values are ours.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    name, _, rest = series.partition("{")
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+    found = [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+             if sample.name == name and sample.labels == labels]
+    assert len(found) <= 1, (series, found)
+    return found[0] if found else None
+
+
+def has_series(text: str, name: str, **labels: str) -> bool:
+    """A sample `name` whose labels include `labels` (others may be there too)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return any(sample.name == name and labels.items() <= sample.labels.items()
+               for family in text_string_to_metric_families(text) for sample in family.samples)
 
 
 def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Path) -> None:
@@ -70,7 +88,7 @@ def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Pa
         assert value(text, "runner_rendezvous_duration_seconds_count") == 2.0
         assert value(text, 'runner_transitions_total{dst="RESTARTING",src="FAILED",trigger="retry"}') == 1.0
         assert (value(text, "runner_seconds_since_last_transition") or -1) >= 0
-        assert 'runner_job_info{job="metrics"' in text
+        assert has_series(text, "runner_job_info", job="metrics")
         (out / "release").touch()
         assert proc.wait(timeout=120) == 0
     finally:
