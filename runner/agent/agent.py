@@ -29,6 +29,7 @@ from runner.system.private_files import private_dir
 from runner.system.shepherd import Shepherd
 
 if TYPE_CHECKING:
+    from runner.agent.replicas import ReplicaJob
     from runner.events import Event
     from runner.observe.metrics import AgentMetrics
     from runner.rendezvous.base import Rendezvous
@@ -58,14 +59,19 @@ def new_run_dir(spec: JobSpec) -> Path:
     return run_dir
 
 
-async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None = None) -> Context:
-    """Run the job on this node until SHUTDOWN; the returned context holds outcome, exit code and failures."""
+async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None = None) -> Context | ReplicaJob:
+    """Run the job on this node until SHUTDOWN; the returned context holds outcome, exit code and failures.
+
+    A job with replica groups runs each group's machine under a supervisor (runner/agent/replicas.py).
+    """
     node = node or default_node_id()
     structlog.contextvars.bind_contextvars(job=spec.name, node=node)
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger("runner")
     run_dir = new_run_dir(spec)
     RUN_LOG.open(run_dir / "agent.jsonl")
     runs_index.announce(spec, node, run_dir, log)  # the console's header; this run in `runner runs`
+    if spec.replica_groups is not None:
+        return await run_replica_groups(spec, node, run_dir, log)
     addr = advertise_addr or spec.rendezvous.master_addr
     if addr is None:
         addr = "127.0.0.1" if spec.rendezvous.backend == "local" else socket.getfqdn()
@@ -100,10 +106,15 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
 
 
 def assemble(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typing.FilteringBoundLogger,
-             state: Callable[[], JobState], *, observe: Callable[[str, float], None] | None = None) -> Context:
-    """The context of one run: its inputs and the services the handlers call, wired to one event queue and guard."""
+             state: Callable[[], JobState], *, observe: Callable[[str, float], None] | None = None,
+             shepherd: Shepherd | None = None) -> Context:
+    """The context of one run: its inputs and the services the handlers call, wired to one event queue and guard.
+
+    `shepherd`: the run's guard; by default the agent's own (the child subreaper, which kills orphans at close).
+    A replica group gets one of its own that is not (the supervisor's is, and closes last).
+    """
     events: asyncio.Queue[Event] = asyncio.Queue()
-    shepherd = Shepherd()
+    shepherd = shepherd or Shepherd()
     shepherd.on_lost = lambda why: events.put_nowait(GuardLost(why))
     warnings = Warnings(log)
     ctx: Context | None = None  # the status snapshot and the watchdog are read through it once it exists
@@ -121,6 +132,23 @@ def assemble(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typing.Fi
     return ctx
 
 
+async def run_replica_groups(spec: JobSpec, node: str, run_dir: Path,
+                             log: structlog.typing.FilteringBoundLogger) -> ReplicaJob:
+    """The replica groups' supervisor, with the run's own bookkeeping around it (the runs index, agent.jsonl)."""
+    from runner.agent.replicas import Supervisor
+
+    job: ReplicaJob | None = None
+    try:
+        job = await Supervisor(spec, node, run_dir, log, agent_identity()).run()
+        return job
+    finally:
+        outcome, code = (job.outcome.value, job.exit_code) if job is not None else ("error", 3)
+        attempts = sum(g.ctx.run.attempt + 1 for g in job.groups) if job is not None else 0
+        restarts = sum(g.ctx.run.restarts for g in job.groups) if job is not None else 0
+        runs_index.record_end(node, run_dir, outcome, code, attempts, restarts, log)
+        RUN_LOG.close()
+
+
 class TransitionLog:
     """After every state change, the one place its effects happen.
 
@@ -128,8 +156,11 @@ class TransitionLog:
     context, and the new state published (SHUTDOWN publishes once its work is done).
     """
 
-    def __init__(self, ctx: Context, sink: JsonLines, metrics: AgentMetrics | None) -> None:
+    def __init__(self, ctx: Context, sink: JsonLines, metrics: AgentMetrics | None, *,
+                 job_sink: JsonLines | None = None, after: Callable[[], None] | None = None) -> None:
+        """`job_sink`: a replica group's transitions also go to the job's file; `after`: told of every one."""
         self.ctx, self.sink, self.metrics = ctx, sink, metrics
+        self.job_sink, self.after = job_sink, after
 
     async def __call__(self, src: JobState, dst: JobState, edge: Edge, step: Step) -> None:
         """Record the transition `src --edge--> dst` that `step` caused."""
@@ -140,29 +171,46 @@ class TransitionLog:
             ctx.exit_code = step.exit_code
         if self.metrics is not None:
             self.metrics.on_transition(src.value, dst.value, edge.trigger.value, run.attempt, run.restarts)
+        self.time_recovery(src, dst, edge)
+        event = self.event(src, dst, edge, step)
+        for sink in (self.sink, self.job_sink):
+            try:
+                if sink is not None:
+                    sink.write(event)
+            except OSError as e:
+                ctx.warnings.warn("transition_write_failed", error=str(e))
+        ctx.log.info("transition", **{k: v for k, v in event.items() if k not in ("event", "job", "node")})
+        if dst is not JobState.SHUTDOWN:
+            await ctx.status.publish()
+        if self.after is not None:
+            self.after()
+
+    def time_recovery(self, src: JobState, dst: JobState, edge: Edge) -> None:
+        """A failure (or membership change) starts a recovery; FAILED's end classes it (and counts it)."""
+        ctx, run = self.ctx, self.ctx.run
         if dst is JobState.FAILED or (src is JobState.RUNNING and dst is JobState.RESTARTING):
             ctx.recovery.attempt_failed(edge.trigger.value, run.failure)  # a recovery starts if the policy restarts
         elif src is JobState.FAILED and run.failure is not None:
             ctx.recovery.failure_classed(run.failure)
             if self.metrics is not None:  # classed by now (OOM evidence and all)
                 self.metrics.on_failure(run.failure.failure_class.value)
+
+    def event(self, src: JobState, dst: JobState, edge: Edge, step: Step) -> dict[str, object]:
+        """The one `transition` event (a replica group's names its group; SHUTDOWN's carries the outcome)."""
+        ctx = self.ctx
         event: dict[str, object] = {
             "event": "transition",
             "src": src.value,
             "dst": dst.value,
             "trigger": edge.trigger.value,
             "reason": step.reason,
-            "attempt": run.attempt,
+            "attempt": ctx.run.attempt,
             "job": ctx.spec.name,
             "node": ctx.inputs.node,
             "time": time.time(),
         }
+        if ctx.inputs.replica is not None:
+            event["group"] = ctx.inputs.replica.group
         if dst is JobState.SHUTDOWN:
             event["outcome"] = (ctx.outcome or Outcome.STOPPED).value
-        try:
-            self.sink.write(event)
-        except OSError as e:
-            ctx.warnings.warn("transition_write_failed", error=str(e))
-        ctx.log.info("transition", **{k: v for k, v in event.items() if k not in ("event", "job", "node")})
-        if dst is not JobState.SHUTDOWN:
-            await ctx.status.publish()
+        return event

@@ -38,6 +38,7 @@ class RunCommand(Command):
 
         from runner.agent import agent
         from runner.config.preflight import require
+        from runner.core.context import Context
         from runner.observe import logs
 
         spec = load(args.spec)
@@ -46,7 +47,10 @@ class RunCommand(Command):
         ctx = asyncio.run(agent.run(spec, node=args.node, advertise_addr=args.advertise_addr))
         # The console may be gone (`| head`, a closed terminal): the summary is then lost, never the exit code.
         with contextlib.suppress(OSError):
-            print_summary(ctx)
+            if isinstance(ctx, Context):
+                print_summary(ctx)
+            else:
+                print("\n".join(ctx.summary()), file=sys.stderr)
         # Every worker is reaped and every file closed by now: skip the interpreter's teardown (tens of ms).
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError):

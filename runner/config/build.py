@@ -14,9 +14,12 @@ import string
 from typing import Any
 
 from runner.config.devices import count as count_devices
+from runner.config.devices import nvidia_gpus_used
 from runner.config.durations import parse_duration
 from runner.config.limits import MAX_PREFIX_WIDTH
 from runner.config.problems import did_you_mean
+from runner.config.sizes import HINT as SIZE_HINT
+from runner.config.sizes import parse_size
 from runner.config.spec import (
     TLS,
     Auth,
@@ -25,12 +28,17 @@ from runner.config.spec import (
     ClassBudget,
     Cluster,
     Entrypoint,
+    Health,
+    HealthCommand,
+    HealthPath,
     JobSpec,
     Kubernetes,
+    Lighthouse,
     Logs,
     Metrics,
     Nodes,
     Rendezvous,
+    ReplicaGroups,
     Restart,
     Shutdown,
     Slurm,
@@ -65,14 +73,18 @@ class Builder:
     def build(self) -> JobSpec:
         """The JobSpec (check `problems` before trusting it)."""
         data: dict[str, Any] = self.doc.data
+        cwd = self.path(data.get("cwd", ".")) or self.base_dir
+        nproc_raw = data.get("nproc_per_node", 1)
+        nproc = self.nproc_per_node(nproc_raw)
+        cluster = self.cluster(data.get("cluster", {}))
         return JobSpec(
             name=data["name"],
             entrypoint=self.entrypoint(data["entrypoint"]),
             version=int(data.get("version", 1)),
             env=self.env(data.get("env", {})),
-            cwd=self.path(data.get("cwd", ".")) or self.base_dir,
+            cwd=cwd,
             nodes=self.nodes(data.get("nodes", 1)),
-            nproc_per_node=self.nproc_per_node(data.get("nproc_per_node", 1)),
+            nproc_per_node=nproc,
             role=data.get("role", "default"),
             virtual_local_rank=data.get("virtual_local_rank", False),
             rendezvous=self.rendezvous(data.get("rendezvous", {})),
@@ -80,8 +92,11 @@ class Builder:
             shutdown=self.shutdown(data.get("shutdown", {})),
             logs=self.logs(data.get("logs", {})),
             watchdog=self.watchdog(data.get("watchdog", {})),
+            health=self.health(data.get("health", {}), cwd,
+                               auto_gpus=nvidia_gpus_used(nproc_raw, nproc, cluster.gpus_per_node, os.environ)),
             metrics=self.metrics(data.get("metrics", {})),
-            cluster=self.cluster(data.get("cluster", {})),
+            cluster=cluster,
+            replica_groups=self.replica_groups(data.get("replica_groups")),
         )
 
     def path(self, value: str | None) -> str | None:
@@ -101,6 +116,14 @@ class Builder:
     def opt_duration(self, value: Any, path: Path) -> float | None:
         """A duration or None."""
         return None if value is None else self.duration(value, path)
+
+    def size(self, value: Any, path: Path) -> int:
+        """Bytes; a problem (and 0) for what the schema could not rule out (more than 64 bits hold)."""
+        try:
+            return parse_size(value)
+        except ValueError as err:
+            self.fail(path, str(err), SIZE_HINT)
+            return 0
 
     def entrypoint(self, raw: str | dict[str, Any]) -> Entrypoint:
         """String shorthand = script; a command string is split like a shell would."""
@@ -333,6 +356,31 @@ class Builder:
             self.fail(where, f"invalid prefix {shown(prefix)!r}: {shown(str(err), 100)}",
                       f"{{node}} is text, the others are integers; use plain fields such as {allowed}")
 
+    def replica_groups(self, raw: dict[str, Any] | None) -> ReplicaGroups | None:
+        """None when the section is absent; durations in seconds."""
+        if raw is None:
+            return None
+        default, light = ReplicaGroups(), raw.get("lighthouse", {})
+        here: Path = ("replica_groups", "lighthouse")
+
+        def seconds(name: str) -> float:
+            return self.duration(light.get(name, getattr(default.lighthouse, name)), (*here, name))
+
+        lighthouse = Lighthouse(
+            hosted=bool(light.get("hosted", True)),
+            address=light.get("address"),
+            port=int(light.get("port", 0)),
+            join_timeout=seconds("join_timeout"),
+            heartbeat_timeout=seconds("heartbeat_timeout"),
+            quorum_tick=seconds("quorum_tick"),
+        )
+        return ReplicaGroups(
+            count=int(raw["count"]),
+            nproc_per_node=int(raw.get("nproc_per_node", default.nproc_per_node)),
+            min_active=int(raw.get("min_active", default.min_active)),
+            lighthouse=lighthouse,
+        )
+
     def watchdog(self, raw: dict[str, Any]) -> Watchdog:
         """Durations in seconds; null stays None (off)."""
         default, here = Watchdog(), ("watchdog",)
@@ -343,6 +391,34 @@ class Builder:
             capture_stacks=raw.get("capture_stacks", default.capture_stacks),
             heartbeat_timeout=self.opt_duration(raw.get("heartbeat_timeout"), (*here, "heartbeat_timeout")),
             max_run_time=self.opt_duration(raw.get("max_run_time"), (*here, "max_run_time")),
+        )
+
+    def health(self, raw: dict[str, Any], cwd: str, *, auto_gpus: int) -> Health:
+        """Sizes in bytes, durations in seconds, paths absolute (against cwd), `gpus: auto` resolved to `auto_gpus`."""
+        default, here = Health(), ("health",)
+        paths = []
+        for i, item in enumerate(raw.get("paths", ())):
+            path, limit = (item, None) if isinstance(item, str) else (item["path"], item.get("min_free"))
+            where: Path = (*here, "paths", i) if isinstance(item, str) else (*here, "paths", i, "min_free")
+            paths.append(HealthPath(path=os.path.normpath(os.path.join(cwd, os.path.expanduser(path))),
+                                    min_free=None if limit is None else self.size(limit, where)))
+        commands = []
+        for i, item in enumerate(raw.get("commands", ())):
+            if isinstance(item, str):
+                commands.append(HealthCommand(run=item))
+            else:
+                timeout = self.duration(item.get("timeout", HealthCommand.timeout), (*here, "commands", i, "timeout"))
+                commands.append(HealthCommand(run=item["run"], timeout=timeout))
+        gpus = raw.get("gpus", "auto")
+        return Health(
+            min_free=self.size(raw.get("min_free", default.min_free), (*here, "min_free")),
+            paths=tuple(paths),
+            min_free_memory=self.size(raw.get("min_free_memory", default.min_free_memory), (*here, "min_free_memory")),
+            gpus=auto_gpus if gpus == "auto" else int(gpus),
+            commands=tuple(commands),
+            timeout=self.duration(raw.get("timeout", default.timeout), (*here, "timeout")),
+            retry_interval=self.duration(raw.get("retry_interval", default.retry_interval), (*here, "retry_interval")),
+            give_up_after=self.opt_duration(raw.get("give_up_after", default.give_up_after), (*here, "give_up_after")),
         )
 
     def metrics(self, raw: dict[str, Any]) -> Metrics:

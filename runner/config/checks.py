@@ -92,6 +92,21 @@ def _positive(spec: JobSpec) -> Iterator[Found]:
                "etcd leases count whole seconds; use 1s or more")
 
 
+def _health(spec: JobSpec) -> Iterator[Found]:
+    health, here = spec.health, ("health",)
+    for key, value in (("timeout", health.timeout), ("retry_interval", health.retry_interval)):
+        if value <= 0:
+            yield (*here, key), f"must be greater than 0, found {value:g}", "use a positive duration such as 10s"
+    for i, command in enumerate(health.commands):
+        where = (*here, "commands", i)
+        if command.timeout <= 0:
+            yield where, f"timeout must be greater than 0, found {command.timeout:g}", "use a duration such as 30s"
+        elif command.timeout > health.timeout > 0:
+            message = (f"its timeout ({command.timeout:g} s) is longer than health.timeout ({health.timeout:g} s), "
+                       "which stops every check of a try")
+            yield where, message, "lower the command's timeout or raise health.timeout"
+
+
 def _os_limits(spec: JobSpec) -> Iterator[Found]:
     world = spec.nodes.max * spec.nproc_per_node
     if world > MAX_WORLD_SIZE:
@@ -106,7 +121,30 @@ def _os_limits(spec: JobSpec) -> Iterator[Found]:
             yield ("env", key), message, "shorten the value or pass a file path"
 
 
-CHECKS: tuple[Check, ...] = (_nodes, _entrypoint, _backoff, _security, _hosted, _positive, _os_limits)
+def _replica_groups(spec: JobSpec) -> Iterator[Found]:
+    groups = spec.replica_groups
+    if groups is None:
+        return
+    if groups.min_active > groups.count:
+        yield (("replica_groups", "min_active"),
+               f"min_active ({groups.min_active}) is greater than count ({groups.count}): no step could ever be taken",
+               f"set min_active to at most {groups.count}")
+    if spec.rendezvous.backend != "local" or spec.nodes.max > 1:
+        yield ((("replica_groups",), ("rendezvous", "backend")),
+               "replica groups run on one node for now (rendezvous.backend local, nodes 1)",
+               "run the groups on one machine, or drop replica_groups for a multi-node job (docs/replica_groups.md)")
+    light = groups.lighthouse
+    if light.hosted and light.address is not None:
+        yield (("replica_groups", "lighthouse", "address"), "a hosted lighthouse has no address to give",
+               "remove address, or set hosted: false to use the lighthouse at that address")
+    if not light.hosted and light.address is None:
+        yield (("replica_groups", "lighthouse"), "hosted: false needs the address of a running lighthouse",
+               "set lighthouse.address: http://HOST:PORT, or hosted: true")
+
+
+CHECKS: tuple[Check, ...] = (
+    _nodes, _entrypoint, _backoff, _security, _hosted, _positive, _health, _os_limits, _replica_groups,
+)
 
 
 def semantic_problems(spec: JobSpec, doc: Document) -> list[SpecProblem]:

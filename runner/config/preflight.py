@@ -35,7 +35,8 @@ def preflight(
 ) -> list[SpecProblem]:
     """Every finding, located in `doc` when given."""
     env = os.environ if environ is None else environ
-    found = [*_entrypoint(spec, env), *_logs(spec), *_rendezvous(spec, env), *_metrics(spec), *_limits(spec, env)]
+    found = [*_entrypoint(spec, env), *_logs(spec), *_rendezvous(spec, env), *_metrics(spec), *_limits(spec, env),
+             *_fault_tolerance(spec, env)]
     if doc is None:
         return [SpecProblem(dotted(path), message, fix) for path, message, fix in found]
     return [doc.problem(path, message, fix) for path, message, fix in found]
@@ -117,6 +118,37 @@ def _readable(path: str) -> bool:
 def _metrics(spec: JobSpec) -> Iterator[Finding]:
     if spec.metrics.enabled and _find_module("prometheus_client") is None:
         yield ("metrics", "enabled"), "metrics need the prometheus-client package", "pip install prometheus-client"
+
+
+FT_INSTALL = "pip install 'runner[ft]' (torchft, with its lighthouse) into the workers' environment"
+
+
+def lighthouse_program(env: Mapping[str, str]) -> str | None:
+    """The `torchft_lighthouse` the agent runs: beside this interpreter (a virtualenv's bin/), else on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "torchft_lighthouse")
+    if os.access(beside, os.X_OK):
+        return beside
+    return shutil.which("torchft_lighthouse", path=env.get("PATH"))
+
+
+def _fault_tolerance(spec: JobSpec, env: Mapping[str, str]) -> Iterator[Finding]:
+    """Replica groups need torchft where the workers run, and its lighthouse binary where a hosted one runs."""
+    groups = spec.replica_groups
+    if groups is None:
+        return
+    if spec.entrypoint.kind != "command" and spec.entrypoint.python is None and _find_module("torchft") is None:
+        yield ("replica_groups",), "replica groups need torchft, which is not installed", FT_INSTALL
+    if groups.lighthouse.hosted and lighthouse_program(env) is None:
+        yield (("replica_groups", "lighthouse", "hosted"), "a hosted lighthouse needs `torchft_lighthouse`, not found",
+               FT_INSTALL + ", or set hosted: false and the address of a running lighthouse")
+
+
+def required(spec: JobSpec, doc: Document | None = None) -> list[SpecProblem]:
+    """The findings `runner validate` refuses too (exit 2): a feature the spec asks for whose package is missing."""
+    found = list(_fault_tolerance(spec, os.environ))
+    if doc is None:
+        return [SpecProblem(dotted(path), message, fix) for path, message, fix in found]
+    return [doc.problem(path, message, fix) for path, message, fix in found]
 
 
 def _limits(spec: JobSpec, env: Mapping[str, str]) -> Iterator[Finding]:

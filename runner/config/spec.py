@@ -195,6 +195,47 @@ class Watchdog:
 
 
 @dataclass(frozen=True)
+class HealthPath:
+    """A folder whose file system needs `min_free` bytes free (None: health.min_free); absolute once loaded."""
+
+    path: str
+    min_free: int | None = None
+
+
+@dataclass(frozen=True)
+class HealthCommand:
+    """A shell command line checked before joining: exit 0 = healthy; its process group is killed at `timeout`."""
+
+    run: str
+    timeout: float = 30.0
+
+
+@dataclass(frozen=True)
+class Health:
+    """Checks a node runs before it joins each rendezvous round (runner/health/, docs/health.md).
+
+    Sizes are bytes (0 = not checked); `gpus` is the spec's `auto` resolved when the spec is loaded (0 = not
+    checked). A node that fails stays out of the round and tries again every `retry_interval`; after
+    `give_up_after` (None: never) its agent ends with exit 3.
+    """
+
+    min_free: int = 0  # in logs.dir and each path without its own min_free
+    paths: tuple[HealthPath, ...] = ()
+    min_free_memory: int = 0  # MemAvailable
+    gpus: int = 0  # NVIDIA GPUs that must be visible and healthy
+    commands: tuple[HealthCommand, ...] = ()
+    timeout: float = 60.0  # one try of every check
+    retry_interval: float = 10.0
+    give_up_after: float | None = 60.0
+
+    @property
+    def configured(self) -> bool:
+        """Whether any check is asked for (if not, a node joins without checking anything)."""
+        return bool(self.min_free or self.min_free_memory or self.gpus or self.commands
+                    or any(p.min_free for p in self.paths))
+
+
+@dataclass(frozen=True)
 class Metrics:
     """Optional Prometheus endpoint on the agent (needs the prometheus-client package)."""
 
@@ -242,6 +283,28 @@ class Cluster:
 
 
 @dataclass(frozen=True)
+class Lighthouse:
+    """TorchFT's lighthouse, where replica groups agree on a quorum each step: hosted by the agent, or an address."""
+
+    hosted: bool = True  # the agent runs `torchft_lighthouse` (runner[ft]) and restarts it if it dies
+    address: str | None = None  # http://host:port of a lighthouse run elsewhere (hosted: false)
+    port: int = 0  # hosted: the port to bind (0 = a free one)
+    join_timeout: float = 1.0  # how long a quorum waits for heartbeating stragglers
+    heartbeat_timeout: float = 5.0  # a group silent this long is left out of the quorum
+    quorum_tick: float = 0.1  # how often a waiting quorum is re-checked
+
+
+@dataclass(frozen=True)
+class ReplicaGroups:
+    """Fault-tolerant replica groups (TorchFT): N worlds that train together, each failing and restarting alone."""
+
+    count: int = 2
+    nproc_per_node: int = 1  # workers per group; each group is its own world (RANK/WORLD_SIZE within the group)
+    min_active: int = 1  # groups that must take part in a step (the lighthouse's min_replicas)
+    lighthouse: Lighthouse = field(default_factory=Lighthouse)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A validated, fully defaulted job spec."""
 
@@ -259,13 +322,17 @@ class JobSpec:
     shutdown: Shutdown = field(default_factory=Shutdown)
     logs: Logs = field(default_factory=Logs)
     watchdog: Watchdog = field(default_factory=Watchdog)
+    health: Health = field(default_factory=Health)
     metrics: Metrics = field(default_factory=Metrics)
     cluster: Cluster = field(default_factory=Cluster)
+    replica_groups: ReplicaGroups | None = None  # None: one group of nproc_per_node workers, as torchrun
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists, env becomes a mapping)."""
         data = asdict(self)
         data["env"] = dict(self.env)
+        if data["replica_groups"] is None:  # absent, as the user wrote it (the schema has no null for it)
+            del data["replica_groups"]
         plain: dict[str, Any] = json.loads(json.dumps(data))
         return plain
 

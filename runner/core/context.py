@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from runner.events import Event, StopRequested, TimerExpired, WorkerExited
+from runner.rendezvous.ports import free_port
 from runner.system.shepherd import Shepherd
 from runner.workers.launch_plan import LaunchPlan, build_plan
 
@@ -39,14 +40,33 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class JobInputs:
-    """What one run is given; nothing changes it while the agent runs."""
+class Replica:
+    """A replica group's place in the job (docs/replica_groups.md): what its workers get on top of the contract."""
 
-    spec: JobSpec
+    group: int  # REPLICA_GROUP_ID
+    count: int  # NUM_REPLICA_GROUPS
+    lighthouse: str  # TORCHFT_LIGHTHOUSE: http://host:port
+
+    def env(self, manager_port: int) -> dict[str, str]:
+        """The variables torchft reads, for one attempt (the manager's port is fresh every attempt)."""
+        return {
+            "TORCHFT_LIGHTHOUSE": self.lighthouse,
+            "REPLICA_GROUP_ID": str(self.group),
+            "NUM_REPLICA_GROUPS": str(self.count),
+            "TORCHFT_MANAGER_PORT": str(manager_port),
+        }
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """What one run (of the job, or of one replica group) is given; nothing changes it while the agent runs."""
+
+    spec: JobSpec  # a replica group's: nproc_per_node is the group's
     node: str
     run_dir: Path
     started: float  # the agent's start, on the monotonic clock
     identity: Mapping[str, object] = field(default_factory=dict)  # agent pid and start time (`runner stop`)
+    replica: Replica | None = None  # set for each replica group; its job-level supervisor owns the signals
 
 
 @dataclass(frozen=True)
@@ -174,7 +194,7 @@ class Context:
 
     def make_plan(self) -> LaunchPlan:
         """Plan this node's workers for the current attempt from the last rendezvous result."""
-        run = self.run
+        run, replica = self.run, self.inputs.replica
         assert run.result is not None  # only called after a completed round
         return build_plan(
             self.spec,
@@ -182,5 +202,6 @@ class Context:
             attempt=run.attempt,
             run_dir=str(self.inputs.run_dir),
             base_env=os.environ,
+            extra_env=replica.env(free_port("127.0.0.1")) if replica is not None else None,
             rank_env=self.timer.worker_env(range(run.result.nproc_per_node)) if self.timer is not None else None,
         )

@@ -129,6 +129,8 @@ class ConsoleRenderer:
         outcome = e.get("outcome")
         color = OUTCOME_COLORS.get(str(outcome), BOLD) if dst == "SHUTDOWN" else STATE_COLORS.get(dst, "")
         text = self.paint(self.clock(e), DIM) + "  " + self.paint(src, DIM) + " → " + self.paint(dst, color)
+        if e.get("group") is not None:  # a replica group's own machine (docs/replica_groups.md)
+            reason = f"group {e['group']} · {reason}" if reason else f"group {e['group']}"
         if outcome:
             reason = f"{reason} · {outcome}" if reason else str(outcome)
         return text + pad + reason if reason else text

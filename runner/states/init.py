@@ -23,12 +23,13 @@ if TYPE_CHECKING:
 
 async def handle(ctx: Context) -> Step:
     """Prepare everything the first rendezvous needs; a stop signal is honoured while connecting."""
-    signals.install(
-        ctx.events,
-        ctx.hurry,
-        lambda name: ctx.log.warning("stop_hurried", signal=name),
-        names=ctx.spec.shutdown.signals_to_handle,
-    )
+    if ctx.inputs.replica is None:  # a replica group's stops come from the job's supervisor (agent/replicas.py)
+        signals.install(
+            ctx.events,
+            ctx.hurry,
+            lambda name: ctx.log.warning("stop_hurried", signal=name),
+            names=ctx.spec.shutdown.signals_to_handle,
+        )
     try:
         ctx.inputs.run_dir.mkdir(parents=True, exist_ok=True)
         write_private(ctx.inputs.run_dir / "spec.json", json.dumps(spec_for_disk(ctx.spec), indent=2))

@@ -1,0 +1,171 @@
+"""The hosted TorchFT lighthouse: where replica groups agree on a quorum every step (docs/replica_groups.md).
+
+The agent runs `torchft_lighthouse` (runner[ft]) on 127.0.0.1 in its own session, with no secret of the agent's in
+its environment, under a guard of its own (a Shepherd, as the hosted etcd): it dies with the agent, however the
+agent ends. If it exits while the job runs, it is started again on the same port, up to MAX_RESTARTS times; the
+groups' managers retry their quorum meanwhile (a quorum that times out fails the step, and that group restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from runner.errors import RunnerError
+from runner.rendezvous.etcd.hosted_server import describe_exit, last_line, listens
+from runner.rendezvous.ports import free_port
+from runner.system import procs
+from runner.system.environ import helper_env
+from runner.system.shepherd import Shepherd
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from runner.config.spec import Lighthouse
+
+HOST = "127.0.0.1"
+MAX_RESTARTS = 5
+START_TIMEOUT_S = 15.0
+POLL_S = 0.02
+STOP_GRACE_S = 2.0
+LOG_TAIL_BYTES = 2000
+
+
+class LighthouseError(RunnerError):
+    """The hosted lighthouse could not start (exit 3: infrastructure)."""
+
+
+class HostedLighthouse:
+    """One `torchft_lighthouse` process for the job's replica groups, restarted if it dies."""
+
+    def __init__(self, program: str, spec: Lighthouse, min_replicas: int, folder: Path,
+                 log: FilteringBoundLogger) -> None:
+        self.port = spec.port or free_port(HOST)
+        self.address = f"http://{HOST}:{self.port}"
+        self.log_path = folder / "lighthouse.log"
+        self.restarts = 0
+        self._argv = [
+            program, "--bind", f"{HOST}:{self.port}", "--min_replicas", str(min_replicas),
+            "--join_timeout_ms", str(round(spec.join_timeout * 1000)),
+            "--heartbeat_timeout_ms", str(round(spec.heartbeat_timeout * 1000)),
+            "--quorum_tick_ms", str(max(1, round(spec.quorum_tick * 1000))),
+        ]
+        self._log = log
+        self._guard = Shepherd(agent=False, cgroup=False, log=log)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._fd: int | None = None
+        self._stopping = asyncio.Event()
+        self._supervisor: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The running lighthouse's pid."""
+        return self._proc.pid if self._proc is not None else None
+
+    async def start(self) -> None:
+        """Start it and wait until it listens; LighthouseError if it cannot."""
+        try:
+            await self._spawn()
+        except BaseException:
+            await self.stop(grace=0.0)
+            raise
+        self._log.info("lighthouse_hosted", pid=self.pid, address=self.address, log=str(self.log_path))
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="lighthouse")
+
+    def _popen(self) -> subprocess.Popen[bytes]:
+        """Start it (its own session, output to lighthouse.log, no secret of the agent's) under the guard."""
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.log_path.open("ab") as out:
+                proc = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        env=helper_env(os.environ), start_new_session=True)
+        except OSError as exc:
+            raise LighthouseError(f"cannot start the hosted lighthouse ({self._argv[0]}): {exc}",
+                                  fix="pip install 'runner[ft]'; or set replica_groups.lighthouse.address") from exc
+        self._fd = os.pidfd_open(proc.pid)
+        self._guard.watch(proc.pid)  # from now on it dies with this agent, however the agent ends
+        return proc
+
+    async def _spawn(self) -> None:
+        """Start it and wait until it listens on its port."""
+        self._proc = self._popen()
+        fd = self._fd
+        assert fd is not None
+        deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
+        while not listens(self._proc.pid, self.port):
+            if procs.exited(fd):
+                code = self._reap()
+                raise LighthouseError(f"the hosted lighthouse exited with {describe_exit(code)} while starting: "
+                                      f"{last_line(self.log_tail())}", fix=f"see {self.log_path}")
+            if asyncio.get_running_loop().time() > deadline:
+                raise LighthouseError(f"the hosted lighthouse did not listen on {self.address} within "
+                                      f"{START_TIMEOUT_S:g} s", fix=f"see {self.log_path}")
+            await asyncio.sleep(POLL_S)
+
+    async def _supervise(self) -> None:
+        """While the job runs: start it again when it dies, on the same port (its quorum state starts afresh)."""
+        while self._fd is not None and not self._stopping.is_set():
+            await self._exited()
+            if self._stopping.is_set():
+                return
+            code = self._reap()
+            if self.restarts >= MAX_RESTARTS:
+                self._log.error("lighthouse_gone", exit=describe_exit(code), restarts=self.restarts)
+                return
+            self.restarts += 1
+            self._log.warning("lighthouse_restarting", exit=describe_exit(code), restart=self.restarts)
+            try:
+                await self._spawn()
+            except LighthouseError as exc:
+                self._log.error("lighthouse_gone", error=exc.message)
+                return
+
+    async def _exited(self) -> None:
+        assert self._fd is not None
+        loop, done = asyncio.get_running_loop(), asyncio.Event()
+        loop.add_reader(self._fd, done.set)
+        try:
+            await done.wait()
+        finally:
+            loop.remove_reader(self._fd)
+
+    def _reap(self) -> int:
+        """Once it exited: the guard forgets it, it is reaped; its exit status."""
+        assert self._proc is not None
+        self._guard.forget(self._proc.pid)
+        code = self._proc.wait()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        return code
+
+    async def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """SIGTERM, at most `grace` s, then SIGKILL (through its pidfd); reap it and close the guard."""
+        self._stopping.set()
+        if self._supervisor is not None and self._supervisor is not asyncio.current_task():
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        if self._fd is not None and self._proc is not None:
+            procs.send(self._fd, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exited(), grace)
+            if not procs.exited(self._fd):
+                procs.send(self._fd, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                self._reap()
+        self._guard.close()
+
+    def log_tail(self) -> str:
+        """The end of its log (for error messages)."""
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""

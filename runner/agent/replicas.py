@@ -1,0 +1,360 @@
+"""Replica groups (docs/replica_groups.md): N worlds of workers that train together through TorchFT's lighthouse.
+
+Each group is a whole run of its own: its own machine (the same table), handlers, context, rendezvous (a fresh
+MASTER_PORT every attempt: its own store), guard, attempts, restart budget, failure classes and standbys, under
+<run dir>/group_<k>/. A failure in one group stops and restarts that group only; the others keep stepping (TorchFT
+leaves the failed group out of the quorum until it rejoins and copies the live weights from a healthy peer).
+
+This supervisor owns what the groups share: the lighthouse, the stop signals (fanned out to every group), the
+minimum (when fewer than `min_active` groups can go on, the rest is stopped: they could never take a step), the
+job's status.json (each group's state, attempt, restarts and committed step) and report.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runner.agent.agent import TransitionLog, assemble
+from runner.agent.lighthouse import HostedLighthouse, LighthouseError
+from runner.config.preflight import lighthouse_program
+from runner.core.context import Context, JobInputs, Replica
+from runner.core.machine import JobState, Model, build_machine, drive
+from runner.core.restart_policy import GUARDS, settle
+from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_STOPPED_BASE, EXIT_WORKERS_FAILED
+from runner.events import StopRequested
+from runner.observe.logs import JsonLines
+from runner.outcomes import Outcome
+from runner.rendezvous.local import LocalRendezvous
+from runner.states import HANDLERS
+from runner.states.shutdown import report as group_report
+from runner.system import signals
+from runner.system.private_files import private_dir, write_private
+from runner.system.shepherd import Shepherd
+
+if TYPE_CHECKING:
+    import structlog
+
+    from runner.config.spec import JobSpec, ReplicaGroups
+    from runner.events import Event
+
+STEP_POLL_S = 0.5  # how often each group's committed step is read (rank 0's heartbeat file)
+MAX_STEP_BYTES = 4096  # a heartbeat file larger than this is no step report
+MAX_STEP_SAMPLES = 2000  # per group, for the report's timeline (the oldest are thinned out)
+
+
+@dataclass
+class Group:
+    """One replica group as the supervisor sees it: its context, its machine, what it last reported."""
+
+    ctx: Context
+    model: Model
+    step: int | None = None  # the last step its rank 0 committed (None: not reported yet)
+    steps: list[tuple[float, int]] = field(default_factory=list)  # (epoch seconds, step) on every change
+
+    @property
+    def index(self) -> int:
+        """REPLICA_GROUP_ID."""
+        assert self.ctx.inputs.replica is not None
+        return self.ctx.inputs.replica.group
+
+    def status(self) -> dict[str, object]:
+        """This group's line of the job's status (the JSON boundary)."""
+        return {
+            "group": self.index,
+            "state": self.model.state.value,
+            "attempt": self.ctx.run.attempt,
+            "restarts": self.ctx.run.restarts,
+            "step": self.step,
+            "outcome": self.ctx.outcome.value if self.ctx.outcome is not None else None,
+        }
+
+
+@dataclass
+class ReplicaJob:
+    """The job's end: outcome, exit code, why, and every group's report (what `runner run` prints and exits with)."""
+
+    name: str
+    run_dir: Path
+    outcome: Outcome = Outcome.STOPPED
+    exit_code: int = EXIT_INFRA
+    reason: str = ""
+    groups: list[Group] = field(default_factory=list)
+    report_path: Path | None = None
+
+    def summary(self) -> list[str]:
+        """The lines `runner run` prints at the end."""
+        lines = [f"runner: job '{self.name}' {self.outcome} ({self.reason}); exit code {self.exit_code}"]
+        for g in self.groups:
+            failures = g.ctx.run.failures
+            last = f"; last failure: {failures[-1].reason}" if failures else ""
+            step = f", step {g.step}" if g.step is not None else ""
+            lines.append(f"runner:   group {g.index}: {g.ctx.outcome} after {g.ctx.run.attempt + 1} attempt(s), "
+                         f"{g.ctx.run.restarts} restart(s){step}{last}")
+        lines.append(f"runner: logs: {self.run_dir}")
+        if self.report_path is None:
+            lines.append("runner: warning: report.json could not be written")
+        return lines
+
+
+class Supervisor:
+    """Runs the replica groups of one job on this node until every group is done."""
+
+    def __init__(self, spec: JobSpec, node: str, run_dir: Path, log: structlog.typing.FilteringBoundLogger,
+                 identity: dict[str, Any]) -> None:
+        assert spec.replica_groups is not None
+        self.spec, self.node, self.run_dir, self.log, self.identity = spec, node, run_dir, log, identity
+        self.groups_spec: ReplicaGroups = spec.replica_groups
+        self.started = time.monotonic()
+        self.groups: list[Group] = []
+        self.lighthouse: HostedLighthouse | None = None
+        self.stop: StopRequested | None = None
+        self.left_reason = ""  # why the supervisor stopped the groups still running (too few could go on)
+        self.job_transitions = JsonLines(run_dir / "transitions.jsonl")
+        self.reaper = Shepherd()  # the agent's: child subreaper from the start, kills what is left at the very end
+        self._publish_due = asyncio.Event()
+
+    async def run(self) -> ReplicaJob:
+        """Start the lighthouse and every group, wait for them all, write the job's report."""
+        job = ReplicaJob(self.spec.name, self.run_dir)
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        hurry = asyncio.Event()
+        signals.install(events, hurry, self.hurried, names=self.spec.shutdown.signals_to_handle)
+        self.reaper.start()
+        try:
+            address = await self.lighthouse_address()
+        except LighthouseError as e:
+            job.reason, job.outcome, job.exit_code = e.message, Outcome.ERROR, EXIT_INFRA
+            address = ""
+        if not address:
+            self.log.error("lighthouse_failed", error=job.reason)
+            job.report_path = self.write_report(job)
+            return job
+        self.groups = [self.make_group(k, address) for k in range(self.groups_spec.count)]
+        job.groups = self.groups
+        side = [asyncio.ensure_future(self.forward_stops(events)), asyncio.ensure_future(self.watch_steps()),
+                asyncio.ensure_future(self.publish_loop())]
+        tasks = {asyncio.ensure_future(self.drive(g)): g for g in self.groups}
+        try:
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # a group's own error is the agent's error: it propagates
+                self.enforce_minimum()
+        finally:
+            for task in side:
+                task.cancel()
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(*side, *tasks, return_exceptions=True)
+            if self.lighthouse is not None:
+                await self.lighthouse.stop()
+            self.job_transitions.close()
+            self.reaper.close()
+        self.settle(job)
+        await self.publish()
+        job.report_path = self.write_report(job)
+        return job
+
+    async def lighthouse_address(self) -> str:
+        """The hosted lighthouse's address once it listens, or the spec's."""
+        light = self.groups_spec.lighthouse
+        if not light.hosted:
+            assert light.address is not None  # the spec's checks require one
+            return light.address.rstrip("/")
+        program = lighthouse_program(os.environ)
+        if program is None:
+            raise LighthouseError("a hosted lighthouse needs `torchft_lighthouse`, not found",
+                                  fix="pip install 'runner[ft]'")
+        self.lighthouse = HostedLighthouse(program, light, self.groups_spec.min_active, self.run_dir, self.log)
+        await self.lighthouse.start()
+        return self.lighthouse.address
+
+    def make_group(self, k: int, lighthouse: str) -> Group:
+        """Group k: its own spec view (the group's nproc_per_node), run dir, rendezvous, machine and context."""
+        spec = dataclasses.replace(self.spec, nproc_per_node=self.groups_spec.nproc_per_node)
+        folder = self.run_dir / f"group_{k}"
+        private_dir(folder)
+        node = f"{self.node}/g{k}"
+        inputs = JobInputs(spec, node, folder, self.started, self.identity,
+                           replica=Replica(k, self.groups_spec.count, lighthouse))
+        rendezvous = LocalRendezvous(node, spec.nproc_per_node, "127.0.0.1", None)
+        model, _ = build_machine(GUARDS)
+        ctx = assemble(inputs, rendezvous, self.log.bind(group=k), lambda: model.state,
+                       shepherd=Shepherd(agent=False))  # the supervisor's own is the subreaper
+        return Group(ctx, model)
+
+    async def drive(self, group: Group) -> None:
+        """Run one group's machine to SHUTDOWN; its transitions go to its own file and to the job's."""
+        sink = JsonLines(group.ctx.inputs.run_dir / "transitions.jsonl")
+        on_transition = TransitionLog(group.ctx, sink, None, job_sink=self.job_transitions,
+                                      after=self._publish_due.set)
+        try:
+            await drive(group.model, HANDLERS, group.ctx, on_transition, settle)
+        finally:
+            sink.close()
+            if group.ctx.run.standbys is not None:
+                group.ctx.run.standbys.close()
+            if group.ctx.run.group is not None:
+                group.ctx.run.group.kill_all()  # normally a no-op: SHUTDOWN stopped them
+            group.ctx.shepherd.close()
+
+    def hurried(self, name: str) -> None:
+        """A second stop signal: every group kills its workers now."""
+        self.log.warning("stop_hurried", signal=name)
+        for g in self.groups:
+            g.ctx.hurry.set()
+
+    async def forward_stops(self, events: asyncio.Queue[Event]) -> None:
+        """Every stop request the signals make reaches every group."""
+        while True:
+            event = await events.get()
+            if isinstance(event, StopRequested):
+                self.stop = self.stop or event
+                for g in self.groups:
+                    g.ctx.events.put_nowait(event)
+
+    def enforce_minimum(self) -> None:
+        """When fewer than min_active groups can still take part in a step, stop the others: none could go on."""
+        live = [g for g in self.groups if g.model.state is not JobState.SHUTDOWN]
+        left = [g for g in self.groups if g.model.state is JobState.SHUTDOWN and g.ctx.outcome is not Outcome.SUCCEEDED]
+        if not live or not left or len(live) >= self.groups_spec.min_active or self.stop is not None:
+            return
+        if not self.left_reason:
+            gone = ", ".join(str(g.index) for g in left)
+            self.left_reason = (f"only {len(live)} group(s) can go on, fewer than min_active "
+                                f"{self.groups_spec.min_active} (group(s) {gone} left with their budget spent)")
+            self.log.error("replica_minimum_lost", reason=self.left_reason)
+        for g in live:
+            g.ctx.events.put_nowait(StopRequested(signum=signal.SIGTERM, graceful=False))
+
+    def settle(self, job: ReplicaJob) -> None:
+        """The job's outcome from the groups': it succeeds when at least min_active groups finished."""
+        done = [g for g in self.groups if g.ctx.outcome is Outcome.SUCCEEDED]
+        if self.stop is not None and not self.stop.graceful:
+            job.outcome, job.exit_code = Outcome.STOPPED, EXIT_STOPPED_BASE + (self.stop.signum or signal.SIGTERM)
+            job.reason = f"stop requested (signal {self.stop.signum})"
+        elif len(done) >= self.groups_spec.min_active:
+            job.outcome, job.exit_code = Outcome.SUCCEEDED, EXIT_OK
+            left = len(self.groups) - len(done)
+            job.reason = f"{len(done)} of {len(self.groups)} group(s) finished" + (
+                f"; {left} left after their budget was spent" if left else "")
+        else:
+            codes = [g.ctx.exit_code for g in self.groups if g.ctx.outcome in (Outcome.FAILED, Outcome.ERROR)]
+            job.outcome = Outcome.ERROR if EXIT_INFRA in codes else Outcome.FAILED
+            job.exit_code = EXIT_INFRA if EXIT_INFRA in codes else EXIT_WORKERS_FAILED
+            job.reason = self.left_reason or (f"{len(done)} group(s) finished, fewer than min_active "
+                                              f"{self.groups_spec.min_active}")
+        self.log.info("replica_job_ended", outcome=job.outcome.value, exit_code=job.exit_code, reason=job.reason)
+
+    async def watch_steps(self) -> None:
+        """Read each group's committed step from its rank 0's heartbeat file (what the worker wrote, never guessed)."""
+        while True:
+            for g in self.groups:
+                step = read_step(g.ctx)
+                if step is not None and step != g.step:
+                    g.step = step
+                    g.steps.append((round(time.time(), 3), step))
+                    if len(g.steps) > MAX_STEP_SAMPLES:
+                        del g.steps[1::2]  # keep the timeline's shape at half the resolution
+                    self._publish_due.set()
+            await asyncio.sleep(STEP_POLL_S)
+
+    async def publish_loop(self) -> None:
+        """Write the job's status.json whenever a group moved or stepped (at most every STEP_POLL_S)."""
+        while True:
+            await self._publish_due.wait()
+            self._publish_due.clear()
+            await self.publish()
+            await asyncio.sleep(STEP_POLL_S)
+
+    async def publish(self) -> None:
+        """<run dir>/status.json: the job's state and each group's (a failure there is a warning)."""
+        status = self.status()
+        try:
+            write_private(self.run_dir / "status.json", json.dumps(status, indent=2))
+        except OSError as e:
+            self.log.warning("status_write_failed", path=str(self.run_dir / "status.json"), error=str(e))
+
+    def status(self) -> dict[str, object]:
+        """The job's live state: SHUTDOWN once every group is; RUNNING while one runs; else the first group's."""
+        states = [g.model.state for g in self.groups]
+        if states and all(s is JobState.SHUTDOWN for s in states):
+            state = JobState.SHUTDOWN
+        elif JobState.RUNNING in states:
+            state = JobState.RUNNING
+        else:
+            state = states[0] if states else JobState.INIT
+        return {
+            "node": self.node, **self.identity, "state": state.value, "run_id": self.spec.name,
+            "run_dir": str(self.run_dir), "heartbeat": time.time(),
+            "attempt": max((g.ctx.run.attempt for g in self.groups), default=0),
+            "restarts": sum(g.ctx.run.restarts for g in self.groups),
+            "workers": [],
+            "groups": [g.status() for g in self.groups],
+            "lighthouse": self.lighthouse_status(),
+        }
+
+    def lighthouse_status(self) -> dict[str, object]:
+        """Where the lighthouse is, and how often the hosted one was restarted."""
+        if self.lighthouse is None:
+            return {"hosted": False, "address": self.groups_spec.lighthouse.address}
+        return {"hosted": True, "address": self.lighthouse.address, "pid": self.lighthouse.pid,
+                "restarts": self.lighthouse.restarts}
+
+    def write_report(self, job: ReplicaJob) -> Path | None:
+        """<run dir>/report.json: the job's outcome and every group's own report, with its committed steps."""
+        groups = []
+        for g in self.groups:
+            entry = group_report(g.ctx)
+            entry.update(group=g.index, step=g.step, steps=g.steps)
+            groups.append(entry)
+        data = {
+            "job": self.spec.name, "node": self.node, "outcome": job.outcome.value, "exit_code": job.exit_code,
+            "reason": job.reason, "duration_s": round(time.monotonic() - self.started, 3),
+            "attempts": sum(g.ctx.run.attempt + 1 for g in self.groups),
+            "restarts": sum(g.ctx.run.restarts for g in self.groups),
+            "failures": [f.to_dict() | {"group": g.index} for g in self.groups for f in g.ctx.run.failures],
+            "replica_groups": {"count": self.groups_spec.count, "min_active": self.groups_spec.min_active,
+                               "nproc_per_node": self.groups_spec.nproc_per_node,
+                               "lighthouse": self.lighthouse_status()},
+            "groups": groups, "run_dir": str(self.run_dir),
+            "warnings": sorted({w for g in self.groups for w in g.ctx.warnings.seen}),
+        }
+        path = self.run_dir / "report.json"
+        try:
+            write_private(path, json.dumps(data, indent=2, default=str))
+        except OSError as e:
+            self.log.warning("report_write_failed", path=str(path), error=str(e))
+            return None
+        return path
+
+
+def read_step(ctx: Context) -> int | None:
+    """The step rank 0 of the group's current attempt last committed: `{"step": N}` in its heartbeat file."""
+    plan = ctx.run.plan
+    if plan is None or not plan.workers:
+        return None
+    try:
+        with open(plan.workers[0].heartbeat_file, "rb") as f:
+            raw = f.read(MAX_STEP_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > MAX_STEP_BYTES:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    step = value.get("step") if isinstance(value, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
