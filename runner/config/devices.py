@@ -110,3 +110,19 @@ def count(kind: str, environ: Mapping[str, str], root: Path = Path("/")) -> int:
     if kind == "xpu":
         return xpus(environ, root)
     return gpus(environ, root) or xpus(environ, root) or cpus()
+
+
+def nvidia_gpus_used(nproc_raw: object, nproc: int, gpus_per_node: int, environ: Mapping[str, str],
+                     root: Path = Path("/")) -> int:
+    """`health.gpus: auto`: the NVIDIA GPUs the spec uses on this node (0: none, nothing to check).
+
+    nproc_per_node when it counted NVIDIA GPUs (`gpu`, or `auto` on a node whose driver lists some); else
+    cluster.gpus_per_node (what the scheduler was asked for), unless this node's GPUs are AMD's (nvidia-smi cannot
+    check those).
+    """
+    nvidia = nvidia_gpus(root) > 0
+    if nproc_raw in ("gpu", "auto") and nvidia and gpus(environ, root) > 0:
+        return nproc
+    if gpus_per_node and (nvidia or not amd_gpus(root)):
+        return gpus_per_node
+    return 0
