@@ -21,6 +21,7 @@ from runner.config.spec import (
     Auth,
     Backoff,
     Entrypoint,
+    Health,
     JobSpec,
     Logs,
     Nodes,
@@ -93,6 +94,7 @@ MIRROR = [
     (("shutdown",), Shutdown),
     (("logs",), Logs),
     (("watchdog",), Watchdog),
+    (("health",), Health),
 ]
 
 
@@ -132,6 +134,10 @@ def test_schema_fields_mirror_the_dataclass(path: tuple[str, ...], cls: type) ->
             assert props[name]["default"] == 1 and default == Nodes(1, 1)
         elif (cls, name) == (JobSpec, "env"):
             assert props[name]["default"] == {} and default == ()
+        elif (cls, name) == (Health, "gpus"):  # auto is resolved when the spec is loaded: 0 for a spec without GPUs
+            assert props[name]["default"] == "auto" and default == 0
+        elif (cls, name) == (JobSpec, "health"):
+            assert props[name]["default"] == {**as_json(default), "gpus": "auto"}
         else:
             assert props[name]["default"] == as_json(default), name
 

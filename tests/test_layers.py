@@ -24,6 +24,7 @@ LAYERS = (
     "runner.config",  # the spec: load, validate, resolve
     "runner.config.clusters",  # Slurm and Kubernetes templates of a spec
     "runner.observe",  # console, live line, progress, logs, metrics, time to recover
+    "runner.health",  # checks before a node joins a round: disk, memory, GPUs, the user's commands
     "runner.rendezvous",  # the backend interface, ports, ranks, the local backend
     "runner.rendezvous.etcd",  # the etcd v3 backend, hosted etcd, lease revoke at death, admin
     "runner.workers",  # launch plan, group, standbys, tee, failures
