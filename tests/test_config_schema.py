@@ -23,8 +23,10 @@ from runner.config.spec import (
     Entrypoint,
     Health,
     JobSpec,
+    Lighthouse,
     Logs,
     Nodes,
+    ReplicaGroups,
     Rendezvous,
     Restart,
     Shutdown,
@@ -95,6 +97,8 @@ MIRROR = [
     (("logs",), Logs),
     (("watchdog",), Watchdog),
     (("health",), Health),
+    (("replica_groups",), ReplicaGroups),
+    (("replica_groups", "lighthouse"), Lighthouse),
 ]
 
 

@@ -45,7 +45,14 @@ def in_init(job: Callable[[str], Job], _etcd: EtcdServer) -> Job:
         logs: {{dir: "${{LOGS}}"}}
     """)
     j.start()
-    time.sleep(1.0)
+
+    def in_init_now() -> bool:  # INIT writes spec.json right after installing its signal handlers
+        try:
+            return (j.run_dir() / "spec.json").exists()
+        except AssertionError:
+            return False
+
+    wait_for(in_init_now, what="the agent to install its handlers in INIT")
     return j
 
 
