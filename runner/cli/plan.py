@@ -15,44 +15,78 @@ PORT_PLACEHOLDER = 0  # the real MASTER_PORT is picked fresh at every rendezvous
 
 
 def plan_view(spec: JobSpec, node: str = "node0") -> dict[str, Any]:
-    """The resolved spec plus, for each node of a job of nodes.min nodes, each rank's argv, cwd and env."""
+    """The resolved spec plus, for each node of a job of nodes.min nodes, each rank's argv, cwd and env.
+
+    With replica groups: each group's ranks instead (its own world, store and torchft variables).
+    """
+    from runner.config.redact import spec_for_disk
+
+    if spec.replica_groups is not None:
+        return {"spec": spec_for_disk(spec), "note": NOTE, "groups": groups_view(spec, node)}
+    return {"spec": spec_for_disk(spec), "note": NOTE, "nodes": nodes_view(spec, node)}
+
+
+NOTE = "MASTER_PORT 0 (and TORCHFT_MANAGER_PORT 0) stand for the free ports picked at each attempt"
+
+
+def groups_view(spec: JobSpec, node: str) -> list[dict[str, Any]]:
+    """Every replica group's ranks: RANK/WORLD_SIZE within the group, the torchft variables on top."""
+    import dataclasses
+
+    from runner.core.context import Replica
+
+    groups = spec.replica_groups
+    assert groups is not None
+    light = groups.lighthouse
+    address = light.address or f"http://127.0.0.1:{light.port or '<free port>'} (hosted)"
+    one = dataclasses.replace(spec, nproc_per_node=groups.nproc_per_node)
+    return [
+        {"group": k, "node": f"{node}/g{k}",
+         "ranks": ranks_view(one, f"{node}/g{k}", 0, 1, Replica(k, groups.count, address).env(PORT_PLACEHOLDER),
+                             run_dir=f"<run dir>/group_{k}")}
+        for k in range(groups.count)
+    ]
+
+
+def nodes_view(spec: JobSpec, node: str) -> list[dict[str, Any]]:
+    """Each node's ranks, for a job of nodes.min nodes."""
+    nodes = []
+    for group_rank in range(spec.nodes.min):
+        name = f"node{group_rank}" if spec.nodes.min > 1 else node
+        nodes.append({"node": name, "group_rank": group_rank,
+                      "ranks": ranks_view(spec, name, group_rank, spec.nodes.min, None)})
+    return nodes
+
+
+def ranks_view(spec: JobSpec, node: str, group_rank: int, nodes: int, extra_env: dict[str, str] | None, *,
+               run_dir: str = "<run dir>") -> list[dict[str, Any]]:
+    """One node's ranks (argv, cwd, env with secrets redacted, logs) for attempt 0."""
     # Imported here: every `runner` command imports this module (the list of commands), few need these.
-    from runner.config.redact import redact, redact_argv, spec_for_disk
+    from runner.config.redact import redact, redact_argv
     from runner.rendezvous.base import RendezvousResult
     from runner.workers.launch_plan import build_plan
 
-    resolved = spec_for_disk(spec)
-    nodes = []
-    for group_rank in range(spec.nodes.min):
-        result = RendezvousResult(
-            round=0,
-            node=f"node{group_rank}" if spec.nodes.min > 1 else node,
-            group_rank=group_rank,
-            group_world_size=spec.nodes.min,
-            nproc_per_node=spec.nproc_per_node,
-            master_addr=spec.rendezvous.master_addr or "<group rank 0's address>",
-            master_port=PORT_PLACEHOLDER,
-        )
-        plan = build_plan(
-            spec, result, attempt=0, run_dir="<run dir>", base_env={}
-        )
-        ranks = [
-            {
-                "rank": w.rank,
-                "local_rank": w.local_rank,
-                "argv": redact_argv(w.argv),
-                "cwd": w.cwd,
-                "env": {k: redact(k, v) for k, v in w.env},
-                "logs": w.log_dir,
-            }
-            for w in plan.workers
-        ]
-        nodes.append({"node": result.node, "group_rank": group_rank, "ranks": ranks})
-    return {
-        "spec": resolved,
-        "note": "MASTER_PORT 0 stands for the free port picked at each rendezvous round",
-        "nodes": nodes,
-    }
+    result = RendezvousResult(
+        round=0,
+        node=node,
+        group_rank=group_rank,
+        group_world_size=nodes,
+        nproc_per_node=spec.nproc_per_node,
+        master_addr=spec.rendezvous.master_addr or "<group rank 0's address>",
+        master_port=PORT_PLACEHOLDER,
+    )
+    plan = build_plan(spec, result, attempt=0, run_dir=run_dir, base_env={}, extra_env=extra_env)
+    return [
+        {
+            "rank": w.rank,
+            "local_rank": w.local_rank,
+            "argv": redact_argv(w.argv),
+            "cwd": w.cwd,
+            "env": {k: redact(k, v) for k, v in w.env},
+            "logs": w.log_dir,
+        }
+        for w in plan.workers
+    ]
 
 
 class PlanCommand(Command):
