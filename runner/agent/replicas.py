@@ -118,6 +118,7 @@ class Supervisor:
         self.lighthouse: HostedLighthouse | None = None
         self.stop: StopRequested | None = None
         self.left_reason = ""  # why the supervisor stopped the groups still running (too few could go on)
+        self.outcome: Outcome | None = None  # the job's, once settled
         self.job_transitions = JsonLines(run_dir / "transitions.jsonl")
         self.reaper = Shepherd()  # the agent's: child subreaper from the start, kills what is left at the very end
         self._publish_due = asyncio.Event()
@@ -255,6 +256,7 @@ class Supervisor:
             job.exit_code = EXIT_INFRA if EXIT_INFRA in codes else EXIT_WORKERS_FAILED
             job.reason = self.left_reason or (f"{len(done)} group(s) finished, fewer than min_active "
                                               f"{self.groups_spec.min_active}")
+        self.outcome = job.outcome
         self.log.info("replica_job_ended", outcome=job.outcome.value, exit_code=job.exit_code, reason=job.reason)
 
     async def watch_steps(self) -> None:
@@ -301,6 +303,7 @@ class Supervisor:
             "attempt": max((g.ctx.run.attempt for g in self.groups), default=0),
             "restarts": sum(g.ctx.run.restarts for g in self.groups),
             "workers": [],
+            "outcome": self.outcome.value if self.outcome is not None else None,
             "groups": [g.status() for g in self.groups],
             "lighthouse": self.lighthouse_status(),
         }

@@ -70,6 +70,7 @@ def render(story: Story) -> str:
         "<h2>Timeline</h2>",
         legend(),
         timeline(story),
+        *(["<h2>Replica groups</h2>", groups_table(story)] if story.groups else []),
         "<h2>Attempts</h2>",
         attempts_table(story),
         "<h2>Restarts</h2>",
@@ -164,6 +165,20 @@ def nice_step(span: float) -> float:
         if span / step <= 12:
             return float(step)
     return span / 10
+
+
+def groups_table(story: Story) -> str:
+    """Each replica group: outcome, attempts, restarts, the step it committed last, and its steps over time."""
+    rows = [('<table id="groups"><tr><th>group</th><th>outcome</th><th>attempts</th><th>restarts</th>'
+             "<th>last committed step</th><th>steps over time</th></tr>")]
+    for g in story.groups:
+        samples = [s for s in g.get("steps") or [] if isinstance(s, list) and len(s) == 2]
+        shown = samples[:: max(1, len(samples) // 12)]  # a dozen points: enough to see who stepped on
+        timeline = ", ".join(f"+{float(t) - story.start:.0f}s: {s}" for t, s in shown) or "-"
+        rows.append(f'<tr class="group-row"><td>{esc(g.get("group"))}</td><td>{esc(g.get("outcome"))}</td>'
+                    f'<td>{esc(g.get("attempts"))}</td><td>{esc(g.get("restarts"))}</td>'
+                    f'<td>{esc(g.get("step"))}</td><td>{esc(timeline)}</td></tr>')
+    return "\n".join([*rows, "</table>"])
 
 
 def attempts_table(story: Story) -> str:

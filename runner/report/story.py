@@ -166,6 +166,7 @@ class Story:
     """Every node of one run of one job."""
 
     nodes: list[NodeStory]
+    groups: list[dict[str, Any]] = field(default_factory=list)  # replica groups: report.json's `groups`
 
     @property
     def job(self) -> str:
@@ -200,8 +201,15 @@ class Story:
 
 
 def read_story(run_dirs: list[Path]) -> Story:
-    """Read every run dir (one per node) into one Story."""
-    return Story(sorted((read_node(Path(d)) for d in run_dirs), key=lambda n: n.node))
+    """Read every run dir (one per node) into one Story; a run with replica groups shows each group as a lane."""
+    lanes: list[Path] = []
+    groups: list[dict[str, Any]] = []
+    for d in map(Path, run_dirs):
+        inner = sorted(d.glob("group_*"), key=lambda g: attempt_number(g.name))
+        lanes += [g for g in inner if g.is_dir()] or [d]
+        listed = (read_json(d / "report.json") or {}).get("groups") if inner else None
+        groups += [g for g in listed if isinstance(g, dict)] if isinstance(listed, list) else []
+    return Story(sorted((read_node(lane) for lane in lanes), key=lambda n: n.node), groups)
 
 
 def read_node(run_dir: Path) -> NodeStory:

@@ -179,7 +179,7 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
         title += f" · round {status.get('round')} · world {status.get('world_size')}"
         title += f" · restarts {status.get('restarts')}"
     head = ("NODE", "STATE", "ATTEMPT", "RESTARTS", "FAILURE", "RANKS", "UPTIME", "RECOVERY", "LAST EVENT")
-    rows = [head]
+    rows: list[tuple[str, ...]] = [head]
     for node in status.get("nodes") or []:
         name = str(node.get("node"))
         run = runs.get(name)
@@ -193,10 +193,26 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
         rows.append((name, str(node.get("state") or "-"), str(node.get("attempt", "-")), str(restarts),
                      failure_class(node), ranks(node.get("workers")), duration(up),
                      recovery(node.get("recovery")), (event + ago) if event else "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
-    lines = [title]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines = [title, *aligned(rows)]
+    for node in status.get("nodes") or []:
+        lines += groups_table(node.get("groups"))
     return lines
+
+
+def aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as left-aligned columns two spaces apart."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def groups_table(groups: object) -> list[str]:
+    """A node's replica groups (docs/replica_groups.md): state, attempt, restarts and the step each committed."""
+    if not isinstance(groups, list) or not groups:
+        return []
+    keys = ("group", "state", "attempt", "restarts", "step", "outcome")
+    rows: list[tuple[str, ...]] = [tuple(k.upper() for k in keys)]
+    rows.extend(tuple(str(g[k]) if g.get(k) is not None else "-" for k in keys) for g in groups if isinstance(g, dict))
+    return ["", *aligned(rows)]
 
 
 def failure_class(node: dict[str, Any]) -> str:
