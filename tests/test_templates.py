@@ -144,3 +144,16 @@ def test_checked_in_examples_match_the_renderer(spec: str, kind: str, name: str)
                           capture_output=True, text=True, check=False, env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert (TEMPLATES / name).read_text() == done.stdout
+
+
+def test_replica_groups_render_for_both_clusters(tmp_path: Path) -> None:
+    """A spec with replica groups renders as any one-node job: the groups live inside the one agent per node."""
+    extra = """\
+    replica_groups: {count: 4, nproc_per_node: 2, min_active: 2}
+    cluster: {kubernetes: {image: "example.com/train:1"}, gpus_per_node: 8}
+    """
+    docs = k8s_docs(tmp_path, extra)  # schema-valid (strict)
+    config = by_kind(docs, "ConfigMap")[0]
+    assert "replica_groups: {count: 4, nproc_per_node: 2, min_active: 2}" in next(iter(config["data"].values()))
+    script = rendered("slurm", tmp_path, extra)
+    assert "#SBATCH --nodes=1" in script

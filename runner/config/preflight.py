@@ -152,7 +152,7 @@ def required(spec: JobSpec, doc: Document | None = None) -> list[SpecProblem]:
 
 
 def _limits(spec: JobSpec, env: Mapping[str, str]) -> Iterator[Finding]:
-    nproc = spec.nproc_per_node
+    nproc = spec.workers_per_node  # every replica group's workers, when the spec has groups
     fds = FDS_OF_AGENT + nproc * (FDS_PER_WORKER if spec.logs.tee else 1)
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and fds > soft:

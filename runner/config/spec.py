@@ -327,6 +327,12 @@ class JobSpec:
     cluster: Cluster = field(default_factory=Cluster)
     replica_groups: ReplicaGroups | None = None  # None: one group of nproc_per_node workers, as torchrun
 
+    @property
+    def workers_per_node(self) -> int:
+        """Workers this node runs at once: every replica group's, or nproc_per_node."""
+        groups = self.replica_groups
+        return groups.count * groups.nproc_per_node if groups is not None else self.nproc_per_node
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists, env becomes a mapping)."""
         data = asdict(self)
