@@ -201,4 +201,5 @@ def mermaid() -> str:
         label = trigger.value + (f" [{when.name}]" if when is not None else "")
         lines.append(f"    {src.value} --> {dest.value}: {label}")
     lines.append(f"    {S.SHUTDOWN.value} --> [*]")
+    lines.append(f"    note right of {S.RUNNING.value}: with replica_groups, every group runs this machine on its own")
     return "\n".join(lines)
