@@ -203,6 +203,7 @@ class Supervisor:
         try:
             await drive(group.model, HANDLERS, group.ctx, on_transition, settle)
         finally:
+            self.update_step(group)  # its last report, made after the last poll
             sink.close()
             if group.ctx.run.standbys is not None:
                 group.ctx.run.standbys.close()
@@ -263,14 +264,18 @@ class Supervisor:
         """Read each group's committed step from its rank 0's heartbeat file (what the worker wrote, never guessed)."""
         while True:
             for g in self.groups:
-                step = read_step(g.ctx)
-                if step is not None and step != g.step:
-                    g.step = step
-                    g.steps.append((round(time.time(), 3), step))
-                    if len(g.steps) > MAX_STEP_SAMPLES:
-                        del g.steps[1::2]  # keep the timeline's shape at half the resolution
-                    self._publish_due.set()
+                self.update_step(g)
             await asyncio.sleep(STEP_POLL_S)
+
+    def update_step(self, g: Group) -> None:
+        """Keep the group's step, and the time it changed, when its rank 0 reported a new one."""
+        step = read_step(g.ctx)
+        if step is not None and step != g.step:
+            g.step = step
+            g.steps.append((round(time.time(), 3), step))
+            if len(g.steps) > MAX_STEP_SAMPLES:
+                del g.steps[1::2]  # keep the timeline's shape at half the resolution
+            self._publish_due.set()
 
     async def publish_loop(self) -> None:
         """Write the job's status.json whenever a group moved or stepped (at most every STEP_POLL_S)."""

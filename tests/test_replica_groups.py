@@ -1,0 +1,164 @@
+"""Replica groups with real agents, real workers and a real torchft lighthouse (docs/replica_groups.md).
+
+Workers here do not import torch (tests/workers/group_worker.py reports steps the way a TorchFT script does), so
+what is tested is the agent: each group's own machine and budget, the minimum, the lighthouse, the stops and the
+clean-up. tests/test_ft_training.py runs real TorchFT training under runner.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, Job, alive, wait_for
+
+pytestmark = pytest.mark.integration
+WORKER = ROOT / "tests" / "workers" / "group_worker.py"
+LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
+needs_lighthouse = pytest.mark.skipif(not os.access(LIGHTHOUSE, os.X_OK),
+                                      reason="torchft_lighthouse is not installed (pip install 'runner[ft]')")
+
+
+def spec(args: str, *, count: int = 2, nproc: int = 1, min_active: int = 1, restarts: int = 2) -> str:
+    return f"""
+        version: 1
+        name: groups
+        entrypoint: {{script: "{WORKER}", args: ["--out", "${{OUT}}", {args}]}}
+        replica_groups: {{count: {count}, nproc_per_node: {nproc}, min_active: {min_active}}}
+        restart: {{max_restarts: {restarts}, backoff: {{initial: 0s}}}}
+        shutdown: {{grace_period: 5s}}
+        logs: {{dir: "${{LOGS}}"}}
+    """
+
+
+def pids(j: Job) -> dict[str, int]:
+    return {p.stem: json.loads(p.read_text())["pid"] for p in j.out.glob("*.pid")}
+
+
+def report(j: Job) -> dict:
+    return json.loads((j.run_dir() / "report.json").read_text())
+
+
+def nothing_left(j: Job, lighthouse_pid: int | None) -> None:
+    """Every worker of every group and the lighthouse are gone once the agent exited."""
+    left = [p for p in pids(j).values() if alive(p)]
+    if lighthouse_pid is not None and alive(lighthouse_pid):
+        left.append(lighthouse_pid)
+    assert not left, f"outlived the job: {left}"
+
+
+@needs_lighthouse
+def test_each_group_is_its_own_world_and_a_failed_group_restarts_alone(tmp_path):
+    j = Job(tmp_path, spec('"--steps", "20", "--fail-group", "1", "--fail-attempts", "1", "--fail-at", "3"',
+                           nproc=2))
+    res = j.run(timeout=120)
+    assert res.returncode == 0, res.stderr
+    seen = {name: json.loads((j.out / f"{name}.pid").read_text()) for name in pids(j)}
+    # group 0 ran once: the failure of group 1 never restarted (or signalled) it
+    assert sorted(n for n in seen if n.startswith("g0")) == ["g0.r0.a0", "g0.r1.a0"]
+    assert sorted(n for n in seen if n.startswith("g1")) == ["g1.r0.a0", "g1.r0.a1", "g1.r1.a0", "g1.r1.a1"]
+    for name, env in seen.items():  # RANK and WORLD_SIZE within the group; its own store; torchft's variables
+        assert env["WORLD_SIZE"] == "2" and env["RANK"] == name.split(".")[1][1:]
+        assert env["NUM_REPLICA_GROUPS"] == "2" and env["TORCHFT_LIGHTHOUSE"].startswith("http://127.0.0.1:")
+    assert seen["g0.r0.a0"]["MASTER_PORT"] != seen["g1.r0.a0"]["MASTER_PORT"]
+    r = report(j)
+    assert r["outcome"] == "succeeded"
+    by_group = {g["group"]: g for g in r["groups"]}
+    assert (by_group[0]["attempts"], by_group[1]["attempts"]) == (1, 2)
+    assert by_group[0]["step"] == 20 and by_group[1]["step"] == 20  # read from rank 0's reports
+    assert [f["group"] for f in r["failures"]] == [1]
+    transitions = [json.loads(line) for line in (j.run_dir() / "transitions.jsonl").read_text().splitlines()]
+    assert transitions and all("group" in t for t in transitions)
+    assert any(t["group"] == 1 and t["trigger"] == "retry" for t in transitions)
+    assert not any(t["group"] == 0 and t["dst"] in ("FAILED", "RESTARTING") for t in transitions)
+    nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
+
+
+@needs_lighthouse
+def test_a_group_over_its_budget_leaves_while_the_others_finish(tmp_path):
+    j = Job(tmp_path, spec('"--steps", "30", "--fail-group", "1", "--fail-attempts", "99", "--fail-at", "1"',
+                           restarts=1))
+    res = j.run(timeout=120)
+    assert res.returncode == 0, res.stderr
+    r = report(j)
+    assert r["outcome"] == "succeeded" and "1 left after their budget was spent" in r["reason"]
+    by_group = {g["group"]: g for g in r["groups"]}
+    assert by_group[0]["outcome"] == "succeeded" and by_group[0]["step"] == 30
+    assert by_group[1]["outcome"] == "failed" and by_group[1]["attempts"] == 2
+    assert "group 1: failed after 2 attempt(s)" in res.stderr
+    nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
+
+
+@needs_lighthouse
+def test_too_few_groups_left_ends_the_job_with_the_reason_and_a_report(tmp_path):
+    j = Job(tmp_path, spec('"--steps", "600", "--fail-group", "1", "--fail-attempts", "99", "--fail-at", "1"',
+                           min_active=2, restarts=0))
+    started = time.monotonic()
+    res = j.run(timeout=120)
+    assert time.monotonic() - started < 60  # group 0 (600 steps) was stopped, not waited for
+    assert res.returncode == 1, res.stderr
+    r = report(j)
+    assert r["outcome"] == "failed"
+    assert "fewer than min_active 2" in r["reason"] and "group(s) 1 left" in r["reason"]
+    assert {g["group"]: g["outcome"] for g in r["groups"]} == {0: "stopped", 1: "failed"}
+    assert "fewer than min_active 2" in res.stderr
+    nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
+
+
+@needs_lighthouse
+def test_the_hosted_lighthouse_is_restarted_when_it_dies(tmp_path):
+    j = Job(tmp_path, spec('"--steps", "100", "--step-s", "0.1"'))
+    j.start()
+
+    def status() -> dict:
+        try:
+            return json.loads((j.run_dir() / "status.json").read_text())
+        except (OSError, ValueError, AssertionError):
+            return {}
+
+    wait_for(lambda: status().get("lighthouse", {}).get("pid"), what="the hosted lighthouse")
+    first = status()["lighthouse"]["pid"]
+    assert "torchft_lighthouse" in Path(f"/proc/{first}/cmdline").read_text()  # ours, proven before the kill
+    fd = os.pidfd_open(first)
+    signal.pidfd_send_signal(fd, signal.SIGKILL)
+    os.close(fd)
+    wait_for(lambda: status().get("lighthouse", {}).get("restarts") == 1, what="the lighthouse's restart")
+    second = status()["lighthouse"]["pid"]
+    assert second != first and alive(second)
+    out, err = j.proc.communicate(timeout=120)
+    assert j.proc.returncode == 0, err
+    assert "lighthouse_restarting" in (j.run_dir() / "agent.jsonl").read_text()
+    nothing_left(j, second)
+
+
+@needs_lighthouse
+def test_a_stop_signal_reaches_every_group_and_nothing_outlives_the_job(tmp_path):
+    j = Job(tmp_path, spec('"--steps", "600"', nproc=2))
+    j.start()
+    wait_for(lambda: len(pids(j)) == 4, what="every group's workers")
+    j.proc.send_signal(signal.SIGTERM)
+    _, err = j.proc.communicate(timeout=60)
+    assert j.proc.returncode == 128 + signal.SIGTERM, err
+    r = report(j)
+    assert r["outcome"] == "stopped"
+    assert {g["outcome"] for g in r["groups"]} == {"stopped"}
+    nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
+
+
+def test_validate_says_how_to_install_torchft_when_it_is_missing(tmp_path):
+    """A spec with replica groups on a machine without torchft: exit 2 at validate, with the install command."""
+    j = Job(tmp_path, spec('"--steps", "1"').replace(
+        "replica_groups: {count: 2, nproc_per_node: 1, min_active: 1}",
+        'replica_groups: {count: 2, lighthouse: {hosted: false, address: "http://127.0.0.1:29510"}}'))
+    hide = "import sys; sys.modules['torchft'] = None; from runner.cli.main import main; sys.exit(main())"
+    res = subprocess.run([sys.executable, "-c", hide, "validate", str(j.spec)], cwd=tmp_path, env=j.env(),
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode == 2, res.stderr
+    assert "replica groups need torchft" in res.stderr and "pip install 'runner[ft]'" in res.stderr
+    assert "Traceback" not in res.stderr
