@@ -26,6 +26,7 @@ class FailureKind(enum.Enum):
     RENDEZVOUS = "rendezvous"  # the rendezvous timed out or failed (infrastructure)
     DEADLINE = "deadline"  # watchdog.max_run_time passed
     GUARD = "guard"  # the shepherd died and could not be replaced: no-orphan guarantee lost
+    HEALTH = "health"  # this node failed its health checks for health.give_up_after (runner/health/)
 
     def __str__(self) -> str:
         return self.value
@@ -33,7 +34,7 @@ class FailureKind(enum.Enum):
     @property
     def infrastructure(self) -> bool:
         """Not the workers' fault: never retried by the restart policy, exit code 3."""
-        return self in (FailureKind.RENDEZVOUS, FailureKind.GUARD)
+        return self in (FailureKind.RENDEZVOUS, FailureKind.GUARD, FailureKind.HEALTH)
 
     @property
     def one_worker(self) -> bool:

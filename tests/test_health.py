@@ -8,6 +8,7 @@ against a real driver.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -573,3 +574,54 @@ def test_until_healthy_with_real_checks(tmp_path: Path) -> None:
     assert tries[0].reasons() == [f"command {health.commands[0].run}: exit 1: waiting for ready"]
     assert tries[0].to_dict()["failures"] == [{"check": "command", "subject": health.commands[0].run,
                                                "reason": "exit 1: waiting for ready"}]
+
+
+# --- what other nodes and `runner status` see of an unhealthy node -------------------------------------------------
+
+
+def test_a_node_out_for_its_health_holds_no_round_open() -> None:
+    """A node of the previous round whose live state says `unhealthy` is not waited for (the round closes without
+    it once nodes.min joined); a node that merely has not joined yet still is."""
+    from runner.rendezvous.etcd.round import Roster, pending
+
+    unhealthy = {"state": "RENDEZVOUS", "unhealthy": {"healthy": False, "failures": []}}
+    states = {"a": {"state": "RENDEZVOUS"}, "b": unhealthy}
+    assert pending(["a", "b"], joined={}, states=states) == ["a"]
+    roster = Roster(["a", "b"])
+    roster.state("a", json.dumps(states["a"]).encode())
+    roster.state("b", json.dumps(unhealthy).encode())
+    assert roster.waiting_list() == ["a"]
+    roster.state("b", json.dumps({"state": "RENDEZVOUS"}).encode())  # healthy again, about to join
+    assert roster.waiting_list() == ["a", "b"]
+    roster.join("b", b"{}")
+    assert roster.waiting_list() == ["a"]
+
+
+def test_nodes_share_the_health_section_but_not_its_paths_nor_secrets() -> None:
+    """health.paths resolve against cwd (node-local); a command line's secret never reaches etcd in clear."""
+    from runner.rendezvous.spec_check import shared_digest, shared_tree
+
+    text = "name: j\nentrypoint: t.py\ncwd: {cwd}\nhealth: {{paths: [ckpt], commands: ['curl -fs http://u:{pw}@h/']}}\n"
+    a = load_spec_text(text.format(cwd="/a", pw="hunter2"))
+    b = load_spec_text(text.format(cwd="/b", pw="hunter2"))
+    c = load_spec_text(text.format(cwd="/a", pw="other"))
+    assert a.health.paths != b.health.paths and shared_digest(a) == shared_digest(b)
+    assert shared_digest(a) != shared_digest(c)
+    tree = shared_tree(a)
+    assert "paths" not in tree["health"] and "hunter2" not in json.dumps(tree)
+    assert tree["health"]["commands"][0]["timeout"] == 30.0
+
+
+def test_status_shows_why_a_node_is_unhealthy(capsys: pytest.CaptureFixture[str]) -> None:
+    """`runner status`: the FAILURE column and the one-shot text name the failed checks."""
+    from runner.cli.status import print_status
+    from runner.runs.status import failure_class
+
+    report = HealthReport(("disk /ckpt", "commands"), (HealthFailure("disk", "1MiB free, needs 1GiB", "/ckpt"),
+                                                       HealthFailure("command", "exit 1: no ib port", "ibstat")))
+    node = {"node": "n1", "state": "RENDEZVOUS", "attempt": 0, "workers": [], "unhealthy": report.to_dict()}
+    assert failure_class(node) == "unhealthy: disk /ckpt: 1MiB free, needs 1GiB (+1)"
+    assert failure_class({"node": "n2", "unhealthy": None, "failure": {"class": "oom"}}) == "oom"
+    print_status({"job": "j", "status": "rendezvous", "nodes": [node]})
+    out = capsys.readouterr().out
+    assert "    unhealthy: disk /ckpt: 1MiB free, needs 1GiB\n    unhealthy: command ibstat: exit 1: no ib port" in out

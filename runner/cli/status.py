@@ -45,7 +45,7 @@ class StatusCommand(Command):
 
 def print_status(status: dict[str, Any]) -> None:
     """The one-shot text form: a header line, then one line per node (and its replica groups, if any)."""
-    from runner.runs.status import groups_table
+    from runner.runs.status import groups_table, unhealthy_reasons
 
     head = {k: v for k, v in status.items() if k != "nodes"}
     print("  ".join(f"{k}={v}" for k, v in head.items()))
@@ -56,6 +56,8 @@ def print_status(status: dict[str, Any]) -> None:
             for w in node.get("workers") or []
         )
         print(f"  node {node.get('node')}: {node.get('state')} attempt {node.get('attempt')}  [{workers}]")
+        for reason in unhealthy_reasons(node):  # out of the round until its health checks pass (docs/health.md)
+            print(f"    unhealthy: {reason}")
         for line in groups_table(node.get("groups")):
             print(f"    {line}" if line else "")
 

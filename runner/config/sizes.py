@@ -12,7 +12,6 @@ reads, unless the value is too large (tests/test_config_sizes.py checks both on 
 
 from __future__ import annotations
 
-import decimal
 import re
 
 from runner.config.limits import MAX_INT
@@ -47,6 +46,8 @@ def parse_size(value: float | str) -> int:
 
 
 def _parse_text(text: str) -> int:
+    import decimal  # only a size written as a string needs it (every spec load would pay its import otherwise)
+
     match = _SIZE.fullmatch(text)
     if match is None:
         raise ValueError(f"{_shown(text)} is not a size")

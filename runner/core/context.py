@@ -90,6 +90,8 @@ class GroupRun:
     failure: Failure | None = None  # the current attempt's root cause
     failures: list[Failure] = field(default_factory=list)
     charge: Charge | None = None  # this failure's restart charge, once the policy needed it
+    health: list[dict[str, object]] = field(default_factory=list)  # failed tries of the health checks (the last 20)
+    unhealthy: dict[str, object] | None = None  # the last try, while the node stays out of a round for its health
 
     def is_stale(self, event: Event) -> bool:
         """True for a worker exit or timer expiry of a process that is not one of the current workers."""

@@ -23,6 +23,7 @@ NODE_LOCAL_FIELDS: tuple[str, ...] = (
     "rendezvous.master_addr",
     "rendezvous.tls",
     "rendezvous.auth.password_file",
+    "health.paths",  # resolved against cwd
 )
 
 
@@ -51,6 +52,10 @@ def shared_tree(spec: JobSpec) -> dict[str, Any]:
     rendezvous = tree.get("rendezvous")
     if isinstance(rendezvous, dict) and isinstance(rendezvous.get("endpoints"), list):
         rendezvous["endpoints"] = digest_secret_items(spec.name, "rendezvous.endpoints", rendezvous["endpoints"])
+    health = tree.get("health")
+    if isinstance(health, dict) and isinstance(health.get("commands"), list):  # a command line may hold a token
+        lines = digest_secret_items(spec.name, "health.commands", [c.get("run") for c in health["commands"]])
+        health["commands"] = [{**c, "run": line} for c, line in zip(health["commands"], lines, strict=True)]
     for dotted in NODE_LOCAL_FIELDS:
         *parents, leaf = dotted.split(".")
         node: Any = tree

@@ -20,6 +20,7 @@ LIVE = frozenset({"running", "rendezvous", "stopping", "starting"})
 MAX_TAIL = 65536  # bytes of agent.jsonl read to find the last event
 MAX_SHOWN_S = 1e7  # a recovery figure beyond this (or negative, or not a number) is junk: shown as '?'
 PER_RANK_UP_TO = 4  # more ranks than this are counted, not listed
+MAX_REASON_SHOWN = 80  # characters of a health reason in the table's FAILURE column
 
 
 class UnknownRun(RunnerError):
@@ -216,12 +217,33 @@ def groups_table(groups: object) -> list[str]:
 
 
 def failure_class(node: dict[str, Any]) -> str:
-    """The class of a node's last failure (docs/failure_classes.md): its `failure`, else its last recovery's."""
+    """The class of a node's last failure (docs/failure_classes.md): its `failure`, else its last recovery's.
+
+    A node out of the round for its health checks shows that instead, with the first reason (docs/health.md).
+    """
+    reasons = unhealthy_reasons(node)
+    if reasons:
+        first = reasons[0] if len(reasons[0]) <= MAX_REASON_SHOWN else reasons[0][: MAX_REASON_SHOWN - 3] + "..."
+        return f"unhealthy: {first}" + (f" (+{len(reasons) - 1})" if len(reasons) > 1 else "")
     for part, key in (("failure", "class"), ("recovery", "failure_class")):
         value = node.get(part)
         if isinstance(value, dict) and isinstance(value.get(key), str):
             return str(value[key])
     return "-"
+
+
+def unhealthy_reasons(node: dict[str, Any]) -> list[str]:
+    """Why a node stays out of the round for its health checks (its last failed try), [] when it does not."""
+    last = node.get("unhealthy")
+    failures = last.get("failures") if isinstance(last, dict) else None
+    if not isinstance(failures, list):
+        return []
+    out = []
+    for f in failures:
+        if isinstance(f, dict):
+            subject = f" {f['subject']}" if f.get("subject") else ""
+            out.append(f"{f.get('check')}{subject}: {f.get('reason')}")
+    return out
 
 
 def recovery(rec: object) -> str:

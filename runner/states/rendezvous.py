@@ -1,4 +1,4 @@
-"""RENDEZVOUS: join a round, learn ranks and the master address, plan this node's workers."""
+"""RENDEZVOUS: check this node's health, join a round, learn ranks and the master address, plan this node's workers."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ from runner.workers.failures import Failure
 
 if TYPE_CHECKING:
     from runner.core.context import Context
+    from runner.health.report import HealthReport
+
+HEALTH_KEPT = 20  # failed tries of the health checks kept for report.json
 
 
 async def handle(ctx: Context) -> Step:
-    """Wait for the round to close (or a stop), then build the LaunchPlan."""
+    """Pass the health checks (when the spec has some), wait for the round to close (or a stop), build the plan."""
+    if ctx.spec.health.configured and (step := await health_step(ctx)) is not None:
+        return step
     try:
         result = await unless_stopped(ctx, ctx.rendezvous.next_round(ctx.run.attempt))
     except Stopped:
@@ -35,3 +40,40 @@ async def handle(ctx: Context) -> Step:
         f"round {result.round}: {result.group_world_size} node(s), world size {result.world_size}, "
         f"master {result.master_addr}:{result.master_port}",
     )
+
+
+async def health_step(ctx: Context) -> Step | None:
+    """None once the node is healthy; else the step out: a stop, or giving up (exit 3, no worker started)."""
+    from runner.health.check import Unhealthy  # only a spec with a health section needs the checks
+
+    try:
+        await unless_stopped(ctx, healthy(ctx))
+    except Stopped:
+        return Step(Trigger.stop_requested, "stop requested during the health checks")
+    except Unhealthy as e:
+        ctx.run.failure = Failure(kind=FailureKind.HEALTH, reason=e.message, attempt=ctx.run.attempt, hint=e.fix,
+                                  extra={"health": e.report.to_dict()})
+        return Step(Trigger.fatal, e.message, Outcome.ERROR, EXIT_INFRA)
+    return None
+
+
+async def healthy(ctx: Context) -> None:
+    """Try the health checks until they pass (docs/health.md); Unhealthy after health.give_up_after.
+
+    The node stays out of the round meanwhile: it joins only once healthy. Each failed try is kept (the last
+    HEALTH_KEPT) and published as this node's `unhealthy` state; it is cleared once a try passes.
+    """
+    from runner.health.check import check_spec, until_healthy
+
+    run = ctx.run
+
+    async def failed(report: HealthReport) -> None:
+        run.unhealthy = {**report.to_dict(), "attempt": run.attempt}
+        run.health = [*run.health, run.unhealthy][-HEALTH_KEPT:]
+        await ctx.status.publish()
+
+    try:
+        await until_healthy(ctx.spec.health, lambda limit: check_spec(ctx.spec, timeout=limit, guard=ctx.shepherd),
+                            log=ctx.log, on_failed=failed)
+    finally:
+        run.unhealthy = None

@@ -61,9 +61,14 @@ def is_gone(state: dict[str, Any] | None) -> bool:
     return state is None or state.get("state") == TERMINAL or bool(state.get("outcome"))
 
 
+def stays_out(state: dict[str, Any] | None) -> bool:
+    """True when a node is gone, or says it stays out of rounds until its health checks pass (docs/health.md)."""
+    return is_gone(state) or bool(state and state.get("unhealthy"))
+
+
 def pending(previous: Sequence[str], joined: dict[str, Any], states: dict[str, Any]) -> list[str]:
-    """Nodes of the previous round that are still alive but have not joined yet."""
-    return [n for n in previous if n not in joined and not is_gone(states.get(n))]
+    """Nodes of the previous round that are still alive, not out for their health, and have not joined yet."""
+    return [n for n in previous if n not in joined and not stays_out(states.get(n))]
 
 
 def reforms_previous(previous: Sequence[str], joined: dict[str, Any]) -> bool:
@@ -122,7 +127,7 @@ class Roster:
         self._recheck(node)
 
     def _recheck(self, node: str) -> None:
-        if node in self._before and node not in self.joined and not is_gone(self.live.get(node)):
+        if node in self._before and node not in self.joined and not stays_out(self.live.get(node)):
             self.waiting_for.add(node)
         else:
             self.waiting_for.discard(node)
