@@ -28,8 +28,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, tcp_listeners, wait_for_host
-from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary, listens
+from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, wait_for_host
+from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary
+from runner.system.served import listens, tcp_listeners
 from tests.etcd_server import free_port
 from tests.test_multinode import Cluster, Node, probe_args
 

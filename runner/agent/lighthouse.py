@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner.errors import RunnerError
-from runner.rendezvous.etcd.hosted_server import describe_exit, last_line, listens
 from runner.rendezvous.ports import free_port
 from runner.system import procs
 from runner.system.environ import helper_env
+from runner.system.served import describe_exit, exited, last_line, listens, log_tail
 from runner.system.shepherd import Shepherd
 
 if TYPE_CHECKING:
@@ -127,12 +127,7 @@ class HostedLighthouse:
 
     async def _exited(self) -> None:
         assert self._fd is not None
-        loop, done = asyncio.get_running_loop(), asyncio.Event()
-        loop.add_reader(self._fd, done.set)
-        try:
-            await done.wait()
-        finally:
-            loop.remove_reader(self._fd)
+        await exited(self._fd)
 
     def _reap(self) -> int:
         """Once it exited: the guard forgets it, it is reaped; its exit status."""
@@ -163,9 +158,4 @@ class HostedLighthouse:
 
     def log_tail(self) -> str:
         """The end of its log (for error messages)."""
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
+        return log_tail(self.log_path, LOG_TAIL_BYTES)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner.errors import RendezvousError
+from runner.system.served import tcp_listeners
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -31,7 +32,6 @@ WAIT_RETRY_S = 0.2
 WAIT_RETRY_MAX_S = 1.0
 PROBE_TIMEOUT_S = 2.0
 PROC = Path("/proc")
-TCP_LISTEN = "0A"  # the state column of a listening socket in /proc/net/tcp
 WILDCARDS = ("0.0.0.0", "::")  # noqa: S104 - addresses a listener may hold, never bound here
 
 
@@ -78,33 +78,6 @@ def port_taken(ips: tuple[str, ...], port: int, proc: Path = PROC) -> bool:
         if any(ip in wanted for ip, p, _ in tcp_listeners(table) if p == port):
             return True
     return False
-
-
-def tcp_listeners(table: str) -> list[tuple[str, int, int]]:
-    """(address, port, socket inode) of each listening socket in the text of /proc/net/tcp or tcp6.
-
-    Lines that are not well formed are skipped: the parser never fails, whatever the text.
-    """
-    found: list[tuple[str, int, int]] = []
-    for line in table.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 10 or fields[3] != TCP_LISTEN:
-            continue
-        hex_ip, _, hex_port = fields[1].partition(":")
-        try:
-            found.append((hex_address(hex_ip), int(hex_port, 16), int(fields[9])))
-        except ValueError:
-            continue
-    return found
-
-
-def hex_address(text: str) -> str:
-    """An address as /proc/net/tcp{,6} writes it (32-bit words in host order, here little-endian) in text form."""
-    if len(text) not in (8, 32):
-        msg = f"not an address: {text!r}"
-        raise ValueError(msg)
-    raw = b"".join(bytes.fromhex(text[i:i + 8])[::-1] for i in range(0, len(text), 8))
-    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
 
 
 def url_host(ip: str) -> str:

@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING
 import structlog
 
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd.host_rule import tcp_listeners, url_host
+from runner.rendezvous.etcd.host_rule import url_host
 from runner.rendezvous.ports import free_port
 from runner.system import procs
 from runner.system.environ import helper_env
 from runner.system.private_files import private_dir
+from runner.system.served import describe_exit, exited, last_line, listens, log_tail
 from runner.system.shepherd import Shepherd
 
 if TYPE_CHECKING:
@@ -58,15 +59,6 @@ def etcd_binary(beside: Path | None = None, path: str | None = None) -> str:
         raise RendezvousError(msg, fix=f"install it on the hosting node: {INSTALL} (or a distribution's etcd "
                               "package), or point rendezvous.endpoints at an etcd you run (hosted: false)")
     return found
-
-
-def listens(pid: int, port: int) -> bool:
-    """Whether process `pid` itself holds a socket listening on TCP `port` (not merely someone on this machine)."""
-    inodes: set[int] = set()
-    for name in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            inodes |= {i for _, p, i in tcp_listeners(Path(f"/proc/{pid}/net/{name}").read_text()) if p == port}
-    return bool(inodes) and procs.holds_open(pid, {f"socket:[{i}]" for i in inodes})
 
 
 class HostedEtcd:
@@ -184,14 +176,9 @@ class HostedEtcd:
                 return
 
     async def _exited(self) -> None:
-        """Wait until etcd exits (its pidfd turns readable); it is not reaped."""
+        """Wait until etcd exits; it is not reaped."""
         assert self._fd is not None
-        loop, done = asyncio.get_running_loop(), asyncio.Event()
-        loop.add_reader(self._fd, done.set)
-        try:
-            await done.wait()
-        finally:
-            loop.remove_reader(self._fd)
+        await exited(self._fd)
 
     def _reap(self) -> int:
         """Once etcd exited: tell the guard to forget it, then reap it; its exit status."""
@@ -240,23 +227,4 @@ class HostedEtcd:
 
     def log_tail(self) -> str:
         """The end of etcd's log (for error messages)."""
-        try:
-            with self.log_path.open("rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-                return f.read().decode(errors="replace")
-        except OSError:
-            return ""
-
-
-def describe_exit(code: int) -> str:
-    """'exit code N' or 'signal NAME'."""
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"signal {signal.Signals(-code).name}"
-    return f"exit code {code}"
-
-
-def last_line(text: str) -> str:
-    """The last non-empty line of `text` ('' when none)."""
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1][-500:] if lines else ""
+        return log_tail(self.log_path, LOG_TAIL_BYTES)
