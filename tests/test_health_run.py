@@ -58,6 +58,9 @@ give_up_after: 1s
         "reason": "exit 1: scratch disk /scratch is not mounted"}]
     failed = events(j, "health_failed")
     assert len(failed) >= 3  # tries every 0.2 s for 1 s
+    assert len(report["health"]) == len(failed)  # every failed try is in the report too
+    status = json.loads((j.run_dir() / "status.json").read_text())
+    assert status["state"] == "SHUTDOWN"
     assert failed[0]["reasons"] == [
         "command echo 'scratch disk /scratch is not mounted' >&2; exit 1: exit 1: scratch disk /scratch is not mounted"]
     assert "scratch disk /scratch is not mounted" in res.stdout + res.stderr  # the console shows the reason

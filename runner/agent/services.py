@@ -63,6 +63,7 @@ def node_status(ctx: Context, state: JobState) -> dict[str, object]:
         "heartbeat": time.time(),
         "workers": workers,
         "outcome": ctx.outcome.value if ctx.outcome is not None else None,
+        **({"unhealthy": ctx.run.unhealthy} if ctx.run.unhealthy is not None else {}),  # out of the round: why
         **ctx.recovery.status(),  # launch and the last recovery: running_s, ready_s (docs/time_to_recover.md)
     }
 

@@ -66,6 +66,7 @@ def report(ctx: Context) -> dict[str, Any]:
         "restarts": ctx.run.restarts,
         "duration_s": round(time.monotonic() - ctx.inputs.started, 3),
         "failures": [f.to_dict() for f in ctx.run.failures],
+        "health": ctx.run.health,  # the failed tries of the health checks (docs/health.md), the last 20
         **ctx.recovery.report(),  # launch, recoveries, time_to_recover (docs/time_to_recover.md)
         "standby": ctx.run.standbys.summary() if ctx.run.standbys is not None else {"enabled": False},
         "warnings": list(ctx.warnings.seen),
