@@ -41,6 +41,9 @@ class StopRequested:
     graceful: bool
 
 
+PEER_REPORTED = "reported FAILED"  # PeerLost.why when the peer published its own failure (and charges it)
+
+
 @dataclass(frozen=True)
 class PeerLost:
     """Another node of the job left (its lease expired or it reported FAILED)."""

@@ -135,6 +135,28 @@ def test_etcd_counts_classes_job_wide_and_every_node_gets_the_rounds_answer(etcd
     asyncio.run(body())
 
 
+@pytest.mark.integration
+def test_a_peer_that_saw_a_reported_failure_lets_the_failing_node_charge_it(etcd: EtcdServer) -> None:
+    """The peer (node_lost, uncharged) asks first but defers: the failing node's own class is what the round counts.
+
+    Without `defer`, whichever node charged first decided: a peer that won the race made the restart uncharged, so
+    a crash loop on the other node could restart past max_restarts.
+    """
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint)
+        nodes = await open_nodes(spec, ["a", "b"])
+        try:
+            await rounds(nodes)
+            peer = asyncio.ensure_future(nodes[0].rdzv.charge_restart(5, "node_lost", None, charged=False, defer=5.0))
+            await asyncio.sleep(0.3)  # the peer asked first
+            own = await nodes[1].rdzv.charge_restart(5, "exception", None)
+            assert (await peer, own) == (1, 1)  # the restart is charged: the job-wide count is 1 for both
+        finally:
+            await close_all(nodes)
+
+    asyncio.run(body())
+
+
 # --- restart.budgets and restart.crash_loop in the spec ---
 
 LIMITS = st.one_of(st.none(), st.integers(0, 1000))

@@ -18,7 +18,7 @@ from runner.core.context import Charge
 from runner.core.machine import TRANSITIONS, Edge, Guard, GuardCheck, Step, Trigger
 from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED, RendezvousError
 from runner.outcomes import FailureClass, Outcome
-from runner.workers.failures import traceback_parts
+from runner.workers.failures import peer_reported, traceback_parts
 
 if TYPE_CHECKING:
     from runner.config.spec import ClassBudget
@@ -104,6 +104,7 @@ GUARDS: dict[Guard, GuardCheck] = {
 }
 
 
+PEER_CHARGE_WAIT_S = 2.0  # how long a node that saw a peer report FAILED lets that peer charge it first
 BEFORE_CHARGE = tuple(e.when for e in TRANSITIONS if e.fired_by is Trigger.decide and e.when is not None)
 BEFORE_CHARGE = BEFORE_CHARGE[: BEFORE_CHARGE.index(Guard.restart_charged)]  # in table order
 
@@ -119,9 +120,10 @@ async def gather(ctx: Context) -> None:
     if any(GUARDS[guard](ctx) for guard in BEFORE_CHARGE):
         return
     budget, cls = budget_of(ctx), current(ctx).failure_class
+    defer = {"defer": PEER_CHARGE_WAIT_S} if peer_reported(current(ctx)) else {}  # its own node decides
     try:
         used = await ctx.rendezvous.charge_restart(
-            ctx.spec.restart.max_restarts, cls.value, budget.max, charged=budget.charged
+            ctx.spec.restart.max_restarts, cls.value, budget.max, charged=budget.charged, **defer
         )
     except RendezvousError as e:
         ctx.run.charge = Charge(None, e.message)

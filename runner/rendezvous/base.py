@@ -48,13 +48,16 @@ class Rendezvous(Protocol):
         """Join the next round and wait until it closes. Raises RendezvousTimeout or JobClosed."""
 
     async def charge_restart(
-        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True
+        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True,
+        defer: float = 0.0,
     ) -> int | None:
         """Charge one restart to the job-wide budget; the new count, or None if the budget is spent.
 
         With `failure_class` (a FailureClass value), the restart also counts for that class, job-wide, and is
         refused once `class_limit` of them were used (None: no limit); `charged=False` leaves the job-wide count
         as it is (the count returned is the current one). The first node to charge a round decides for all.
+        `defer`: seconds to wait for a peer's own charge of this round first (a peer that reported its own
+        failure charges it with its own class; the one that merely saw it should not decide for it).
         """
 
     async def publish(self, state: dict[str, Any]) -> None:

@@ -49,9 +49,13 @@ class LocalRendezvous:
         )
 
     async def charge_restart(
-        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True
+        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True,
+        defer: float = 0.0,  # noqa: ARG002 - moot on one node: there is no peer to wait for
     ) -> int | None:
-        """One more restart, or None when max_restarts (if `charged`) or the class's limit are used up."""
+        """One more restart, or None when max_restarts (if `charged`) or the class's limit are used up.
+
+        `defer` is moot: there is no other node to wait for.
+        """
         used = self.class_restarts.get(failure_class, 0)
         if (charged and self.restarts >= max_restarts) or (class_limit is not None and used >= class_limit):
             return None

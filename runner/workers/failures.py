@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from runner.events import PEER_REPORTED
 from runner.outcomes import FailureClass, FailureKind
 from runner.workers.launch_plan import error_file
 
@@ -206,3 +207,8 @@ def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
     except OSError:
         return ""
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+def peer_reported(failure: Failure) -> bool:
+    """A peer's loss seen through its own FAILED state: that peer is alive and charges the failure with its class."""
+    return failure.kind is FailureKind.PEER and failure.reason.endswith(PEER_REPORTED)

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 FINAL_STATE_TTL_S = 3600
+CHARGE_POLL_S = 0.05  # while deferring to a peer's own charge of the round
 LOST_PEER = "etcd"  # the PeerLost.node of a data loss
 
 
@@ -357,16 +358,20 @@ class EtcdRendezvous:
             raise RendezvousError(msg) from exc
 
     async def charge_restart(
-        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True
+        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True,
+        defer: float = 0.0,
     ) -> int | None:
         """Charge the failure of the current round once, job-wide; the new count or None when spent.
 
         A class's count is one more key, `restarts/<class>`, moved in the same transaction as the job's.
         """
-        return await self._bounded("charge_restart", self._charge(max_restarts, failure_class, class_limit, charged))
+        return await self._bounded("charge_restart",
+                                   self._charge(max_restarts, failure_class, class_limit, charged, defer))
 
-    async def _charge(self, max_restarts: int, cls: str, class_limit: int | None, job_wide: bool) -> int | None:
+    async def _charge(self, max_restarts: int, cls: str, class_limit: int | None, job_wide: bool,
+                      defer: float = 0.0) -> int | None:
         await self._recover()
+        waiting_until = asyncio.get_running_loop().time() + defer  # for the peer whose own failure this is
         r = self._result.round if self._result else -1
         k, charge = self._keys, self._keys.restart_charge(r)
         cls_key = k.restarts + b"/" + cls.encode() if cls else None
@@ -378,6 +383,9 @@ class EtcdRendezvous:
                 count = charged.get("count") if isinstance(charged, dict) else None
                 self._restarts_known = max(self._restarts_known, count or 0)
                 return int(count) if count is not None else None
+            if asyncio.get_running_loop().time() < waiting_until:
+                await asyncio.sleep(CHARGE_POLL_S)
+                continue
             count = int(total[0].value) if total else 0
             self._restarts_known = max(self._restarts_known, count)
             used = int(of_class[0][0].value) if of_class and of_class[0] else 0

@@ -99,10 +99,12 @@ class HostedRendezvous:
         return await self._inner.next_round(attempt)
 
     async def charge_restart(
-        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True
+        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True,
+        defer: float = 0.0,
     ) -> int | None:
         """As the etcd backend."""
-        return await self._inner.charge_restart(max_restarts, failure_class, class_limit, charged=charged)
+        return await self._inner.charge_restart(max_restarts, failure_class, class_limit, charged=charged,
+                                                 defer=defer)
 
     async def publish(self, state: dict[str, Any]) -> None:
         """As the etcd backend."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from runner.errors import RendezvousError
-from runner.events import MembershipChanged, PeerLost, StopRequested
+from runner.events import PEER_REPORTED, MembershipChanged, PeerLost, StopRequested
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.client import EtcdSession, absent, cancel_task, key_range, put_op
 from runner.rendezvous.etcd.keys import JobKeys, dump, load
@@ -150,7 +150,7 @@ class RoundMonitor:
         if isinstance(state, dict):
             self._state = state
             if state.get("state") == "FAILED" and state.get("round") == self._res.round:
-                self._found(node, "reported FAILED")
+                self._found(node, PEER_REPORTED)
         return False
 
     def _on_news(self, key: bytes, value: Any) -> None:
