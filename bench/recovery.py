@@ -11,7 +11,7 @@ launcher exits 0 and every rank of attempt 1 all_reduced (torchrun's attempt 1 o
 docs/benchmarks.md). A run still going after 60 s is killed with all its processes.
 
     python bench/recovery.py [--runs 5] [--nproc 2] [--backend gloo|nccl] [--crash-after 8] [--how raise|exit]
-                             [--crash-attempt 0|1]
+                             [--crash-attempt 0|1] [--launchers runner,runner-cold,torchrun]
 """
 
 from __future__ import annotations
@@ -114,6 +114,8 @@ def main() -> None:
     p.add_argument("--how", choices=("raise", "exit"), default="raise",
                    help="raise: an uncaught exception (the dying interpreter's teardown counts, as in real crashes); "
                         "exit: os._exit(1) (the launcher's recovery alone)")
+    p.add_argument("--launchers", default="runner,runner-cold,torchrun",
+                   help="which launchers to run, comma-separated (ratios need torchrun)")
     args = p.parse_args()
     precompile()
     extra = {"BENCH_BACKEND": args.backend, "BENCH_CRASH_AFTER": str(args.crash_after), "RUNNER_STANDBY": "1",
@@ -121,7 +123,8 @@ def main() -> None:
     runs: dict[str, list[Run]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         work = Path(tmp)
-        cmds = commands(work, args.nproc, args.crash_attempt + 1)
+        wanted = args.launchers.split(",")
+        cmds = {k: v for k, v in commands(work, args.nproc, args.crash_attempt + 1).items() if k in wanted}
         for name, argv in cmds.items():
             one_run(argv, work, args.nproc, extra)
             print(f"warm-up {name} done", file=sys.stderr)
@@ -146,6 +149,8 @@ def report(cmds: dict[str, list[str]], runs: dict[str, list[Run]], args: argpars
         rows.append([name, Stat.of(xs).fmt() if xs else "-", f"{len(xs)}/{len(runs[name])}",
                      f"{len(runs[name]) - len(failed)}/{len(runs[name])}", "; ".join(sorted(set(failed)))])
     for name in ("runner", "runner-cold"):
+        if name not in runs or "torchrun" not in runs:
+            continue
         pairs = [(a.past_init, b.past_init) for a, b in zip(runs[name], runs["torchrun"], strict=True)
                  if a.past_init is not None and b.past_init is not None]
         if pairs:

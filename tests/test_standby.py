@@ -61,12 +61,12 @@ def ready_lines(j: Job, local_rank: int) -> int:
 
 
 def run_crash_once(j: Job, *, warm: bool = True) -> tuple[int, str]:
-    """Start the job; once the standbys are warm (cold: once rank 1 runs), let rank 1 of attempt 0 crash."""
+    """Start the job; once attempt 1's standbys are warm (cold: once rank 1 runs), let rank 1 of attempt 0 crash."""
     proc = j.start()
 
     def crash_now() -> bool:
-        if warm:
-            return all(ready_lines(j, r) >= 1 for r in (0, 1))  # local: the standbys start after attempt 0's
+        if warm:  # attempt 0 runs in the standbys started in INIT; the next attempt's follow 3 s after
+            return all(ready_lines(j, r) >= 2 for r in (0, 1))
         return (j.out / "rank1.attempt0.json").exists()
 
     try:
@@ -90,7 +90,7 @@ def comparable(info: dict[str, Any], j: Job) -> dict[str, Any]:
 
 
 def test_a_restarted_worker_runs_in_its_warm_standby_as_a_cold_one_would(job: Any) -> None:
-    """Attempt 1 starts in standbys that imported torch: same argv, path, __main__, signals, fds, env as cold."""
+    """Attempts 0 and 1 start in standbys that imported torch: same argv, path, __main__, signals, fds, env as cold."""
     warm = standby_job(job, crash=1)
     code, output = run_crash_once(warm)
     assert code == 0, output
@@ -98,19 +98,19 @@ def test_a_restarted_worker_runs_in_its_warm_standby_as_a_cold_one_would(job: An
     code, output = run_crash_once(cold, warm=False)
     assert code == 0, output
     for rank in (0, 1):
-        assert warm.worker_info(rank, 0)["preloaded"] is False  # local rendezvous: nothing to overlap, attempt 0 cold
-        w, c = warm.worker_info(rank, 1), cold.worker_info(rank, 1)
-        assert w["preloaded"] is True  # started in a standby that had imported torch
-        assert c["preloaded"] is False
-        assert w["gc_frozen"] > c["gc_frozen"] == 0  # the imports' objects are out of the cyclic GC's way
-        assert comparable(w, warm) == comparable(c, cold)
-        assert w["main_is_module"] and w["name"] == "__main__" and w["spec"] is None
-        assert w["leader"] and w["tag_in_proc_environ"] and w["pickled"] == 42
-        assert w["contract"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+        for attempt in (0, 1):  # attempt 0 too: its standbys started in INIT (local rendezvous as well)
+            w, c = warm.worker_info(rank, attempt), cold.worker_info(rank, attempt)
+            assert w["preloaded"] is True  # started in a standby that had imported torch
+            assert c["preloaded"] is False
+            assert w["gc_frozen"] > c["gc_frozen"] == 0  # the imports' objects are out of the cyclic GC's way
+            assert comparable(w, warm) == comparable(c, cold)
+            assert w["main_is_module"] and w["name"] == "__main__" and w["spec"] is None
+            assert w["leader"] and w["tag_in_proc_environ"] and w["pickled"] == 42
+            assert w["contract"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)
     rep = report(warm)["standby"]
     assert rep["enabled"] is True
-    assert rep["handed_off"] == 2  # attempt 1's two workers
-    assert rep["cold_starts"] == []  # attempt 0 had no standby to use yet: not a cold start for a reason
+    assert rep["handed_off"] == 4  # attempt 0's two workers and attempt 1's
+    assert rep["cold_starts"] == []
     assert rep.get("rss_mb_max", 0) > 0, rep
     assert report(cold)["standby"]["enabled"] is False
 
@@ -129,7 +129,7 @@ def test_a_module_entrypoint_runs_in_a_standby_as_python_dash_m_does(job: Any) -
     assert w["argv"][0].endswith("standby_probe.py")
     assert w["path0"] == str(warm.tmp)
     assert w["spec"][0] == "standby_probe"
-    assert report(warm)["standby"]["handed_off"] == 2
+    assert report(warm)["standby"]["handed_off"] == 4
 
 
 @pytest.mark.parametrize(("end", "code"), [("exit:7", 7), ("raise", 1), ("interrupt", -signal.SIGINT)])
@@ -141,7 +141,7 @@ def test_a_worker_in_a_standby_ends_as_a_cold_one_does(job: Any, end: str, code:
     failure = report(j)["failures"][-1]  # attempt 1's, in a standby
     assert failure["attempt"] == 1
     assert failure["exit_code"] == code
-    assert report(j)["standby"]["handed_off"] == 2
+    assert report(j)["standby"]["handed_off"] == 4
     if end == "raise":
         stderr = (Path(failure["log_dir"]) / "stderr.log").read_text()
         assert "RuntimeError: probe raised" in stderr
@@ -154,7 +154,7 @@ def test_multiprocessing_spawn_finds_the_main_module_of_a_worker_in_a_standby(jo
     code, output = run_crash_once(j)
     assert code == 0, output
     assert (j.out / "spawned0").read_text() == "spawned"
-    assert report(j)["standby"]["handed_off"] == 2
+    assert report(j)["standby"]["handed_off"] == 4
 
 
 @pytest.mark.parametrize(("preload", "max_mb", "why"), [
@@ -210,7 +210,7 @@ def test_standbys_die_with_a_sigkilled_agent(job: Any) -> None:
     j = standby_job(job, crash=1, preload="[json]")
     proc = j.start()
     try:
-        wait_for(lambda: all(ready_lines(j, r) >= 1 for r in (0, 1)), timeout=60, what="waiting standbys")
+        wait_for(lambda: all(ready_lines(j, r) >= 2 for r in (0, 1)), timeout=60, what="waiting standbys")
         standbys = [pid for pid in _pids() if _is_standby(pid, j)]
         assert standbys
         proc.send_signal(signal.SIGKILL)
@@ -281,3 +281,40 @@ def test_with_etcd_the_first_attempt_starts_in_standbys_warmed_during_the_rendez
     assert res.returncode == 0, res.stderr
     assert report(j)["standby"]["handed_off"] == 2
     assert j.worker_info(0)["cmdline"][:2] == ["-u", str(PROBE)]
+
+
+def test_with_the_local_rendezvous_the_first_attempt_starts_in_standbys_started_in_init(job: Any) -> None:
+    """Nothing to wait for, the standbys start in INIT all the same: attempt 0 runs in them (still importing or
+    warm), so a crash of attempt 0 is a crash of a worker whose teardown skips torch's objects (gc.freeze)."""
+    j = standby_job(job)
+    res = j.run()
+    assert res.returncode == 0, res.stderr
+    rep = report(j)["standby"]
+    assert rep["handed_off"] == 2
+    assert rep["cold_starts"] == []
+    started = [json.loads(line) for line in _agent_log(j) if '"worker_started"' in line]
+    assert [e["standby"] for e in started] == [True, True]
+    for rank in (0, 1):
+        info = j.worker_info(rank, 0)
+        assert info["preloaded"] is True  # torch was in sys.modules at the script's first statement
+        assert info["gc_frozen"] > 0
+        assert info["cmdline"][:2] == ["-u", str(PROBE)]  # /proc/<pid>/cmdline shows the worker's argv
+        assert info["contract"]["TORCHELASTIC_RESTART_COUNT"] == "0"
+
+
+def test_a_machine_without_standbys_starts_the_first_attempt_cold(job: Any) -> None:
+    """RUNNER_STANDBY=0 on the machine: no standby is started, attempt 0 is a fresh interpreter as before."""
+    j = standby_job(job)
+    base = j.env
+    j.env = lambda: {**base(), "RUNNER_STANDBY": "0"}  # type: ignore[method-assign]
+    res = j.run()
+    assert res.returncode == 0, res.stderr
+    assert report(j)["standby"]["enabled"] is False
+    assert not list(j.logs.glob("*/*/standby"))
+    started = [json.loads(line) for line in _agent_log(j) if '"worker_started"' in line]
+    assert [e["standby"] for e in started] == [False, False]
+    for rank in (0, 1):
+        info = j.worker_info(rank, 0)
+        assert info["preloaded"] is False
+        assert info["gc_frozen"] == 0
+        assert info["cmdline"][:2] == ["-u", str(PROBE)]

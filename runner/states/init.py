@@ -35,7 +35,7 @@ async def handle(ctx: Context) -> Step:
         write_private(ctx.inputs.run_dir / "spec.json", json.dumps(spec_for_disk(ctx.spec), indent=2))
     except OSError as e:
         ctx.warnings.warn("spec_write_failed", error=str(e))
-    start_standbys(ctx)  # their imports overlap the rendezvous (etcd)
+    start_standbys(ctx)  # their imports overlap the agent's own start and the rendezvous
     if isinstance(ctx.rendezvous, LeaseHolder):  # etcd: if this agent dies, its guard revokes its lease at once
         ctx.rendezvous.on_lease(ctx.shepherd.revoke_at_death)
     try:
@@ -58,8 +58,7 @@ def start_standbys(ctx: Context) -> None:
         ctx.spec, ctx.shepherd, nproc=ctx.spec.nproc_per_node, run_dir=ctx.inputs.run_dir, base_env=os.environ,
         log=ctx.log,
     )
-    if ctx.spec.rendezvous.backend != "local":  # a wait for other nodes to overlap; local: after the first workers
-        ctx.run.standbys.fill()
+    ctx.run.standbys.fill()  # now, whatever the rendezvous: attempt 0 runs in them (docs/standby.md)
 
 
 async def start_watchdog(ctx: Context) -> None:

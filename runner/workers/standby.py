@@ -13,12 +13,14 @@ from the standby's anywhere outside the contract (the interpreter already starte
 standby is there. A standby still importing is handed its orders all the same: it runs them once its imports are
 done, which is never later than a cold interpreter started now would be.
 
-The first standbys start in INIT when the rendezvous waits for other nodes (etcd): their imports overlap the wait.
-With the local rendezvous there is no wait to overlap: the first attempt starts cold and its standbys follow. The
-pool (re)fills a rank `REFILL_DELAY_S` after a worker of that rank started (its own start-up gets the CPU first),
-or at once when the attempt fails (`fill()`, from RESTARTING: the CPU is free then). It turns
-itself off for the rest of the run (with a warning) when a preload fails, when a warm standby's resident memory
-exceeds `restart.standby_max_memory_mb`, or after `MAX_LOSSES` standbys died while waiting.
+The first standbys start in INIT, whatever the rendezvous: their imports overlap the agent's own start and the
+rendezvous (etcd: the wait for other nodes), and the first attempt runs in them, ready or still importing. A worker
+that ran in a standby exits fast (gc.freeze: its teardown skips torch's objects), so a crash of attempt 0 recovers
+as fast as a crash of any later attempt. The pool (re)fills a rank `REFILL_DELAY_S` after a worker of that rank
+started (its own start-up gets the CPU first), or at once when the attempt fails (`fill()`, from RESTARTING: the
+CPU is free then). It turns itself off for the rest of the run (with a warning) when a preload fails, when a warm
+standby's resident memory exceeds `restart.standby_max_memory_mb`, or after `MAX_LOSSES` standbys died while
+waiting.
 """
 
 from __future__ import annotations
@@ -246,13 +248,14 @@ class StandbyPool:
             return None
         standby = self.waiting.get(wp.local_rank)
         if standby is not None and standby.ready_after is None:
-            self._on_message(standby)  # a "ready" not read yet counts (memory cap, warm-up figures)
+            if not self._read_now(standby):
+                return None  # its "ready" turned standbys off (the memory cap): the report says so as `off`
             standby = self.waiting.get(wp.local_rank)
         if wp.local_rank not in self._refills:  # the next attempt's standby, once this worker had the CPU first
             self._refills[wp.local_rank] = asyncio.get_running_loop().call_later(
                 REFILL_DELAY_S, self._refill, wp.local_rank)
         if standby is None and self.serial == 0:
-            return None  # none started yet (local rendezvous: the first attempt starts cold, standbys follow)
+            return None  # a pool never filled: nothing to report as a cold start
         why = "no standby for this rank yet" if standby is None else standby.fits(wp)
         if standby is None or why:
             self.cold.append(f"rank {wp.rank}: {why}")
@@ -261,6 +264,11 @@ class StandbyPool:
         self._release(standby)
         self.handed_off += 1
         return standby
+
+    def _read_now(self, standby: Standby) -> bool:
+        """Read what `standby` said, unread yet (a "ready": memory cap, warm-up figures); False if standbys went off."""
+        self._on_message(standby)
+        return not self.off
 
     def _refill(self, local_rank: int) -> None:
         self._refills.pop(local_rank, None)
