@@ -1,0 +1,108 @@
+"""The chaos soak (bench/chaos.py), short: real agents, real etcd, real torch workers, seeded random faults.
+
+Marked `soak` (and `integration`): `pytest -m soak` runs only these, `-m "not soak"` leaves them out. Each test runs
+the soak for SOAK_S seconds of faults (the job running then must still end, within the soak's own bound): seed 1 with
+an external etcd and with a hosted one, seed 1 drawing only a full logs disk and worker kills, and a random seed
+(printed, with the command that replays it). The soak exits non-zero on any broken invariant, naming the seed and the
+invariant; its whole output is printed, and its tail is the assertion message. Without root the soak skips the
+disk_full and partition classes and says why.
+
+A failure that is one of the runner bugs the soak found (KNOWN_BUGS) is reported as xfail with that bug's description
+instead; any other failure fails the test.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+from conftest import ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.soak, pytest.mark.timeout(480)]
+
+SOAK_S = 45  # seconds of faults; the job running then must still end (typically within 30 s)
+FIXED_SEED = 1
+CHAOS = ROOT / "bench" / "chaos.py"
+
+BUG_LOG_CLOSE = (
+    "runner bug: a full logs disk turns the job's end into an internal error. runner/observe/logs.py JsonLines.close() "
+    "re-raises ENOSPC (a line whose flush failed stays in the file's buffer and close() flushes it again), and "
+    "runner/agent/agent.py calls transitions.close() and RUN_LOG.close() in its finally without a guard: the agent "
+    "prints 'runner: internal error: OSError: [Errno 28] No space left on device', no summary, and exits 3, also "
+    "when its workers succeeded (docs/faults.md promises the exit code stands)"
+)
+BUG_TEE = (
+    "runner bug: runner/workers/tee.py Tee._read() lets the log file's flush() raise ENOSPC out of the event loop's "
+    "reader callback ('Exception in callback Tee._read()' on the agent's stderr, the reader left registered), and "
+    "Tee.close() raises before it closes the pipe"
+)
+BUG_HOSTED_DATA = (
+    "runner bug: rendezvous.hosted keeps etcd's data in <run dir>/etcd/data, i.e. on logs.dir: a full logs disk makes "
+    "the hosted etcd exit ('failed to commit tx ... no space left on device'), its 3 restarts are spent within seconds "
+    "while the disk is still full, and the job loses its rendezvous for good (hosted_etcd_gone): nodes end with exit "
+    "code 3 although the disk was freed seconds later"
+)
+KNOWN_BUGS: dict[str, Callable[[str], bool]] = {
+    BUG_LOG_CLOSE: lambda out: "invariant no_internal_error broke" in out and "No space left on device" in out
+    and "observe/logs.py" in out,
+    BUG_TEE: lambda out: "invariant no_internal_error broke" in out and "Tee." in out,
+    BUG_HOSTED_DATA: lambda out: "hosted_etcd_gone" in out and "disk_full" in out
+    and ("invariant job_completes broke" in out or "invariant etcd_restarted broke" in out),
+}
+
+
+def soak(seed: int, *extra: str) -> tuple[int, str]:
+    """Run bench/chaos.py for SOAK_S seconds; (exit code, output). Stopped with SIGTERM (its cleanup runs) if it
+    overruns, then SIGKILLed."""
+    argv = [sys.executable, str(CHAOS), "--seed", str(seed), "--duration", str(SOAK_S), "--job-window", str(SOAK_S),
+            "--steps", "100", "--failure-every", "6", *extra]
+    print("replay: python " + " ".join(argv[1:]), flush=True)
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        out += "\n(the soak overran its 400 s and was stopped)"
+    print(out)
+    return proc.returncode, out
+
+
+def verdict(code: int, out: str, what: str) -> None:
+    """Pass on exit 0; xfail on a known runner bug; fail otherwise."""
+    if code == 0:
+        assert "OK: every invariant held" in out
+        return
+    for bug, matches in KNOWN_BUGS.items():
+        if matches(out):
+            pytest.xfail(bug)
+    pytest.fail(f"{what}: exit code {code}\n{out[-6000:]}")
+
+
+@pytest.mark.parametrize("hosted", [False, True], ids=["external-etcd", "hosted-etcd"])
+def test_chaos_soak_fixed_seed(hosted: bool) -> None:
+    code, out = soak(FIXED_SEED, *(["--hosted"] if hosted else []))
+    verdict(code, out, f"seed {FIXED_SEED}")
+
+
+@pytest.mark.xfail(strict=False, reason=BUG_LOG_CLOSE)
+def test_chaos_soak_full_logs_disk() -> None:
+    code, out = soak(FIXED_SEED, "--classes", "disk_full,kill_worker")
+    assert code == 0, out[-6000:]
+    assert "OK: every invariant held" in out
+
+
+def test_chaos_soak_random_seed() -> None:
+    seed = random.SystemRandom().randrange(1, 10**6)
+    hosted = seed % 2 == 1
+    print(f"chaos soak: random seed {seed} ({'hosted' if hosted else 'external'} etcd)", flush=True)
+    code, out = soak(seed, *(["--hosted"] if hosted else []))
+    verdict(code, out, f"random seed {seed}")
