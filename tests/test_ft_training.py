@@ -1,0 +1,106 @@
+"""Real TorchFT training under runner: examples/jobs/ft_train.py in 2 replica groups with the hosted lighthouse.
+
+Group 1's worker is SIGKILLed mid-run. From the workers' own output: group 0 keeps committing steps alone while
+group 1 is down (no worker of group 0 is restarted), runner restarts group 1 alone, and group 1 rejoins by copying
+group 0's live weights: both end at the same step with equal parameters (sha256 over their bytes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, Job, alive, wait_for
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(importlib.util.find_spec("torchft") is None or
+                       not (Path(sys.executable).parent / "torchft_lighthouse").exists(),
+                       reason="torchft is not installed (pip install -e '.[ft]')"),
+]
+STEPS = 400
+LINE = re.compile(r"^(?:\[[^\]]*\] )?ft_train (\w+) (.*)$")
+
+
+def records(path: Path, kind: str) -> list[dict[str, str]]:
+    """The script's `ft_train KIND k=v ...` lines (a log that does not exist yet has none)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        m = LINE.match(line)
+        if m and m.group(1) == kind:
+            out.append(dict(kv.split("=", 1) for kv in m.group(2).split() if "=" in kv))
+    return out
+
+
+def committed(path: Path) -> list[tuple[int, float, int]]:
+    """(step, time, groups) of every committed step."""
+    return [(int(r["step"]), float(r["time"]), int(r["groups"])) for r in records(path, "step") if r["commit"] == "1"]
+
+
+def test_a_killed_group_restarts_alone_and_rejoins_with_the_survivors_weights(tmp_path):
+    j = Job(tmp_path, f"""
+        version: 1
+        name: ft
+        entrypoint:
+          script: "{EXAMPLES / 'ft_train.py'}"
+          args: ["--steps", "{STEPS}", "--sha-every", "50", "--step-sleep", "0.03"]
+        replica_groups: {{count: 2, nproc_per_node: 1, min_active: 1, lighthouse: {{heartbeat_timeout: 1s}}}}
+        env: {{OMP_NUM_THREADS: "1"}}
+        restart: {{max_restarts: 3, backoff: {{initial: 0s}}}}
+        shutdown: {{grace_period: 5s}}
+        logs: {{dir: "${{LOGS}}"}}
+    """)
+    j.start()
+    try:
+        run = lambda: j.run_dir()  # noqa: E731 - read once the run dir exists
+        wait_for(lambda: (j.logs / "ft").exists() and any((run() / "group_1").glob("attempt_0/rank_0/stdout.log")),
+                 timeout=60, what="group 1's first worker")
+        log0 = run() / "group_0" / "attempt_0" / "rank_0" / "stdout.log"
+        log1 = run() / "group_1" / "attempt_0" / "rank_0" / "stdout.log"
+        wait_for(lambda: any(n == 2 and s >= 20 for s, _, n in committed(log1)), timeout=90,
+                 what="both groups stepping in one quorum")
+        status = json.loads((run() / "group_1" / "status.json").read_text())
+        [worker] = status["workers"]
+        pid = worker["pid"]
+        assert "ft_train.py" in Path(f"/proc/{pid}/cmdline").read_text()  # proven ours before the kill
+        start = records(log1, "start")[0]
+        assert int(start["pid"]) == pid
+        fd = os.pidfd_open(pid)
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        os.close(fd)
+        t_kill = time.time()
+        out, err = j.proc.communicate(timeout=180)
+    finally:
+        if j.proc.poll() is None:
+            j.proc.kill()
+            j.proc.communicate()
+    assert j.proc.returncode == 0, err[-3000:]
+    back_log = run() / "group_1" / "attempt_1" / "rank_0" / "stdout.log"
+    back = committed(back_log)
+    assert back, back_log.read_text()[-3000:]
+    t_back = back[0][1]
+    alone = [(s, n) for s, t, n in committed(log0) if t_kill < t < t_back]
+    assert len(alone) >= 5 and {n for _, n in alone} == {1}, alone  # group 0 stepped on, alone, meanwhile
+    assert not (run() / "group_0" / "attempt_1").exists()  # and was never restarted
+    killed_at = max(s for s, _, _ in committed(log1))
+    assert back[0][0] > killed_at, (killed_at, back[:3])  # rejoined at the live step, not from scratch
+    final0, final1 = records(log0, "final"), records(back_log, "final")
+    assert final0 and final1 and final0[0]["step"] == final1[0]["step"] == str(STEPS)
+    assert final0[0]["params_sha"] == final1[0]["params_sha"]
+    report = json.loads((run() / "report.json").read_text())
+    by_group = {g["group"]: g for g in report["groups"]}
+    assert (by_group[0]["attempts"], by_group[1]["attempts"]) == (1, 2)
+    assert by_group[0]["step"] == by_group[1]["step"] == STEPS  # what the workers reported, read by runner
+    lighthouse = report["replica_groups"]["lighthouse"]["pid"]
+    assert not alive(lighthouse) and not alive(pid)
