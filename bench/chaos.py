@@ -1,7 +1,7 @@
 """Seeded chaos soak: real agents, real etcd, a real training job, and a random schedule of faults; invariants after each.
 
     python bench/chaos.py --seed N --duration SECONDS [--hosted] [--nodes K] [--failure-every S]
-                          [--steps N] [--job-window S] [--classes a,b,...] [--standby] [--keep]
+                          [--steps N] [--job-window S] [--classes a,b,...] [--standby] [--first-job N] [--keep]
 
 Every job of the soak: K agents (`python -m runner run job.yaml --node nK`, each in its own session and folder, as
 the bench/ multinode benchmarks start them) on this machine, elastic `nodes: "2:K"`, one gloo DDP worker each
@@ -10,8 +10,9 @@ after --steps steps). The rendezvous is a real etcd (tests/etcd_server.py: temp 
 --hosted, the etcd one of the agents hosts (`rendezvous.hosted: true`). The spec turns the watchdog's heartbeat on
 (8 s), so a stopped worker is a hang the agent must kill.
 
-Faults, drawn from random.Random(seed) about every --failure-every seconds while a job runs (for at most
---job-window seconds per job; then the job must finish, and the next one starts until --duration is spent):
+Faults, drawn from random.Random("SEED:JOB") about every --failure-every seconds while a job runs (for at most
+--job-window seconds per job; then the job must finish, and the next one starts until --duration is spent; job N's
+schedule does not depend on the jobs before it, so `--first-job N` replays it alone):
 
 | class | what |
 |---|---|
@@ -31,9 +32,11 @@ A fault only ever reaches a process the soak started or proved to be the job's: 
 reaped before it signals them); workers, guards and a hosted etcd are signalled through a pidfd after /proc shows
 the same start time and the job's mark (its token in the environment, or the agent as parent).
 
-Invariants (any violation ends the soak, non-zero, with the seed, the invariant and the evidence):
-report_written, outcome_matches_workers, attempts_recorded, nothing_survives, no_internal_error, etcd_keys_expire,
-hang_detected, guard_replaced, lease_revoked, stop_honoured, job_completes: see docs/faults.md "Chaos soak".
+Invariants (the first violation ends the soak with exit code 1, the seed, the invariant, the evidence and the replay
+command): report_written, outcome_matches_workers, attempts_recorded, nothing_survives, no_internal_error,
+etcd_keys_expire, hang_detected, guard_replaced, lease_revoked, stop_honoured, etcd_restarted, late_join_admitted,
+job_completes: see docs/faults.md "Chaos soak". Exit code 2: the soak itself failed (or was interrupted), not the
+runner.
 
 Everything is bounded: every wait has a timeout, and on exit every process started is killed and reaped, the tmpfs
 unmounted, the network namespace deleted and etcd stopped.
@@ -291,7 +294,8 @@ class Netns:
         tag = os.getpid() % 10_000_000
         self.name, self.vh, self.vn = f"chaos{tag}", f"chv{tag}h", f"chv{tag}n"
         used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, timeout=10, check=True).stdout
-        free = [x for x in range(256) if f"10.213.{x}." not in used]
+        start = os.getpid() % 256  # two soaks at once start their search apart
+        free = [x for x in (*range(start, 256), *range(start)) if f"10.213.{x}." not in used]
         if not free:
             raise OSError("no free 10.213.X.0/30 subnet")
         self.host_addr, self.ns_addr = f"10.213.{free[0]}.1", f"10.213.{free[0]}.2"
@@ -561,6 +565,8 @@ class Soak:
         for cls in ALL_CLASSES:
             if cls not in wanted:
                 self.disabled[cls] = "not in --classes"
+        if self.args.nodes < 3:
+            self.disabled.setdefault("late_join", "needs --nodes 3 or more (a late node of nodes 2:K, K > 2)")
         size = 512 if self.args.hosted else 64  # a hosted etcd preallocates a 64 MB WAL in the run dir
         why = mount_tmpfs(self.logs_root, size)
         if why is None:
@@ -569,16 +575,7 @@ class Soak:
         else:
             self.disabled.setdefault("disk_full", f"cannot mount a tmpfs for logs.dir ({why})")
         if "partition" not in self.disabled:
-            try:
-                self.net = Netns()
-                self.net.setup()
-                self.say(f"node n{self.args.nodes - 1} runs in network namespace {self.net.name} "
-                         f"({self.net.ns_addr}, the others {self.net.host_addr})")
-            except (OSError, subprocess.SubprocessError) as e:
-                if self.net is not None:
-                    self.net.teardown()
-                self.net = None
-                self.disabled["partition"] = f"no network namespace with a veth pair here ({e})"
+            self.setup_netns()
         if not self.args.hosted:
             self.etcd = ChaosEtcd(self.base / "etcd-data", self.net.host_addr if self.net else None)
             self.etcd.start()
@@ -586,6 +583,19 @@ class Soak:
         for cls, why in sorted(self.disabled.items()):
             if why != "not in --classes":
                 self.say(f"class {cls} skipped: {why}")
+
+    def setup_netns(self) -> None:
+        """The namespace the last node runs in, or the partition class skipped with the reason."""
+        try:
+            self.net = Netns()
+            self.net.setup()
+            self.say(f"node n{self.args.nodes - 1} runs in network namespace {self.net.name} "
+                     f"({self.net.ns_addr}, the others {self.net.host_addr})")
+        except (OSError, subprocess.SubprocessError) as e:
+            if self.net is not None:
+                self.net.teardown()
+            self.net = None
+            self.disabled["partition"] = f"no network namespace with a veth pair here ({e})"
 
     def teardown(self, keep: bool) -> None:
         """Kill and reap everything started, unmount, delete the namespace, stop etcd. Bounded; never raises."""
@@ -607,11 +617,18 @@ class Soak:
                                     ignore=shutil.ignore_patterns(".chaos-filler"))
             umount(self.logs_root)
             self.mounted = False
-        reap_orphans(set())
+        reap_orphans(self.own_pids())
         if keep:
             print(f"kept: {self.base}", flush=True)
         else:
             shutil.rmtree(self.base, ignore_errors=True)
+
+    def own_pids(self) -> set[int]:
+        """Children this process waits for itself (Popen): every agent, and our etcd. Not for reap_orphans."""
+        pids = {a.proc.pid for j in self.jobs for a in j.agents}
+        if self.etcd is not None and self.etcd.proc is not None:
+            pids.add(self.etcd.proc.pid)
+        return pids
 
     def kill_job(self, job: Job) -> None:
         """SIGKILL the job's agents (ours: Popen) and every process carrying the job's mark; reap them."""
@@ -627,7 +644,7 @@ class Soak:
             if not found:
                 break
             time.sleep(0.5)
-        reap_orphans({a.proc.pid for a in job.agents})
+        reap_orphans(self.own_pids())
 
     # ------------------------------------------------------------------ processes of a job
 
@@ -1223,7 +1240,7 @@ class Soak:
         deadline = time.monotonic() + GONE_BOUND_S
         while (left := self.job_processes(job)) and time.monotonic() < deadline:
             time.sleep(0.2)
-            reap_orphans({a.proc.pid for a in job.agents})
+            reap_orphans(self.own_pids())
         if left:
             raise Violation("nothing_survives", f"{len(left)} process(es) of job {job.index} outlived it by "
                             f"{GONE_BOUND_S:g} s: " + "; ".join(d for _, d in left))
@@ -1326,7 +1343,7 @@ class Soak:
             self.next_scan = now + 1.0
             for a in job.live():
                 self.scan_output(job, a)
-        reap_orphans({a.proc.pid for a in job.agents})
+        reap_orphans(self.own_pids())
 
     def over(self, job: Job) -> bool:
         """No agent runs and none will be started."""
