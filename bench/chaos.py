@@ -1314,8 +1314,8 @@ class Soak:
                 if any(k in line for k in EVIDENCE):
                     with contextlib.suppress(ValueError):
                         event = json.loads(line)
-                        what = {k: v for k, v in event.items() if k not in ("job", "node", "level")}
-                        out.append(f"{a.label}: {json.dumps(what)[:400]}")
+                        what = {k: v for k, v in event.items() if k not in ("event", "job", "node", "level")}
+                        out.append(f"{a.label}: {event.get('event')} {json.dumps(what)[:400]}")
         return "".join(f"{line}\n" for line in out[-12:])
 
     def tails(self, job: Job) -> str:
