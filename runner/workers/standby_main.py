@@ -18,6 +18,7 @@ the agent's.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import json
@@ -27,6 +28,7 @@ import sys
 import time
 import types
 from collections.abc import Callable
+from typing import Self
 
 HEADER = 8  # bytes of the big-endian length before the JSON orders
 MAX_ORDERS = 64 << 20  # an environment and argv larger than this are refused (the agent then starts a cold worker)
@@ -97,10 +99,42 @@ def become(orders: dict[str, object], fds: list[int]) -> None:
     retitle(argv)
     sys.excepthook = without_own_frames(sys.excepthook)
     rest = argv[2:]  # past `python -u`
-    if rest[0] == "-m":
-        run_module(rest[1], rest[2:])
-    else:
-        run_script(rest[0], rest[1:])
+    ending = CleanEnd()
+    atexit.register(ending.destroy_process_group)  # first registered, so it runs after the script's own handlers
+    with ending:
+        if rest[0] == "-m":
+            run_module(rest[1], rest[2:])
+        else:
+            run_script(rest[0], rest[1:])
+
+
+class CleanEnd:
+    """Whether the worker's code ended cleanly (returned, or exit code 0): then its default process group goes at exit.
+
+    It is destroyed after the script's own atexit handlers. Many scripts never call destroy_process_group
+    (pytorch/examples' among them); gloo's threads then meet the interpreter's exit, which sometimes aborts the
+    process ("terminate called without an active exception", SIGABRT), and a job whose work was done is restarted
+    (bench/abort_at_exit.py counts it under runner and torchrun). A failing worker is left alone: destroying a group
+    whose peers are gone could wait on them.
+    """
+
+    def __init__(self) -> None:
+        self.clean = False
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, _tb: object) -> None:
+        self.clean = kind is None or (isinstance(value, SystemExit) and value.code in (None, 0))
+
+    def destroy_process_group(self) -> None:
+        """At exit: destroy torch.distributed's default group if the code ended cleanly and left it up."""
+        dist = sys.modules.get("torch.distributed")
+        if not self.clean or dist is None:
+            return
+        with contextlib.suppress(Exception):
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def retitle(argv: list[str]) -> None:
