@@ -43,18 +43,10 @@ BUG_TEE = (
     "reader callback ('Exception in callback Tee._read()' on the agent's stderr, the reader left registered), and "
     "Tee.close() raises before it closes the pipe"
 )
-BUG_HOSTED_DATA = (
-    "runner bug: rendezvous.hosted keeps etcd's data in <run dir>/etcd/data, i.e. on logs.dir: a full logs disk makes "
-    "the hosted etcd exit ('failed to commit tx ... no space left on device'), its 3 restarts are spent within seconds "
-    "while the disk is still full, and the job loses its rendezvous for good (hosted_etcd_gone): nodes end with exit "
-    "code 3 although the disk was freed seconds later"
-)
 KNOWN_BUGS: dict[str, Callable[[str], bool]] = {
     BUG_LOG_CLOSE: lambda out: "invariant no_internal_error broke" in out and "No space left on device" in out
     and "observe/logs.py" in out,
     BUG_TEE: lambda out: "invariant no_internal_error broke" in out and "Tee." in out,
-    BUG_HOSTED_DATA: lambda out: "hosted_etcd_gone" in out and "disk_full" in out
-    and ("invariant job_completes broke" in out or "invariant etcd_restarted broke" in out),
 }
 
 
