@@ -37,15 +37,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def internal_error(e: Exception) -> int:
-    """Save the traceback to a file and print one line pointing at it (workers were already stopped)."""
+    """Save the traceback to a file and print one line pointing at it (workers were already stopped).
+
+    Never raises: with no temp dir to take the traceback (a full or read-only disk), the line says so instead.
+    """
     import tempfile
     import traceback
 
-    with tempfile.NamedTemporaryFile("w", prefix="runner-crash-", suffix=".txt", delete=False) as f:
-        traceback.print_exc(file=f)
+    try:
+        with tempfile.NamedTemporaryFile("w", prefix="runner-crash-", suffix=".txt", delete=False) as f:
+            details = f"details in {f.name}"
+            traceback.print_exc(file=f)
+    except OSError as saving:
+        details = f"the traceback could not be saved: {saving.strerror or saving}"
     with contextlib.suppress(OSError):  # the console may be gone
-        print(f"runner: internal error: {type(e).__name__}: {e} (details in {f.name}; please report it)",
-              file=sys.stderr)
+        print(f"runner: internal error: {type(e).__name__}: {e} ({details}; please report it)", file=sys.stderr)
     return EXIT_INFRA
 
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from runner.cli.command import Command
+from runner.errors import RunnerError
 
 
 class TemplateCommand(Command):
@@ -35,4 +36,7 @@ def emit(text: str, output: str | None) -> None:
     if output is None:
         print(text, end="")
         return
-    Path(output).write_text(text, encoding="utf-8")
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise RunnerError(f"cannot write {output}: {e.strerror or e}", fix="pick another place with -o FILE") from e

@@ -13,7 +13,8 @@ import structlog
 from structlog.typing import EventDict
 
 from runner.config.redact import redact_event
-from runner.system.private_files import open_private_append
+from runner.system.private_files import open_private_fd
+from runner.system.soft_io import close_fd, note, write_all
 
 
 def configure(fmt: str = "auto", stream: IO[str] | None = None, verbosity: str = "normal") -> None:
@@ -50,25 +51,36 @@ def configure(fmt: str = "auto", stream: IO[str] | None = None, verbosity: str =
 
 
 class JsonLines:
-    """Appends one JSON object per line to a file, flushed at once (survives a SIGKILL of the agent)."""
+    """Appends one JSON object per line to a file, written at once (survives a SIGKILL of the agent).
+
+    Each line is one write on an O_APPEND descriptor, with no buffer: a line the disk refused (full, read-only,
+    failing) raises OSError from `write` (the caller warns) and leaves nothing for `close` to retry, which never
+    raises. After a line cut short, the next one starts on a fresh line.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file: IO[str] | None = None
+        self._fd: int | None = None
+        self._torn = False  # the last line was cut short: the next one starts with a newline
 
     def write(self, event: dict[str, Any]) -> None:
-        """Append `event` as one line."""
-        if self._file is None:
+        """Append `event` as one line; OSError when the disk cannot take it (the file stays usable)."""
+        data = (json.dumps(event, default=str) + "\n").encode("utf-8", "surrogateescape")
+        if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open_private_append(self.path)
-        self._file.write(json.dumps(event, default=str) + "\n")
-        self._file.flush()
+            self._fd = open_private_fd(self.path)
+        if self._torn:
+            data = b"\n" + data
+        written, error = write_all(self._fd, data)
+        if error is not None:
+            self._torn = self._torn or written > 0  # part of the line is in the file
+            raise error
+        self._torn = False
 
     def close(self) -> None:
-        """Close the file (idempotent)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close the file (idempotent; never raises: nothing is buffered, and a failing close is a warning)."""
+        fd, self._fd = self._fd, None
+        close_fd(fd, "log_close_failed", self.path)
 
 
 class RunLog:
@@ -89,6 +101,7 @@ class RunLog:
                 self.sink.write(dict(event_dict))
             except OSError as e:  # a full or read-only disk: the console still shows events, the job goes on
                 self.failed = True
+                note("agent_log_write_failed", self.sink.path, e)  # logging it here would come back to this sink
                 event_dict["agent_log"] = f"agent.jsonl stopped: {e}"
         return event_dict
 

@@ -8,6 +8,7 @@ convenience: a failure to write it is logged and never stops a job.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -16,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from runner.system.soft_io import describe, note, write_whole
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -94,7 +97,11 @@ def append(line: Mapping[str, Any], path: Path | None = None) -> None:
     try:
         os.fchmod(fd, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, (json.dumps(line, default=str, separators=(",", ":")) + "\n").encode())
+        data = (json.dumps(line, default=str, separators=(",", ":")) + "\n").encode()
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data  # a line an earlier full disk cut short stays junk of its own
+        write_whole(fd, data)
         if os.fstat(fd).st_size > MAX_BYTES:
             compact(fd, path)
     finally:
@@ -115,10 +122,15 @@ def compact(fd: int, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(tfd, "".join(line + "\n" for line in kept).encode())
-    finally:
-        os.close(tfd)
-    tmp.replace(path)
+        try:  # never replace the index with a cut copy: on a full disk it stays as it is, too big
+            write_whole(tfd, "".join(line + "\n" for line in kept).encode())
+        finally:
+            os.close(tfd)
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def decode(raw: str) -> dict[str, Any] | None:
@@ -190,7 +202,7 @@ def record_start(job: str, node: str, run_dir: Path, backend: str, log: Filterin
     try:
         append(start_line(job, node, run_dir, backend))
     except OSError as e:
-        log.warning("runs_index_unwritable", path=str(index_path()), error=str(e))
+        unwritable(e, log)
 
 
 def record_end(node: str, run_dir: Path, outcome: str, exit_code: int, attempts: int, restarts: int,
@@ -199,7 +211,13 @@ def record_end(node: str, run_dir: Path, outcome: str, exit_code: int, attempts:
     try:
         append(end_line(node, run_dir, outcome, exit_code, attempts, restarts))
     except OSError as e:
-        log.warning("runs_index_unwritable", path=str(index_path()), error=str(e))
+        unwritable(e, log)
+
+
+def unwritable(error: OSError, log: FilteringBoundLogger) -> None:
+    """The index could not take a line: a warning the first time (a convenience only; the job goes on)."""
+    if note("runs_index_unwritable", index_path(), error):
+        log.warning("runs_index_unwritable", path=str(index_path()), error=describe(error))
 
 
 def announce(spec: JobSpec, node: str, run_dir: Path, log: FilteringBoundLogger) -> None:

@@ -7,9 +7,13 @@ or the new, never half of it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from pathlib import Path
 from typing import IO
+
+from runner.system.soft_io import write_whole
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -26,23 +30,45 @@ def private_dir(path: Path) -> Path:
 
 
 def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path` atomically with mode 0600 (a temporary file in the same folder, then a rename)."""
+    """Write `text` to `path` atomically with mode 0600 (a temporary file in the same folder, then a rename).
+
+    Raises OSError when the disk cannot take it (full, read-only, failing): the caller warns and goes on. Nothing is
+    left behind then: no temporary file, no open descriptor, no buffered data a later flush would retry.
+    """
+    data = text.encode("utf-8")  # before anything is created: text that cannot be encoded leaves nothing
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(3).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            write_whole(fd, data)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise
+
+
+def open_private_fd(path: Path) -> int:
+    """`path` opened for appending (O_APPEND, created 0600; an existing file is narrowed to 0600): a descriptor.
+
+    Only a regular file is narrowed: a device or FIFO met there (/dev/full in a test) keeps its mode.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_private_append(path: Path) -> IO[str]:
     """`path` opened for appending text (created 0600; an existing file is narrowed to 0600)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+    fd = open_private_fd(path)
     try:
-        os.fchmod(fd, FILE_MODE)
         return os.fdopen(fd, "a", encoding="utf-8")
     except BaseException:
         os.close(fd)

@@ -25,6 +25,7 @@ delays the guard's exit by that at most. The ticket (with the etcd password, whe
 process's memory. The guard imports nothing above runner.system until then, and only a module under `runner.`.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -110,9 +111,18 @@ def carry_out(note: bytes) -> None:
     module, _, payload = note.partition(b" ")
     name = module.decode("ascii", "replace")
     if not name.startswith("runner.") or not payload:
-        sys.stderr.write(f"runner guard: ignored a death note for {name!r}\n")
+        say(f"runner guard: ignored a death note for {name!r}\n")
         return
     importlib.import_module(name).on_agent_death(payload)
+
+
+def say(text: str) -> None:
+    """One line on the guard's stderr, unbuffered: a stderr that cannot take it costs the line, never the guard's work.
+
+    The guard's stderr is the agent's: a file on a full disk, or a pipe nobody reads any more.
+    """
+    with contextlib.suppress(OSError):
+        os.write(2, text.encode(errors="replace"))
 
 
 if __name__ == "__main__":

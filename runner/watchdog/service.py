@@ -16,6 +16,7 @@ import structlog
 
 from runner.config.spec import Watchdog as WatchdogSpec
 from runner.events import TimerExpired
+from runner.system.soft_io import warn_once
 from runner.watchdog.clock import Clock, SystemClock
 from runner.watchdog.heartbeat import HeartbeatMonitor
 from runner.watchdog.stacks import capture_stacks
@@ -139,7 +140,11 @@ class Watchdog:
         """Queue the event for RUNNING and keep the stacks beside the rank's logs."""
         worker = self._worker(event.local_rank)
         if event.stacks and worker is not None:
-            Path(worker.plan.log_dir, "stacks.txt").write_text(event.stacks, encoding="utf-8")
+            path = Path(worker.plan.log_dir, "stacks.txt")
+            try:
+                path.write_text(event.stacks, encoding="utf-8")
+            except OSError as e:  # a full or read-only logs disk: the failure (report.json) keeps them too
+                warn_once("stacks_write_failed", path, e)
         self.events.put_nowait(event)
 
     def clear(self) -> None:

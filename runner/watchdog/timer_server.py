@@ -24,6 +24,7 @@ import heapq
 import math
 import os
 import stat
+import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from pathlib import Path
 import structlog
 
 from runner.errors import RunnerError
+from runner.system.soft_io import describe
 from runner.watchdog.clock import Clock, SystemClock
 from runner.watchdog.stacks import capture_stacks
 from runner.watchdog.wire import Rejection, RequestReader, TimerRequest
@@ -157,8 +159,17 @@ class FileTimerServer:
     async def start(self) -> None:
         """Create the private directory (channels are made by `channel()`)."""
         self._loop = asyncio.get_running_loop()
-        self._dir.parent.mkdir(parents=True, exist_ok=True)
-        _make_private_dir(self._dir)
+        try:
+            self._dir.parent.mkdir(parents=True, exist_ok=True)
+            _make_private_dir(self._dir)
+        except OSError as e:  # a read-only or exhausted logs disk: the FIFOs need no space, only a folder
+            try:
+                elsewhere = Path(tempfile.mkdtemp(prefix="runner-timer-"))  # 0700
+            except OSError as again:
+                msg = f"no folder for the timer FIFOs: {self._dir}: {describe(e)}; temp dir: {describe(again)}"
+                raise RunnerError(msg, fix="free space in logs.dir or the temp dir, or turn the watchdog off") from e
+            self._log.warning("timer_dir_elsewhere", path=str(elsewhere), error=describe(e))
+            self._dir = elsewhere
         self._log.info("timer_server_started", path=str(self._dir), check_interval=self._check_interval)
 
     def channel(self, local_rank: int) -> str:

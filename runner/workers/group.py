@@ -28,9 +28,10 @@ from runner.system import procs
 from runner.system.cgroup import JobCgroup
 from runner.system.procs import exit_code
 from runner.system.shepherd import TAG_VAR, Shepherd
+from runner.system.soft_io import close_fd, warn_once
 from runner.workers.launch_plan import LaunchPlan, WorkerPlan
 from runner.workers.standby import Standby, StandbyPool
-from runner.workers.tee import Console, Tee
+from runner.workers.tee import Console, Tee, log_or_devnull
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -114,7 +115,10 @@ class WorkerGroup:
 
     def start_one(self, wp: WorkerPlan, plan: LaunchPlan) -> Worker:
         """Spawn (or replace: stop the old one first) the worker of `wp.local_rank`: in its standby, else cold."""
-        Path(wp.log_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(wp.log_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a full or read-only logs disk: the worker runs all the same, its logs are lost
+            warn_once("worker_log_unwritable", wp.log_dir, e)
         # A stream echoed on the console is piped through a Tee; any other goes straight to the rank's log file
         # (logs.tee off, or torchrun's --redirects / --local-ranks-filter for this rank: logs.console_streams).
         echoed = (self.tee and wp.stdout_to_console, self.tee and wp.stderr_to_console)
@@ -145,7 +149,7 @@ class WorkerGroup:
         tag = self.shepherd.worker_tag(plan.attempt, wp.local_rank)
         cgroup = self.shepherd.worker_cgroup(plan.attempt, wp.local_rank)
         argv = list(wp.argv) if cgroup is None else JobCgroup.enter(cgroup, list(wp.argv))
-        files = [None if echo else Path(path).open("ab")  # noqa: SIM115 - handed to the child, closed below
+        files = [None if echo else log_or_devnull(path)  # handed to the child, closed below
                  for echo, path in zip(echoed, (wp.stdout_path, wp.stderr_path), strict=True)]
         stdout, stderr = (subprocess.PIPE if f is None else f for f in files)
         try:
@@ -160,8 +164,7 @@ class WorkerGroup:
             )
         finally:
             for f in files:
-                if f is not None:
-                    f.close()
+                close_fd(f, "worker_log_close_failed", wp.log_dir)
         return proc, (proc.stdout, proc.stderr), tag, cgroup
 
     @staticmethod
@@ -179,7 +182,7 @@ class WorkerGroup:
                     ends.append(w)
                 else:
                     pipes.append(None)
-                    ends.append(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                    ends.append(log_or_devnull(path))
             standby.hand_off(wp, TAG_VAR, ends[0], ends[1])
         finally:
             for fd in ends:

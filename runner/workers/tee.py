@@ -1,9 +1,13 @@
 """Tee: copy a worker's pipe to its log file (as is) and to the console (line by line, prefixed).
 
-The log file is the record and is always written. The console is best effort: it may go away (`runner job.yaml |
-head`, a closed terminal: EPIPE, EIO) or stop reading (a paused pager). Console writes happen on one thread per
-console with a bounded backlog, so the agent's loop never blocks on them; the first write error ends the echo for
-good (the job and its log files go on), and a backlog that overflows drops lines and says how many.
+The log file is the record, written with no buffer of ours: a disk that is full, failing or read-only loses bytes
+(counted, and said in the file once it takes more: `[runner] N byte(s) of output lost here: ...`), never the
+worker or the echo, and a log file that cannot be created leaves the echo alone.
+
+The console is best effort: it may go away (`runner job.yaml | head`, a closed terminal: EPIPE, EIO) or stop
+reading (a paused pager). Console writes happen on one thread per console with a bounded backlog, so the agent's
+loop never blocks on them; the first write error ends the echo for good (the job and its log files go on), and a
+backlog that overflows drops lines and says how many.
 
 On the calm console's terminal, every write makes room for the live line (observe/live_line.py), and a tee told to
 `fold` (its rank's output after a peer's crash: collateral) counts lines instead of echoing them, then says in one
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from runner.observe.live_line import DIM, LIVE, RESET
+from runner.system.soft_io import close_fd, describe, warn_once, write_all
 
 _CHUNK = 65536
 BACKLOG_BYTES = 4 << 20  # console output waiting to be written, at most; beyond it lines are dropped
@@ -127,10 +132,12 @@ class Tee:
         self.fd = pipe.fileno()
         self._pipe = pipe
         os.set_blocking(self.fd, False)
-        self._file = open(log_path, "ab")  # noqa: SIM115 - closed at EOF
+        self._log_path = log_path
+        self._file = open_log(log_path)  # None when the disk cannot create it: the console still gets the output
+        self.lost = 0  # bytes the log file refused since it last took some (a full disk): said in the file later
+        self._lost_why = ""
         self._console = Console.of(console)
         self._label = label.encode()
-        self._log_path = log_path
         self._partial = b""
         self._folded_after = ""  # who failed first, while this tee folds its output ('' while it echoes)
         self.folded = 0  # lines folded so far, not yet summed up on the console
@@ -150,10 +157,9 @@ class Tee:
                 self.close()
                 return
             self._write(data)
-        self._file.flush()
 
     def _write(self, data: bytes) -> None:
-        self._file.write(data)
+        self._to_file(data)
         if self._console is None or self._console.gone:
             return
         lines = (self._partial + data).split(b"\n")
@@ -162,6 +168,32 @@ class Tee:
             self.folded += len(lines)
         elif lines:
             self._console.write(b"".join(self._label + line + b"\n" for line in lines))
+
+    def _to_file(self, data: bytes) -> None:
+        """Append `data` to the log file; what a full or failing disk refuses is counted, and said once it takes more.
+
+        Never raises: the worker, its pipe and the console go on whatever the disk does (a warning once per run).
+        """
+        if self._file is None:
+            return
+        if self.lost and not self._say_lost():
+            self.lost += len(data)
+            return
+        written, error = write_all(self._file, data)
+        if error is not None:
+            self.lost += len(data) - written
+            self._lost_why = describe(error)
+            warn_once("worker_log_write_failed", self._log_path, error)
+
+    def _say_lost(self) -> bool:
+        """Write where output went missing (the disk takes bytes again); True when the note was written."""
+        assert self._file is not None
+        note = f"\n[runner] {self.lost} byte(s) of output lost here: {self._lost_why}\n".encode()
+        _, error = write_all(self._file, note)
+        if error is not None:
+            return False
+        self.lost = 0
+        return True
 
     def fold(self, failed: str) -> None:
         """From now on count lines instead of echoing them: collateral output after `failed` (e.g. 'rank 0') failed.
@@ -191,7 +223,7 @@ class Tee:
             self._read()
 
     def close(self) -> None:
-        """Flush the last partial line and release everything (idempotent)."""
+        """Echo the last partial line and release everything (idempotent; never raises)."""
         if self.closed:
             return
         self.closed = True
@@ -201,5 +233,31 @@ class Tee:
         elif self._partial and self._console is not None:
             self._console.write(self._label + self._partial + b"\n")
         self.unfold()
-        self._file.close()
-        self._pipe.close()
+        if self._file is not None and self.lost:
+            self._say_lost()  # a last try: the disk may have room again
+        close_fd(self._file, "worker_log_close_failed", self._log_path)
+        self._file = None
+        with contextlib.suppress(OSError):
+            self._pipe.close()
+
+
+def open_log(path: str) -> int | None:
+    """A worker's log file opened for appending (created as `open(path, 'ab')` would).
+
+    None, and a warning, when the disk cannot create it (read-only, out of inodes, its folder missing).
+    """
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        warn_once("worker_log_unwritable", path, e)
+        return None
+
+
+def log_or_devnull(path: str) -> int:
+    """A descriptor a worker writes its stream to itself (not echoed): its log file, else /dev/null (a warning).
+
+    With the log file out of reach, the output is dropped rather than sent elsewhere: no console, pipe or disk
+    that could fail the worker's own writes, whose outcome must stay its own.
+    """
+    fd = open_log(path)
+    return fd if fd is not None else os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)

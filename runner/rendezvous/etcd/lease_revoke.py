@@ -31,6 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from runner.system.shepherd_main import say
+
 if TYPE_CHECKING:
     from http.client import HTTPConnection
 
@@ -117,9 +119,8 @@ def on_agent_death(ticket: bytes) -> None:
     try:
         revoke(RevokeTicket.decode(ticket))
     except (RevokeError, ValueError) as exc:
-        sys.stderr.write(f"runner guard: the agent died and its etcd lease could not be revoked within "
-                         f"{REVOKE_BUDGET_S:g} s ({exc}); its peers see this node lost when the lease expires "
-                         f"(rendezvous.lease_ttl)\n")
+        say(f"runner guard: the agent died and its etcd lease could not be revoked within {REVOKE_BUDGET_S:g} s "
+            f"({exc}); its peers see this node lost when the lease expires (rendezvous.lease_ttl)\n")
 
 
 def revoke(ticket: RevokeTicket, budget: float = REVOKE_BUDGET_S, clock: Callable[[], float] = time.monotonic) -> str:

@@ -1,0 +1,92 @@
+"""Writes that never take the agent down: a full, failing or read-only disk is a warning, never a crash.
+
+What the agent, its guard and the tee write (agent.jsonl, transitions.jsonl, status.json, report.json, failure
+files, spec.json, the workers' log files, the runs index, standby logs, the hosted etcd's log) is a record of the
+job, never the job itself. ENOSPC, EDQUOT, EIO, EROFS, EACCES... at open, write, flush or close end (or pause) that
+one record: the failure is logged once per kind as a structlog warning and kept in `failures()` for the summary,
+and the job's result stands.
+
+Appends go through `write_all` on an O_APPEND descriptor, never a userspace buffer: a write that failed leaves
+nothing behind that a later flush or close would try (and fail) again.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+import structlog
+
+_failures: dict[str, str] = {}  # kind -> "path: error" of its first failure, in order
+_lock = threading.Lock()  # the tee's console threads never write files, but a warning may come from any thread
+
+
+def describe(error: OSError | str) -> str:
+    """`No space left on device` (the errno's text), or the error's own words when it has none."""
+    if isinstance(error, str):
+        return error
+    if error.errno is not None and error.strerror:
+        return error.strerror
+    return str(error) or type(error).__name__
+
+
+def note(kind: str, path: object, error: OSError | str) -> bool:
+    """Keep the failure for the summary without logging it (for the log's own sink); True the first time."""
+    with _lock:
+        if kind in _failures:
+            return False
+        _failures[kind] = f"{path}: {describe(error)}"
+        return True
+
+
+def warn_once(kind: str, path: object, error: OSError, **fields: object) -> None:
+    """A write of kind `kind` (`worker_log_write_failed`...) failed: a warning the first time, kept for the summary."""
+    if note(kind, path, error):
+        structlog.get_logger("runner").warning(kind, path=str(path), error=describe(error), **fields)
+
+
+def failures() -> dict[str, str]:
+    """Every kind of write that failed since the process started (or `forget()`), with its first failure."""
+    with _lock:
+        return dict(_failures)
+
+
+def forget() -> None:
+    """Start counting afresh (tests; one process running several agents)."""
+    with _lock:
+        _failures.clear()
+
+
+def write_all(fd: int, data: bytes) -> tuple[int, OSError | None]:
+    """Write all of `data` to `fd`: (bytes written, None), or (bytes written before it, the error) when one failed."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        try:
+            n = os.write(fd, view[done:])
+        except InterruptedError:
+            continue
+        except OSError as e:
+            return done, e
+        if n == 0:  # never for a regular file; a device that takes nothing is a full one
+            return done, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
+    return done, None
+
+
+def write_whole(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd`, or raise the OSError that stopped it (some bytes may be written by then)."""
+    _, error = write_all(fd, data)
+    if error is not None:
+        raise error
+
+
+def close_fd(fd: int | None, kind: str, path: object) -> None:
+    """Close `fd` (None: nothing); a failure (EIO, ENOSPC on NFS) is a warning: the descriptor is gone anyway."""
+    if fd is None:
+        return
+    try:
+        os.close(fd)
+    except OSError as e:
+        warn_once(kind, path, e)

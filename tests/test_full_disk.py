@@ -1,0 +1,181 @@
+"""No write can take the agent down: a logs.dir that is full before the start, fills up during the run, runs out
+of inodes or is read-only, on real tmpfs mounts (root), with real agents and workers.
+
+The property: the exit code depends only on the workers' outcome (0 when they succeed, 1 when one fails), the agent
+never ends in an internal error or a traceback, and report.json is where the summary says (the run dir, else
+the fallback: <state dir>/reports/, then the temp dir).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Job
+
+pytestmark = pytest.mark.integration
+
+# Prints LINES lines of 100 bytes on stdout and stderr; writes that fail (its log file on the full disk, with
+# logs.tee off) are ignored, so its outcome is its own: rank 1 exits with $EXIT, everybody else with 0.
+WORKER = """
+import os, sys
+line = b"x" * 99 + b"\\n"
+for i in range(int(os.environ["LINES"])):
+    for fd in (1, 2):
+        try:
+            os.write(fd, line)
+        except OSError:
+            pass
+sys.exit(int(os.environ["EXIT"]) if os.environ["RANK"] == "1" else 0)
+"""
+
+Mount = Callable[..., Path]
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Mount]:
+    """Factory: tmpfs(name, size='64k', options='') mounts a tmpfs at tmp_path/name; all unmounted at the end."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    mounted: list[Path] = []
+
+    def mount(name: str, size: str = "64k", options: str = "") -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        opts = f"size={size}" + (f",{options}" if options else "")
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], capture_output=True,
+                              check=False)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in reversed(mounted):
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(folder: Path) -> None:
+    """Write a file in `folder` until the disk refuses (ENOSPC)."""
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as e:
+        assert e.errno == 28, e
+    finally:
+        os.close(fd)
+
+
+def fill_inodes(folder: Path) -> None:
+    """Create empty files in `folder` until no inode is left: no folder can be made there either."""
+    for i in range(100000):
+        try:
+            os.close(os.open(folder / f"i{i}", os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError as e:
+            assert e.errno == 28, e
+            return
+    raise AssertionError("the tmpfs never ran out of inodes")
+
+
+def run_job(job: Callable[[str], Job], logs: Path, *, tee: bool, lines: int, exit_code: int,
+            tmpdir: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run a 2-rank job of WORKER with logs.dir `logs`; (its result, the state dir: the report's fallback)."""
+    j = job(f"""
+        version: 1
+        name: disk
+        entrypoint:
+          command: [{json.dumps(sys.executable)}, "-c", {json.dumps(WORKER)}]
+        nproc_per_node: 2
+        env: {{LINES: "{lines}", EXIT: "{exit_code}"}}
+        restart: {{max_restarts: 0}}
+        logs: {{dir: "{logs}", tee: {json.dumps(tee)}}}
+    """)
+    env = {**j.env(), "TMPDIR": str(tmpdir)}  # the fallback for logs: this test's own
+    done = subprocess.run([sys.executable, "-m", "runner", str(j.spec)], cwd=j.tmp, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    return done, j.tmp / "state"
+
+
+def summary_paths(stderr: str) -> tuple[Path, Path]:
+    """(the run dir, where report.json is) as the summary names them."""
+    run_dir = report = None
+    for line in stderr.splitlines():
+        if line.startswith("runner: logs: "):
+            run_dir = Path(line.removeprefix("runner: logs: "))
+        elif line.startswith("runner: report: "):
+            report = Path(line.removeprefix("runner: report: ").split(" (")[0])
+    assert run_dir is not None, stderr[-3000:]
+    return run_dir, report or run_dir / "report.json"
+
+
+def assert_clean_end(done: subprocess.CompletedProcess[str], expected: int) -> dict[str, object]:
+    """The exit code is the workers'; no internal error, no traceback; report.json is where the summary says."""
+    tail = done.stderr[-4000:]
+    assert done.returncode == expected, tail
+    for bad in ("internal error", "Traceback", "Exception in callback", "Exception ignored"):
+        assert bad not in done.stderr, tail
+    _, report_path = summary_paths(done.stderr)
+    assert report_path.is_file(), tail
+    report = json.loads(report_path.read_text())
+    assert report["exit_code"] == expected
+    assert report["outcome"] == ("succeeded" if expected == 0 else "failed")
+    return report
+
+
+@pytest.mark.parametrize("exit_code", [0, 1], ids=["workers-succeed", "worker-fails"])
+@pytest.mark.parametrize("tee", [True, False], ids=["tee", "no-tee"])
+@pytest.mark.parametrize("size", ["64k", "1m"])
+def test_a_logs_dir_filled_during_the_run(job, tmpfs, tmp_path, size, tee, exit_code):
+    """The workers fill logs.dir with their own output: every later write of the agent and the tee fails."""
+    logs = tmpfs("logs", size)
+    lines = 8000 if size == "1m" else 400  # 2 ranks x 2 streams x 100 bytes: several times the disk
+    done, state = run_job(job, logs, tee=tee, lines=lines, exit_code=exit_code, tmpdir=tmp_path)
+    assert_clean_end(done, exit_code)
+    run_dir, report = summary_paths(done.stderr)
+    assert run_dir.is_relative_to(logs)  # the disk took the run dir at the start
+    assert "No space left on device" in done.stderr  # said once per kind, as a warning
+    if report.parent != run_dir:
+        assert report.is_relative_to(state / "runner" / "reports")
+
+
+@pytest.mark.parametrize("exit_code", [0, 1], ids=["workers-succeed", "worker-fails"])
+@pytest.mark.parametrize("tee", [True, False], ids=["tee", "no-tee"])
+@pytest.mark.parametrize("size", ["64k", "1m"])
+def test_a_logs_dir_full_before_the_start(job, tmpfs, tmp_path, size, tee, exit_code):
+    """logs.dir is full before the agent starts: the job runs all the same, its logs in the temp dir."""
+    logs = tmpfs("logs", size)
+    fill(logs)
+    done, _ = run_job(job, logs, tee=tee, lines=50, exit_code=exit_code, tmpdir=tmp_path)
+    assert_clean_end(done, exit_code)
+    run_dir, report = summary_paths(done.stderr)
+    assert run_dir.is_relative_to(tmp_path / "runner-logs"), done.stderr[-3000:]
+    assert report == run_dir / "report.json"  # the temp dir took everything
+    assert f"logs dir unwritable: {logs}: No space left on device" in done.stderr
+    stdout_log = run_dir / "attempt_0" / "rank_0" / "stdout.log"
+    assert stdout_log.read_bytes().count(b"\n") == 50  # nothing lost: the workers' logs are all there
+
+
+def test_a_logs_dir_out_of_inodes_cannot_hold_a_run_dir_and_the_job_runs(job, tmpfs, tmp_path):
+    """Not even a folder can be made in logs.dir (no inode left): the run dir goes to the temp dir."""
+    logs = tmpfs("logs", "1m", "nr_inodes=64")
+    fill_inodes(logs)
+    done, _ = run_job(job, logs, tee=True, lines=10, exit_code=0, tmpdir=tmp_path)
+    assert_clean_end(done, 0)
+    run_dir, _ = summary_paths(done.stderr)
+    assert run_dir.is_relative_to(tmp_path / "runner-logs")
+
+
+def test_a_read_only_logs_dir_is_refused_before_any_worker_starts(job, tmpfs, tmp_path):
+    """A logs.dir nobody may write is a mistake in the spec: exit 2 with the field named, nothing started."""
+    logs = tmpfs("logs", "64k", "ro")
+    done, state = run_job(job, logs, tee=True, lines=10, exit_code=0, tmpdir=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "logs.dir" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "runner-logs").exists() and not (state / "runner" / "runs.jsonl").exists()
