@@ -13,7 +13,9 @@ Event-driven: a channel is read when readable (loop.add_reader; one bounded read
 cannot starve the loop) and one loop.call_at handle is armed for the earliest deadline. Client deadlines
 are wall-clock; they are converted to the monotonic clock when received, so later wall-clock steps do not
 move them. Bounded under abuse: at most `max_scopes` scopes per worker, heap entries compacted, refused
-requests counted per kind and logged in one summary per `summary_interval`, not one line each.
+requests counted per kind and logged in one summary per `summary_interval`, not one line each; a request refused
+for the pid it names (pid 1, the agent, its guard, a process not of the job, another rank's worker, a worker over
+its cap) is also a `timer_request_refused` warning naming the pid, rate-limited per pid (runner/watchdog/refusals.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import structlog
 from runner.errors import RunnerError
 from runner.system.soft_io import describe
 from runner.watchdog.clock import Clock, SystemClock
+from runner.watchdog.refusals import INTERVAL_S, RefusalLog, who
 from runner.watchdog.stacks import capture_stacks
 from runner.watchdog.wire import Rejection, RequestReader, TimerRequest
 
@@ -124,6 +127,7 @@ class FileTimerServer:
         capture_stacks: bool = True,
         max_scopes: int = MAX_SCOPES_PER_WORKER,
         summary_interval: float = 10.0,
+        refusal_interval: float = INTERVAL_S,
         log: structlog.typing.FilteringBoundLogger | None = None,
         on_first_request: Callable[[int, float], None] | None = None,
     ) -> None:
@@ -137,6 +141,7 @@ class FileTimerServer:
         self._max_scopes = max_scopes
         self._summary_interval = summary_interval
         self._log = log if log is not None else structlog.get_logger("runner.watchdog.timer_server")
+        self._refusals = RefusalLog(self._log, self._clock, interval=refusal_interval)  # who tried, per pid
         self._channels: dict[int, _Channel] = {}
         self._timers: dict[int, dict[str, _Timer]] = {}  # pid -> scope -> timer
         self._scopes: Counter[int] = Counter()  # local rank -> live scopes
@@ -240,6 +245,7 @@ class FileTimerServer:
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._channels:
             self._summarize()
+        self._refusals.flush()
         if self._summary is not None:
             self._summary.cancel()
             self._summary = None
@@ -283,11 +289,13 @@ class FileTimerServer:
         owner = self._owner_of(req.pid, batch)
         if owner is None:
             ch.reader.reject(Rejection.FOREIGN_PID, f"pid {req.pid} is not a worker of this runner")
+            self._refusals.refused(req.pid, ch.local_rank, lambda: who(req.pid))
             return
         if owner != ch.local_rank:
             ch.reader.reject(
                 Rejection.OTHER_RANK, f"pid {req.pid} belongs to local rank {owner}, not channel {ch.local_rank}"
             )
+            self._refusals.refused(req.pid, ch.local_rank, f"a worker of local rank {owner}, not of this channel's")
             return
         self._accepted += 1
         self._note_activity(owner, batch.mono)
@@ -303,6 +311,7 @@ class FileTimerServer:
             return
         if (scopes is None or req.scope not in scopes) and self._scopes[owner] >= self._max_scopes:
             ch.reader.reject(Rejection.SCOPE_CAP, f"local rank {owner} already holds {self._max_scopes} scopes")
+            self._refusals.refused(req.pid, ch.local_rank, f"its worker already holds {self._max_scopes} scopes")
             return
         timeout_s = max(0.0, req.expiration_time - batch.wall)
         deadline_mono = batch.mono + (req.expiration_time - batch.wall)
