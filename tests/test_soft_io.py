@@ -347,3 +347,16 @@ def test_when_no_folder_can_be_made_anywhere_the_run_is_refused_with_exit_2(tmp_
     assert caught.value.exit_code == 2
     assert caught.value.problems[0].path == "logs.dir"
     assert "no folder can hold this run's logs" in caught.value.message
+
+
+def test_with_no_usable_temp_dir_a_full_logs_dir_keeps_the_run(tmp_path: Path, full_tmpfs: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """tempfile finds no temp dir it can write (all full): the run stays in logs.dir, nothing raises."""
+    import tempfile
+
+    def nowhere() -> str:
+        raise FileNotFoundError(errno.ENOENT, "No usable temporary directory found")
+
+    monkeypatch.setattr(tempfile, "gettempdir", nowhere)
+    spec = spec_in(tmp_path, full_tmpfs)
+    assert choose(spec, "job.yaml") is spec

@@ -75,8 +75,12 @@ def choose(spec: JobSpec, source: str, tempdir: str | None = None) -> JobSpec:
     here = probe(wanted / spec.name)
     if here.ok:
         return spec
-    fallback = Path(tempdir or tempfile.gettempdir()).absolute() / FALLBACK
-    there = probe(fallback / spec.name)
+    try:
+        fallback = Path(tempdir or tempfile.gettempdir()).absolute() / FALLBACK
+    except OSError as e:  # no usable temp dir: tempfile tried $TMPDIR, /tmp, /var/tmp, /usr/tmp and the cwd
+        fallback, there = Path(FALLBACK), Probe(made=False, error=describe(e))
+    else:
+        there = probe(fallback / spec.name)
     if not here.made and not there.made:
         fix = "free space (or inodes) in logs.dir or the temp dir, or choose another logs.dir"
         message = f"no folder can hold this run's logs: {wanted}: {here.error}; {fallback}: {there.error}"
