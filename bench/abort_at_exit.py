@@ -45,7 +45,10 @@ def run(arm: str, work: Path, nproc: int, i: int) -> tuple[bool, int]:
         argv = [str(PY), "-m", "runner", str(spec)]
     res = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=120, check=False)
     text = res.stdout + res.stderr
-    return any(m in text for m in MARKERS), res.returncode
+    aborted = any(m in text for m in MARKERS)
+    if aborted:  # kept for a look: what the launcher said
+        (work.parent / f"abort-{arm}-{i}.txt").write_text(text)
+    return aborted, res.returncode
 
 
 def main() -> None:

@@ -5,3 +5,4 @@ foundation layer) so neither imports the other for a name.
 """
 
 HEARTBEAT_FILE_VAR = "RUNNER_HEARTBEAT_FILE"  # a file the worker touches; the agent times its changes
+CODE_ENDED_FILE = "code_ended"  # in a worker's log dir: its code and atexit handlers ended cleanly (standby_main)

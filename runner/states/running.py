@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 from typing import TYPE_CHECKING
 
+from runner.contract import CODE_ENDED_FILE
 from runner.core.machine import Step, Trigger
 from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_WORKERS_FAILED
 from runner.events import (
@@ -83,6 +86,10 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
     assert ctx.run.group is not None  # is_stale() is False, so the worker is one of the group's
     worker = ctx.run.group.workers[event.local_rank]
     ctx.log.info("worker_exited", rank=event.rank, pid=event.pid, exit_code=event.exit_code)
+    if event.exit_code < 0 and code_ended(worker.plan.log_dir):
+        ctx.warnings.warn("worker_died_in_teardown", rank=event.rank, exit_code=event.exit_code,
+                          detail="its code and atexit handlers had ended cleanly: counted as exit 0")
+        event = dataclasses.replace(event, exit_code=0)
     if event.exit_code != 0:
         ctx.run.failure = worker_failure(ctx.run.attempt, event.rank, event.local_rank, event.exit_code,
                                          worker.plan.log_dir)
@@ -96,6 +103,11 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
         )
     await ctx.status.publish()  # the exit code for `runner status` (an exit that ends the attempt is published with it)
     return None
+
+
+def code_ended(log_dir: str) -> bool:
+    """Whether the worker said its code and atexit handlers ended cleanly (a worker run in a standby does)."""
+    return os.path.exists(os.path.join(log_dir, CODE_ENDED_FILE))
 
 
 def rank_dir(ctx: Context, local_rank: int) -> str:

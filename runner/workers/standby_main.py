@@ -99,8 +99,8 @@ def become(orders: dict[str, object], fds: list[int]) -> None:
     retitle(argv)
     sys.excepthook = without_own_frames(sys.excepthook)
     rest = argv[2:]  # past `python -u`
-    ending = CleanEnd()
-    atexit.register(ending.destroy_process_group)  # first registered, so it runs after the script's own handlers
+    ending = CleanEnd(os.environ.get("RUNNER_HEARTBEAT_FILE", ""))
+    atexit.register(ending.mark)  # registered first, so it runs after the script's own handlers
     with ending:
         if rest[0] == "-m":
             run_module(rest[1], rest[2:])
@@ -108,17 +108,21 @@ def become(orders: dict[str, object], fds: list[int]) -> None:
             run_script(rest[0], rest[1:])
 
 
-class CleanEnd:
-    """Whether the worker's code ended cleanly (returned, or exit code 0): then its default process group goes at exit.
+ENDED_FILE = "code_ended"  # runner.contract.CODE_ENDED_FILE (this file imports nothing of runner's)
 
-    It is destroyed after the script's own atexit handlers. Many scripts never call destroy_process_group
-    (pytorch/examples' among them); gloo's threads then meet the interpreter's exit, which sometimes aborts the
-    process ("terminate called without an active exception", SIGABRT), and a job whose work was done is restarted
-    (bench/abort_at_exit.py counts it under runner and torchrun). A failing worker is left alone: destroying a group
-    whose peers are gone could wait on them.
+
+class CleanEnd:
+    """Whether the worker's code ended cleanly (returned, or exit code 0); if so, say so in its log dir at exit.
+
+    The mark is written by the last Python atexit handler, once the script's own are done. What can still go wrong
+    after it is the interpreter's and C++'s teardown: gloo's threads meeting it sometimes abort the process
+    ("terminate called without an active exception", SIGABRT) although the work is done, under runner and torchrun
+    alike (bench/abort_at_exit.py). The agent then counts that worker as succeeded (with a warning) instead of
+    restarting a job whose work is over.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, heartbeat_file: str) -> None:
+        self.folder = os.path.dirname(heartbeat_file)
         self.clean = False
 
     def __enter__(self) -> Self:
@@ -127,14 +131,11 @@ class CleanEnd:
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, _tb: object) -> None:
         self.clean = kind is None or (isinstance(value, SystemExit) and value.code in (None, 0))
 
-    def destroy_process_group(self) -> None:
-        """At exit: destroy torch.distributed's default group if the code ended cleanly and left it up."""
-        dist = sys.modules.get("torch.distributed")
-        if not self.clean or dist is None:
-            return
-        with contextlib.suppress(Exception):
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
+    def mark(self) -> None:
+        """At exit: write the mark if the code ended cleanly (nothing if the log dir cannot take it)."""
+        if self.clean and self.folder:
+            with contextlib.suppress(OSError), open(os.path.join(self.folder, ENDED_FILE), "w") as f:
+                f.write("ended\n")
 
 
 def retitle(argv: list[str]) -> None:
