@@ -25,6 +25,7 @@ from runner.outcomes import Outcome
 from runner.runs import index as runs_index
 from runner.runs.control import agent_identity
 from runner.states import HANDLERS
+from runner.system import soft_io
 from runner.system.private_files import private_dir
 from runner.system.shepherd import Shepherd
 
@@ -48,7 +49,10 @@ def new_run_dir(spec: JobSpec) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     base = Path(spec.logs.dir).expanduser().absolute() / spec.name
     run_dir = base / f"{stamp}-{os.urandom(3).hex()}"
-    private_dir(run_dir)  # 0700: the run's files are the user's own (docs/secrets.md)
+    try:
+        private_dir(run_dir)  # 0700: the run's files are the user's own (docs/secrets.md)
+    except OSError as e:  # the disk lost its last inode since the CLI chose logs.dir: every write fails soft
+        soft_io.warn_once("run_dir_unwritable", run_dir, e)
     latest = base / "latest"
     try:
         tmp = base / f".latest-{os.urandom(3).hex()}"

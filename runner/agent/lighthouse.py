@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from runner.errors import RunnerError
 from runner.rendezvous.ports import free_port
-from runner.system import procs
+from runner.system import procs, soft_io
 from runner.system.environ import helper_env
 from runner.system.served import describe_exit, exited, last_line, listens, log_tail
 from runner.system.shepherd import Shepherd
@@ -80,13 +80,18 @@ class HostedLighthouse:
     def _popen(self) -> subprocess.Popen[bytes]:
         """Start it (its own session, output to lighthouse.log, no secret of the agent's) under the guard."""
         try:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.log_path.open("ab") as out:
-                proc = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        env=helper_env(os.environ), start_new_session=True)
+            out = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:  # a full or read-only logs disk: the lighthouse runs all the same, unlogged
+            soft_io.warn_once("lighthouse_log_unwritable", self.log_path, e)
+            out = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            proc = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    env=helper_env(os.environ), start_new_session=True)
         except OSError as exc:
             raise LighthouseError(f"cannot start the hosted lighthouse ({self._argv[0]}): {exc}",
                                   fix="pip install 'runner[ft]'; or set replica_groups.lighthouse.address") from exc
+        finally:
+            os.close(out)
         self._fd = os.pidfd_open(proc.pid)
         self._guard.watch(proc.pid)  # from now on it dies with this agent, however the agent ends
         return proc

@@ -35,8 +35,9 @@ from runner.observe.logs import JsonLines
 from runner.outcomes import Outcome
 from runner.rendezvous.local import LocalRendezvous
 from runner.states import HANDLERS
+from runner.states.shutdown import place_report
 from runner.states.shutdown import report as group_report
-from runner.system import signals
+from runner.system import signals, soft_io
 from runner.system.private_files import private_dir, write_private
 from runner.system.shepherd import Shepherd
 
@@ -185,7 +186,10 @@ class Supervisor:
         """Group k: its own spec view (the group's nproc_per_node), run dir, rendezvous, machine and context."""
         spec = dataclasses.replace(self.spec, nproc_per_node=self.groups_spec.nproc_per_node)
         folder = self.run_dir / f"group_{k}"
-        private_dir(folder)
+        try:
+            private_dir(folder)
+        except OSError as e:  # a full logs disk: the group runs, its writes fail soft
+            soft_io.warn_once("group_dir_unwritable", folder, e)
         node = f"{self.node}/g{k}"
         inputs = JobInputs(spec, node, folder, self.started, self.identity,
                            replica=Replica(k, self.groups_spec.count, lighthouse))
@@ -291,7 +295,7 @@ class Supervisor:
         try:
             write_private(self.run_dir / "status.json", json.dumps(status, indent=2))
         except OSError as e:
-            self.log.warning("status_write_failed", path=str(self.run_dir / "status.json"), error=str(e))
+            soft_io.warn_once("status_write_failed", self.run_dir / "status.json", e)
 
     def status(self) -> dict[str, object]:
         """The job's live state: SHUTDOWN once every group is; RUNNING while one runs; else the first group's."""
@@ -337,15 +341,17 @@ class Supervisor:
                                "nproc_per_node": self.groups_spec.nproc_per_node,
                                "lighthouse": self.lighthouse_status()},
             "groups": groups, "run_dir": str(self.run_dir),
-            "warnings": sorted({w for g in self.groups for w in g.ctx.warnings.seen}),
+            "warnings": sorted({w for g in self.groups for w in g.ctx.warnings.seen} | set(soft_io.failures())),
         }
-        path = self.run_dir / "report.json"
-        try:
-            write_private(path, json.dumps(data, indent=2, default=str))
-        except OSError as e:
-            self.log.warning("report_write_failed", path=str(path), error=str(e))
-            return None
-        return path
+        warned: set[str] = set()
+
+        def warn(event: str, **fields: object) -> None:
+            if event not in warned:
+                warned.add(event)
+                self.log.warning(event, **fields)
+
+        return place_report(json.dumps(data, indent=2, default=str), self.run_dir,
+                            f"{self.spec.name}-{self.run_dir.name}", warn, self.log)
 
 
 def read_step(ctx: Context) -> int | None:

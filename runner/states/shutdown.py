@@ -15,9 +15,14 @@ from typing import TYPE_CHECKING, Any
 from runner.errors import EXIT_OK, EXIT_STOPPED_BASE
 from runner.outcomes import Outcome
 from runner.runs.index import state_dir
+from runner.system import soft_io
 from runner.system.private_files import write_private
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from structlog.typing import FilteringBoundLogger
+
     from runner.core.context import Context
 
 
@@ -69,30 +74,38 @@ def report(ctx: Context) -> dict[str, Any]:
         "health": ctx.run.health,  # the failed tries of the health checks (docs/health.md), the last 20
         **ctx.recovery.report(),  # launch, recoveries, time_to_recover (docs/time_to_recover.md)
         "standby": ctx.run.standbys.summary() if ctx.run.standbys is not None else {"enabled": False},
-        "warnings": list(ctx.warnings.seen),
+        "warnings": [*ctx.warnings.seen, *(k for k in soft_io.failures() if k not in ctx.warnings.seen)],
         "run_dir": str(ctx.inputs.run_dir),
     }
 
 
 def write_report(ctx: Context) -> Path | None:
-    """Write <run dir>/report.json, or a fallback file the console names when the run dir can't take it.
-
-    The run dir may be full or read-only: then <state dir>/reports/, then the temp dir. Returns where it went (None
-    if nowhere could).
-    """
+    """Write <run dir>/report.json, or a fallback file the console names when the run dir can't take it."""
     text = json.dumps(report(ctx), indent=2, default=str)
-    name = f"{ctx.spec.name}-{ctx.inputs.run_dir.name}-report.json"
-    candidates = (ctx.inputs.run_dir / "report.json", state_dir() / "reports" / name,
-                  Path(tempfile.gettempdir()) / f"runner-{name}")
+    ctx.report_path = place_report(text, ctx.inputs.run_dir, f"{ctx.spec.name}-{ctx.inputs.run_dir.name}",
+                                   ctx.warnings.warn, ctx.log)
+    return ctx.report_path
+
+
+def place_report(text: str, run_dir: Path, name: str, warn: Callable[..., None],
+                 log: FilteringBoundLogger) -> Path | None:
+    """<run dir>/report.json, else <state dir>/reports/NAME-report.json, else the temp dir's; where it went.
+
+    The run dir may be full or read-only, and so may the others: each refusal is a warning, None if none took it.
+    """
+    candidates = [run_dir / "report.json", state_dir() / "reports" / f"{name}-report.json"]
+    try:
+        candidates.append(Path(tempfile.gettempdir()) / f"runner-{name}-report.json")
+    except OSError as e:  # no usable temp dir at all
+        warn("report_write_failed", path="<temp dir>", error=str(e))
     for path in candidates:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_private(path, text)
         except OSError as e:
-            ctx.warnings.warn("report_write_failed", path=str(path), error=str(e))
+            warn("report_write_failed", path=str(path), error=str(e))
             continue
-        if path.parent != ctx.inputs.run_dir:
-            ctx.log.warning("report_elsewhere", path=str(path))
-        ctx.report_path = path
+        if path.parent != run_dir:
+            log.warning("report_elsewhere", path=str(path))
         return path
     return None
