@@ -26,7 +26,7 @@ from runner.config import load_spec_text
 from runner.config.devices import nvidia_gpus_used
 from runner.config.spec import Health, HealthCommand, HealthPath
 from runner.errors import EXIT_INFRA, SpecError
-from runner.health.check import Unhealthy, check, check_spec, helper_environment, until_healthy
+from runner.health.check import Unhealthy, check, check_spec, helper_environment, shown_command, until_healthy
 from runner.health.commands import run_command
 from runner.health.gpus import assess, check_gpus, parse_query, visible
 from runner.health.probes import check_memory, check_space, parse_meminfo
@@ -571,8 +571,9 @@ def test_until_healthy_with_real_checks(tmp_path: Path) -> None:
 
     report = run(until_healthy(health, try_once, log=structlog.get_logger(), on_failed=on_failed))
     assert report.healthy and len(tries) == 2
-    assert tries[0].reasons() == [f"command {health.commands[0].run}: exit 1: waiting for ready"]
-    assert tries[0].to_dict()["failures"] == [{"check": "command", "subject": health.commands[0].run,
+    shown = shown_command(health.commands[0].run)  # cut at MAX_SUBJECT_CHARS: tmp_path's length varies by run
+    assert tries[0].reasons() == [f"command {shown}: exit 1: waiting for ready"]
+    assert tries[0].to_dict()["failures"] == [{"check": "command", "subject": shown,
                                                "reason": "exit 1: waiting for ready"}]
 
 
