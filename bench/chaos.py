@@ -67,7 +67,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, machine_line, table
+from bench.common import ROOT, argv_of, machine_line, table
 from tests.etcd_server import EtcdServer, etcd_binary, free_port
 
 WORKER = ROOT / "bench" / "workers" / "chaos_train.py"
@@ -166,15 +166,6 @@ def running(p: Proc) -> bool:
     """`p` still exists and is not a zombie."""
     st = stat(p.pid)
     return st is not None and st[2] == p.ticks and st[0] != "Z"
-
-
-def argv_of(pid: int) -> list[str]:
-    """The command line of `pid` ([] once gone)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
 
 
 def environ_of(pid: int) -> list[bytes]:

@@ -336,3 +336,12 @@ def bench_env(work: Path, **extra: str) -> dict[str, str]:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     return {**os.environ, "BENCH_OUT": str(out), "BENCH_LOGS": str(work / "logs"), **extra}
+
+
+def argv_of(pid: int) -> list[str]:
+    """The command line of `pid` ([] once gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []

@@ -58,7 +58,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, RUNNER, TORCHRUN, descendants, kill_tree, machine_line, precompile, reproduce_line, table
+from bench.common import (
+    ROOT,
+    RUNNER,
+    TORCHRUN,
+    argv_of,
+    descendants,
+    kill_tree,
+    machine_line,
+    precompile,
+    reproduce_line,
+    table,
+)
 
 SCRIPT = ROOT / "examples" / "jobs" / "ft_train.py"
 LINE = re.compile(r"ft_train (start|step|final|params) ((?:\w+=\S+ ?)+)\s*$")
@@ -142,14 +153,6 @@ def reap_leftovers() -> int:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
     return len(left)
-
-
-def argv_of(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
 
 
 def start_time(pid: int) -> int | None:
