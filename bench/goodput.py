@@ -10,8 +10,9 @@ with the same global batch (--global-batch sequences a step, global/W per worker
      min_active 1): a failure restarts the failed group only, the others step on; no checkpoint file (a restarted
      group copies the live weights from a peer). Per-group batch global/N: a step in which k of the N groups
      took part commits k x global/N samples.
-Each arm runs once without failures (--baseline-duration s) and once under failures (--duration s), all of them
-in one process, interleaved: the failure-free runs of every arm, then the runs under failures, --rounds times.
+Each round runs every arm without failures (--baseline-duration s), then every arm under failures (--duration s),
+then every arm without failures again, all in one process, interleaved; an arm's failure-free rate is the mean of
+its runs right before and right after its run under failures (the machine's speed drifts; both are reported).
 
 The clock starts at the first step any worker prints (so the first start-up is not counted) and the run is stopped
 --duration s later. From then on, every --failure-every s the injector SIGKILLs one worker drawn by
@@ -23,7 +24,8 @@ the launchers leave behind is its own child, killed and reaped at the end of eac
 Everything is parsed from the workers' own lines (`ft_train step ... samples=S time=T`, see the script):
 - committed samples: each step number counts once, at the first time any group committed it (a step redone after
   a whole-job restart is not counted twice; samples of the groups that took part in it);
-- rate = committed samples in (t0, t0 + duration] / duration; goodput = rate under failures / failure-free rate;
+- rate = committed samples in (t0, t0 + duration] / duration; goodput = rate under failures / failure-free rate
+  (the mean of the two failure-free runs around it);
 - steps lost per failure: (a)/(b) the steps redone (last step before the kill - the step the next attempt resumed
   at); (c) the steps the surviving groups did not commit (commit=0) around the failure;
 - survivors' stall per failure: (a)/(b) every rank stalls: kill -> the first step of the next attempt; (c) the
@@ -423,6 +425,17 @@ def per_failure(run: Run, normal: dict[int, float]) -> PerFailure:
     return out
 
 
+def bracket(fail: Run, oks: list[Run]) -> list[Run]:
+    """The same arm's failure-free runs right before and right after `fail` (the machine's speed drifts: the
+    failure-free rate is the mean of the two)."""
+    if fail.t0 is None:
+        return []
+    before = [o for o in oks if o.t0 is not None and o.t0 < fail.t0]
+    after = [o for o in oks if o.t0 is not None and o.t0 > fail.t0]
+    return ([max(before, key=lambda o: o.t0 or 0.0)] if before else []) + (
+        [min(after, key=lambda o: o.t0 or 0.0)] if after else [])
+
+
 def fmt(xs: list[float], digits: int = 2) -> str:
     if not xs:
         return "-"
@@ -498,9 +511,9 @@ def main() -> None:
                 arms.remove(arm)
         runs: dict[tuple[str, bool], list[Run]] = {}
         for rnd in range(args.rounds):
-            for failures in (False, True):
+            for phase, failures in (("ok", False), ("fail", True), ("ok2", False)):
                 for arm in arms:
-                    folder = work / f"{arm}-{'fail' if failures else 'ok'}-{rnd}"
+                    folder = work / f"{arm}-{phase}-{rnd}"
                     os.environ["GOODPUT_RUN_DIR"] = str(folder)
                     r = run_once(arm, cmds[arm], folder, duration=args.duration if failures else baseline,
                                  failure_every=args.failure_every if failures else None, seed=args.seed + rnd)
@@ -549,6 +562,45 @@ def load(folder: Path) -> tuple[int, Run]:
     return rnd, run
 
 
+def steady_rate(run: Run) -> float | None:
+    """The run's own rate when nothing fails: the samples of a step every group took part in / the mean interval
+    between group 0's consecutive step lines, leaving out the intervals over 3x the median (the stalls a failure
+    causes). Immune to the machine's drift between runs; a failure's stall and lost steps are what it misses."""
+    steps = [r for r in run.recs if r.kind == "step" and r.i("group") == 0 and r.f["commit"] == "1"]
+    gaps = [b.t - a.t for a, b in itertools.pairwise(steps) if b.t > a.t]
+    full = max((r.i("samples") for r in steps), default=0)
+    if not gaps or not full:
+        return None
+    cap = 3 * statistics.median(gaps)
+    return full / statistics.mean(g for g in gaps if g <= cap)
+
+
+@dataclass
+class ArmSummary:
+    goodput: list[float] = field(default_factory=list)  # per run under failures
+    own: list[float] = field(default_factory=list)  # rate under failures / the same run's steady rate
+    kills: int = 0
+    pf: PerFailure = field(default_factory=PerFailure)
+
+
+def summarize(oks: list[Run], fails: list[Run]) -> ArmSummary:
+    out = ArmSummary(kills=sum(sum(bool(k.pid) for k in f.kills) for f in fails))
+    for f in fails:
+        around = bracket(f, oks)
+        base = [x for x in (rate(o) for o in around) if x]
+        got, steady = rate(f), steady_rate(f)
+        if base and got is not None:
+            out.goodput.append(got / statistics.mean(base))
+        if steady and got is not None:
+            out.own.append(got / steady)
+        if around:
+            one = per_failure(f, normal_interval(around[0]))
+            out.pf.lost += one.lost
+            out.pf.stall += one.stall
+            out.pf.back += one.back
+    return out
+
+
 def report(args: argparse.Namespace, arms: list[str], cmds: dict[str, list[str]], specs: dict[str, str],
            runs: dict[tuple[str, bool], list[Run]], baseline: float) -> None:
     last = max((r for rs in runs.values() for r in rs), key=lambda r: r.t0 or 0.0, default=None)
@@ -556,37 +608,35 @@ def report(args: argparse.Namespace, arms: list[str], cmds: dict[str, list[str]]
           f"{args.failure_every:g} s for {args.duration:g} s, seed {args.seed}; "
           f"{last.machine if last and last.machine else machine_line()})\n")
     rows = []
-    goodputs: dict[str, list[float]] = {}
+    sums: dict[str, ArmSummary] = {}
     for arm in arms:
         oks, fails = runs.get((arm, False), []), runs.get((arm, True), [])
-        ratio = [rate(f) / rate(o) for o, f in zip(oks, fails, strict=False)
-                 if rate(o) and rate(f) is not None]
-        goodputs[arm] = ratio
-        pf = PerFailure()
-        for o, f in zip(oks, fails, strict=False):
-            one = per_failure(f, normal_interval(o))
-            pf.lost += one.lost
-            pf.stall += one.stall
-            pf.back += one.back
-        kills = sum(sum(bool(k.pid) for k in f.kills) for f in fails)
+        sm = sums[arm] = summarize(oks, fails)
+        per_kill = len(fails) * args.duration / sm.kills if sm.kills else 0.0
         errors = "; ".join(sorted({r.error for r in oks + fails if r.error}))
         layout = (f"{args.groups} x {args.workers // args.groups}" if arm == "c" else f"1 x {args.workers}")
         rows.append([f"({arm}) {NAMES[arm]}", layout, fmt([x for x in (rate(o) for o in oks) if x], 1),
-                     fmt([x for x in (rate(f) for f in fails) if x is not None], 1), f"**{fmt(ratio, 3)}**",
-                     str(kills), fmt(pf.lost, 1), fmt(pf.stall), fmt(pf.back), errors or "-"])
-    print(table(["arm", "groups x workers", "failure-free samples/s", "under failures samples/s", "goodput",
-                 "failures", "steps lost / failure", "survivors' stall / failure s",
+                     fmt([x for x in (rate(f) for f in fails) if x is not None], 1), f"**{fmt(sm.goodput, 3)}**",
+                     fmt(sm.own, 3), str(sm.kills), fmt([(1 - g) * per_kill for g in sm.goodput]),
+                     fmt([(1 - g) * per_kill for g in sm.own]), fmt(sm.pf.lost, 1), fmt(sm.pf.stall),
+                     fmt(sm.pf.back), errors or "-"])
+    print(table(["arm", "groups x workers", "failure-free samples/s (before, after)", "under failures samples/s",
+                 "goodput", "goodput vs the run's own steady rate", "failures", "time lost / failure s",
+                 "(vs own steady rate) s", "steps lost / failure", "survivors' stall / failure s",
                  "killed worker's group stepping again after s", "errors"], rows))
-    if goodputs.get("c") and goodputs.get("a"):
-        diff = statistics.median(goodputs["c"]) - statistics.median(goodputs["a"])
-        print(f"\n(c) - (a): {diff:+.3f} goodput ({statistics.median(goodputs['c']) / statistics.median(goodputs['a']):.2f}x)")
-    if goodputs.get("c") and goodputs.get("b"):
-        print(f"(c) - (b): {statistics.median(goodputs['c']) - statistics.median(goodputs['b']):+.3f} goodput")
+    print()
+    for base in ("a", "b"):
+        c, b = sums.get("c"), sums.get(base)
+        if c and b and c.goodput and b.goodput:
+            print(f"- (c) - ({base}): {statistics.median(c.goodput) - statistics.median(b.goodput):+.3f} goodput, "
+                  f"{statistics.median(c.own) - statistics.median(b.own):+.3f} against each run's own steady rate")
     loads = [x for rs in runs.values() for r in rs for x in r.load] or [0.0]
     print(f"\nFailure-free runs {baseline:g} s each, runs under failures {args.duration:g} s each (clock from the "
           f"first step); checkpoint every {args.ckpt_every} steps (a/b); lighthouse heartbeat_timeout "
           f"{args.heartbeat_timeout:g} s (c); 1-min load average during the runs {min(loads):.2f}-{max(loads):.2f}. "
-          "Medians (min-max) over the failures.")
+          "Medians (min-max) over the failures. The run's own steady rate: a full step's samples / the mean "
+          "interval between its steps, stalls (> 3x the median) left out: insensitive to the machine's drift "
+          "between runs.")
     print("\nCommands (each run in a fresh folder, GOODPUT_RUN_DIR; arm c's spec is the runner spec below):")
     for arm in arms:
         print(f"- ({arm}): `{' '.join(os.path.relpath(a, ROOT) if a.startswith('/') else a for a in cmds[arm])}`")
