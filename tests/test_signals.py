@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 
 import pytest
@@ -110,3 +111,58 @@ def test_torchelastic_env_lists_each_signal_once_in_order(names: list[str]) -> N
 def test_default_matches_torchrun() -> None:
     """The default set is torchrun's: SIGTERM, SIGINT, SIGHUP, SIGQUIT."""
     assert signals.torchelastic_env() == {"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT"}
+
+
+GROUP_SIGNAL_WORKER = """
+import json, os, signal, sys, time
+out, code = sys.argv[1], int(sys.argv[2])
+def on_term(signum, frame):
+    sys.exit(code)  # a handler that saved and stopped (0), or one that reports an error (1)
+signal.signal(signal.SIGTERM, on_term)
+with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump({"pid": os.getpid()}, f)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def zombie_or_gone(pid: int) -> bool:
+    """The process has exited (a zombie its stopped parent has not reaped yet, or gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("code", [0, 1])
+def test_a_signal_that_reaches_the_workers_too_stops_the_job(job, code: int) -> None:
+    """SIGTERM sent to the agent and its workers at once (a Slurm step, a terminal's process group): the workers may
+    exit before the agent runs its handler. Made certain here by SIGSTOPping the agent meanwhile: it then sees the
+    exits before the signal. The job is stopped (128+15), not succeeded (code 0) nor failed and restarted (code 1)."""
+    j = job(f"""
+        version: 1
+        name: groupsig
+        entrypoint: {{script: worker.py, args: ["${{OUT}}", "{code}"]}}
+        nproc_per_node: 2
+        restart: {{max_restarts: 3}}
+        logs: {{dir: "${{LOGS}}"}}
+        """)
+    (j.tmp / "worker.py").write_text(GROUP_SIGNAL_WORKER)
+    proc = j.start()
+    wait_for(lambda: all((j.out / f"rank{r}.json").exists() for r in (0, 1)), what="workers to start")
+    pids = [json.loads((j.out / f"rank{r}.json").read_text())["pid"] for r in (0, 1)]
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: all(zombie_or_gone(p) for p in pids), what="both workers to exit")
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    report = json.loads((j.run_dir() / "report.json").read_text())
+    assert (report["outcome"], report["restarts"], report["failures"]) == ("stopped", 0, [])
+    assert [e for e in j.edges() if e[1] != "stop_requested"][-1][1] == "rendezvous_complete"

@@ -176,7 +176,10 @@ def test_time_limit_signal_reaches_workers_and_requeues(slurm: dict[str, str], t
     subprocess.run([binary("scancel"), "--batch", "--signal=USR1", job], env=slurm, check=True)
     wait_for(lambda: (out / "term-0").exists() and (out / "term-1").exists(), 60, "SIGTERM in both workers")
     assert (out / "term-0").read_text() == "15"
-    wait_for(lambda: job_field(slurm, job, "Restarts") == "1", 120, "the job to be requeued")
+    try:
+        wait_for(lambda: job_field(slurm, job, "Restarts") == "1", 120, "the job to be requeued")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the job's output:\n{output(tmp_path)}") from None
     text = output(tmp_path)
     assert "time limit near" in text
     assert "runner: agents exited with status 143" in text  # 128 + SIGTERM: stopped, not failed

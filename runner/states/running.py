@@ -42,7 +42,39 @@ async def handle(ctx: Context) -> Step:
         ctx.recovery.event_seen()  # if it ends the attempt, the agent learnt of the failure now
         step = await on_event(ctx, event)
         if step is not None:
-            return step
+            return await stop_first(ctx, step)
+
+
+async def stop_first(ctx: Context, step: Step) -> Step:
+    """`step`, unless a stop signal had already reached the agent: then the stop (the job was stopped, not done).
+
+    A signal sent to a whole process group or Slurm step reaches the workers with the agent. On a loaded machine
+    the agent may run only after they exited (code 0 from a handler that saved and stopped, or a KeyboardInterrupt),
+    and then sees their exits before the signal: that is not a success nor a failure to restart. The kernel ran the
+    agent's signal handler before any code of ours, but asyncio needs a few loop turns to queue the StopRequested.
+    """
+    if step.trigger is Trigger.stop_requested:
+        return step
+    for _ in range(STOP_SETTLE_TURNS):
+        await asyncio.sleep(0)
+    kept: list[Event] = []
+    stop: StopRequested | None = None
+    while not ctx.events.empty():
+        event = ctx.events.get_nowait()
+        if stop is None and isinstance(event, StopRequested) and not event.graceful:
+            stop = event
+        else:
+            kept.append(event)
+    for event in kept:  # later states see the rest in order
+        ctx.events.put_nowait(event)
+    if stop is None:
+        return step
+    ctx.log.info("stop_came_first", signum=stop.signum, instead_of=step.trigger.value, reason=step.reason)
+    ctx.run.failure = None  # the exits followed the signal: the stop is the cause
+    return await on_event(ctx, stop) or step
+
+
+STOP_SETTLE_TURNS = 4  # self-pipe readable -> read -> handler scheduled -> StopRequested queued (one spare)
 
 
 async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 - one return per event kind
