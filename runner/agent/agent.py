@@ -74,11 +74,11 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     run_dir = new_run_dir(spec)
     RUN_LOG.open(run_dir / "agent.jsonl")
     runs_index.announce(spec, node, run_dir, log)  # the console's header; this run in `runner runs`
-    if spec.replica_groups is not None:
-        return await run_replica_groups(spec, node, run_dir, log)
     addr = advertise_addr or spec.rendezvous.master_addr
     if addr is None:
         addr = "127.0.0.1" if spec.rendezvous.backend == "local" else socket.getfqdn()
+    if spec.replica_groups is not None:
+        return await run_replica_groups(spec, node, run_dir, log, addr)
     metrics = None
     if spec.metrics.enabled:
         from runner.observe.metrics import AgentMetrics
@@ -137,13 +137,13 @@ def assemble(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typing.Fi
 
 
 async def run_replica_groups(spec: JobSpec, node: str, run_dir: Path,
-                             log: structlog.typing.FilteringBoundLogger) -> ReplicaJob:
+                             log: structlog.typing.FilteringBoundLogger, addr: str) -> ReplicaJob:
     """The replica groups' supervisor, with the run's own bookkeeping around it (the runs index, agent.jsonl)."""
     from runner.agent.replicas import Supervisor
 
     job: ReplicaJob | None = None
     try:
-        job = await Supervisor(spec, node, run_dir, log, agent_identity()).run()
+        job = await Supervisor(spec, node, run_dir, log, agent_identity(), addr).run()
         return job
     finally:
         outcome, code = (job.outcome.value, job.exit_code) if job is not None else ("error", 3)

@@ -1,6 +1,7 @@
 """The hosted TorchFT lighthouse: where replica groups agree on a quorum every step (docs/replica_groups.md).
 
-The agent runs `torchft_lighthouse` (runner[ft]) on 127.0.0.1 in its own session, with no secret of the agent's in
+The agent runs `torchft_lighthouse` (runner[ft]) on 127.0.0.1 (several nodes: on every interface, advertised at the
+node's address) in its own session, with no secret of the agent's in
 its environment, under a guard of its own (a Shepherd, as the hosted etcd): it dies with the agent, however the
 agent ends. If it exits while the job runs, it is started again on the same port, up to MAX_RESTARTS times; the
 groups' managers retry their quorum meanwhile (a quorum that times out fails the step, and that group restarts).
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from runner.config.spec import Lighthouse
 
 HOST = "127.0.0.1"
+ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - several nodes: the groups on other nodes reach it
 MAX_RESTARTS = 5
 START_TIMEOUT_S = 15.0
 POLL_S = 0.02
@@ -44,13 +46,15 @@ class HostedLighthouse:
     """One `torchft_lighthouse` process for the job's replica groups, restarted if it dies."""
 
     def __init__(self, program: str, spec: Lighthouse, min_replicas: int, folder: Path,
-                 log: FilteringBoundLogger) -> None:
-        self.port = spec.port or free_port(HOST)
-        self.address = f"http://{HOST}:{self.port}"
+                 log: FilteringBoundLogger, advertise: str | None = None) -> None:
+        """`advertise`: the host other nodes reach it at (several nodes: it then listens on every interface)."""
+        bind = ALL_INTERFACES if advertise else HOST
+        self.port = spec.port or free_port(bind)
+        self.address = f"http://{advertise or HOST}:{self.port}"
         self.log_path = folder / "lighthouse.log"
         self.restarts = 0
         self._argv = [
-            program, "--bind", f"{HOST}:{self.port}", "--min_replicas", str(min_replicas),
+            program, "--bind", f"{bind}:{self.port}", "--min_replicas", str(min_replicas),
             "--join_timeout_ms", str(round(spec.join_timeout * 1000)),
             "--heartbeat_timeout_ms", str(round(spec.heartbeat_timeout * 1000)),
             "--quorum_tick_ms", str(max(1, round(spec.quorum_tick * 1000))),

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 from runner.agent.agent import TransitionLog, assemble
 from runner.agent.lighthouse import HostedLighthouse, LighthouseError
 from runner.config.preflight import lighthouse_program
+from runner.config.spec import Nodes
 from runner.core.context import Context, JobInputs, Replica
 from runner.core.machine import JobState, Model, build_machine, drive
 from runner.core.restart_policy import GUARDS, settle
-from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_STOPPED_BASE, EXIT_WORKERS_FAILED
+from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_STOPPED_BASE, EXIT_WORKERS_FAILED, RunnerError
 from runner.events import StopRequested
 from runner.observe.logs import JsonLines
 from runner.outcomes import Outcome
@@ -37,6 +38,7 @@ from runner.rendezvous.local import LocalRendezvous
 from runner.states import HANDLERS
 from runner.states.shutdown import place_report
 from runner.states.shutdown import report as group_report
+from runner.states.waiting import Stopped, unless_stopped
 from runner.system import signals, soft_io
 from runner.system.private_files import private_dir, write_private
 from runner.system.shepherd import Shepherd
@@ -44,9 +46,14 @@ from runner.system.shepherd import Shepherd
 if TYPE_CHECKING:
     import structlog
 
+    from runner.agent.group_seat import GroupSeat
     from runner.config.spec import JobSpec, ReplicaGroups
     from runner.events import Event
+    from runner.rendezvous.base import Rendezvous
 
+LIGHTHOUSE_POLL_S = 1.0  # several nodes: how often the published lighthouse address is read
+LINGER_S = 60.0  # the lighthouse's host waits at most this long for the other nodes to end
+LINGER_POLL_S = 0.5
 STEP_POLL_S = 0.5  # how often each group's committed step is read (rank 0's heartbeat file)
 MAX_STEP_BYTES = 4096  # a heartbeat file larger than this is no step report
 MAX_STEP_SAMPLES = 2000  # per group, for the report's timeline (the oldest are thinned out)
@@ -88,12 +95,15 @@ class ReplicaJob:
     outcome: Outcome = Outcome.STOPPED
     exit_code: int = EXIT_INFRA
     reason: str = ""
+    fix: str = ""  # what to do about an error that kept the groups from starting
     groups: list[Group] = field(default_factory=list)
     report_path: Path | None = None
 
     def summary(self) -> list[str]:
         """The lines `runner run` prints at the end."""
         lines = [f"runner: job '{self.name}' {self.outcome} ({self.reason}); exit code {self.exit_code}"]
+        if self.fix:
+            lines.append(f"runner:   fix: {self.fix}")
         for g in self.groups:
             failures = g.ctx.run.failures
             last = f"; last failure: {failures[-1].reason}" if failures else ""
@@ -110,9 +120,12 @@ class Supervisor:
     """Runs the replica groups of one job on this node until every group is done."""
 
     def __init__(self, spec: JobSpec, node: str, run_dir: Path, log: structlog.typing.FilteringBoundLogger,
-                 identity: dict[str, Any]) -> None:
+                 identity: dict[str, Any], advertise_addr: str = "127.0.0.1") -> None:
         assert spec.replica_groups is not None
         self.spec, self.node, self.run_dir, self.log, self.identity = spec, node, run_dir, log, identity
+        self.addr = advertise_addr  # several nodes: where the other nodes reach this one (its lighthouse, stores)
+        self.seat: GroupSeat | None = None  # several nodes (etcd): which group this node runs
+        self.events: asyncio.Queue[Event] = asyncio.Queue()  # the stop signals'
         self.groups_spec: ReplicaGroups = spec.replica_groups
         self.started = time.monotonic()
         self.groups: list[Group] = []
@@ -127,23 +140,28 @@ class Supervisor:
     async def run(self) -> ReplicaJob:
         """Start the lighthouse and every group, wait for them all, write the job's report."""
         job = ReplicaJob(self.spec.name, self.run_dir)
-        events: asyncio.Queue[Event] = asyncio.Queue()
         hurry = asyncio.Event()
-        signals.install(events, hurry, self.hurried, names=self.spec.shutdown.signals_to_handle)
+        signals.install(self.events, hurry, self.hurried, names=self.spec.shutdown.signals_to_handle)
         self.reaper.start()
         try:
-            address = await self.lighthouse_address()
-        except LighthouseError as e:
+            mine, address = await unless_stopped(self, self.take_place())
+        except Stopped:
+            assert self.stop is not None
+            signum = self.stop.signum or signal.SIGTERM
+            job.reason, job.outcome, job.exit_code = "stop requested", Outcome.STOPPED, EXIT_STOPPED_BASE + signum
+            return await self.end_early(job)
+        except RunnerError as e:
             job.reason, job.outcome, job.exit_code = e.message, Outcome.ERROR, EXIT_INFRA
-            address = ""
-        if not address:
-            self.log.error("lighthouse_failed", error=job.reason)
-            job.report_path = self.write_report(job)
-            return job
-        self.groups = [self.make_group(k, address) for k in range(self.groups_spec.count)]
+            job.fix = e.fix
+        if job.outcome is Outcome.ERROR:
+            self.log.error("replica_start_failed", error=job.reason, fix=job.fix)
+            return await self.end_early(job)
+        self.groups = [self.make_group(k, address) for k in mine]
         job.groups = self.groups
-        side = [asyncio.ensure_future(self.forward_stops(events)), asyncio.ensure_future(self.watch_steps()),
+        side = [asyncio.ensure_future(self.forward_stops(self.events)), asyncio.ensure_future(self.watch_steps()),
                 asyncio.ensure_future(self.publish_loop())]
+        if self.seat is not None and not self.seat.hosts_lighthouse and self.groups_spec.lighthouse.hosted:
+            side.append(asyncio.ensure_future(self.follow_lighthouse(address)))
         tasks = {asyncio.ensure_future(self.drive(g)): g for g in self.groups}
         try:
             pending = set(tasks)
@@ -159,8 +177,7 @@ class Supervisor:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*side, *tasks, return_exceptions=True)
-            if self.lighthouse is not None:
-                await self.lighthouse.stop()
+            await self.leave()
             self.job_transitions.close()
             self.reaper.close()
         self.settle(job)
@@ -168,8 +185,30 @@ class Supervisor:
         job.report_path = self.write_report(job)
         return job
 
-    async def lighthouse_address(self) -> str:
-        """The hosted lighthouse's address once it listens, or the spec's."""
+    async def take_place(self) -> tuple[list[int], str]:
+        """The groups this node runs and the lighthouse's address.
+
+        One node: every group, and the lighthouse is hosted here. Several (etcd): the seat the rendezvous gives this
+        node names its one group; seat (0, 0) hosts the lighthouse and publishes its address, the others read it.
+        """
+        light = self.groups_spec.lighthouse
+        if self.spec.rendezvous.backend == "local":
+            return list(range(self.groups_spec.count)), await self.lighthouse_address()
+        from runner.agent.group_seat import GroupSeat  # etcd's client only where used
+
+        self.seat = GroupSeat(self.spec, self.node, self.log)
+        await self.seat.open(self.reaper)
+        k, _ = await self.seat.take()
+        if not light.hosted:
+            return [k], await self.lighthouse_address()
+        if self.seat.hosts_lighthouse:
+            address = await self.lighthouse_address(advertise=self.addr)
+            await self.seat.publish_lighthouse(address)
+            return [k], address
+        return [k], await self.seat.wait_lighthouse()
+
+    async def lighthouse_address(self, advertise: str | None = None) -> str:
+        """The hosted lighthouse's address once it listens (reached at `advertise` by other nodes), or the spec's."""
         light = self.groups_spec.lighthouse
         if not light.hosted:
             assert light.address is not None  # the spec's checks require one
@@ -178,9 +217,63 @@ class Supervisor:
         if program is None:
             raise LighthouseError("a hosted lighthouse needs `torchft_lighthouse`, not found",
                                   fix="pip install 'runner[ft]'")
-        self.lighthouse = HostedLighthouse(program, light, self.groups_spec.min_active, self.run_dir, self.log)
+        self.lighthouse = HostedLighthouse(program, light, self.groups_spec.min_active, self.run_dir, self.log,
+                                           advertise=advertise)
         await self.lighthouse.start()
         return self.lighthouse.address
+
+    async def follow_lighthouse(self, address: str) -> None:
+        """Several nodes: when the lighthouse's host was replaced, the group's next attempt uses the new address."""
+        assert self.seat is not None
+        while True:
+            await asyncio.sleep(LIGHTHOUSE_POLL_S)
+            try:
+                latest = await self.seat.read_lighthouse()
+            except RunnerError as e:  # etcd away for a while: the groups run on; the next poll tries again
+                self.log.warning("lighthouse_address_unread", error=e.message)
+                continue
+            if latest is None or latest == address:
+                continue
+            address = latest
+            self.log.warning("lighthouse_moved", address=address, detail="the next attempt of each group uses it")
+            for g in self.groups:
+                replica = g.ctx.inputs.replica
+                assert replica is not None
+                g.ctx.inputs = dataclasses.replace(g.ctx.inputs, replica=dataclasses.replace(replica,
+                                                                                             lighthouse=address))
+
+    async def end_early(self, job: ReplicaJob) -> ReplicaJob:
+        """No group started (a stop while taking a seat, no lighthouse, etcd refused): leave, report, return."""
+        await self.leave()
+        self.reaper.close()
+        job.report_path = self.write_report(job)
+        return job
+
+    async def leave(self) -> None:
+        """Stop the hosted lighthouse (its host first waits for the other nodes to end) and free the seat."""
+        if self.lighthouse is not None:
+            if self.seat is not None:
+                await self.linger()
+            await self.lighthouse.stop()
+        if self.seat is not None:
+            await self.seat.close()
+
+    async def linger(self) -> None:
+        """The lighthouse's host: wait until no other node holds a seat (LINGER_S at most; not once hurried).
+
+        The groups still finishing their last steps keep their quorum.
+        """
+        assert self.seat is not None
+        deadline = time.monotonic() + LINGER_S
+        while time.monotonic() < deadline and not any(g.ctx.hurry.is_set() for g in self.groups):
+            try:
+                others = await self.seat.others_seated()
+            except RunnerError:
+                return
+            if not others:
+                return
+            self.log.info("lighthouse_waiting_for_nodes", nodes=others, at_most_s=round(deadline - time.monotonic()))
+            await asyncio.sleep(LINGER_POLL_S)
 
     def make_group(self, k: int, lighthouse: str) -> Group:
         """Group k: its own spec view (the group's nproc_per_node), run dir, rendezvous, machine and context."""
@@ -190,10 +283,20 @@ class Supervisor:
             private_dir(folder)
         except OSError as e:  # a full logs disk: the group runs, its writes fail soft
             soft_io.warn_once("group_dir_unwritable", folder, e)
-        node = f"{self.node}/g{k}"
-        inputs = JobInputs(spec, node, folder, self.started, self.identity,
-                           replica=Replica(k, self.groups_spec.count, lighthouse))
-        rendezvous = LocalRendezvous(node, spec.nproc_per_node, "127.0.0.1", None)
+        replica = Replica(k, self.groups_spec.count, lighthouse)
+        rendezvous: Rendezvous
+        if self.seat is None:
+            node = f"{self.node}/g{k}"
+            rendezvous = LocalRendezvous(node, spec.nproc_per_node, "127.0.0.1", None)
+        else:  # the group's own rendezvous among its nodes_per_group nodes, under the job's keys
+            from runner.agent.group_seat import group_keys
+            from runner.rendezvous.etcd.backend import EtcdRendezvous
+
+            node, size = self.node, self.groups_spec.nodes_per_group
+            spec = dataclasses.replace(spec, nodes=Nodes(size, size))
+            rendezvous = EtcdRendezvous(spec, node, advertise_addr=self.addr, log=self.log.bind(group=k),
+                                        keys=group_keys(self.spec, k))
+        inputs = JobInputs(spec, node, folder, self.started, self.identity, replica=replica)
         model, _ = build_machine(GUARDS)
         ctx = assemble(inputs, rendezvous, self.log.bind(group=k), lambda: model.state,
                        shepherd=Shepherd(agent=False))  # the supervisor's own is the subreaper

@@ -377,6 +377,7 @@ class Builder:
         return ReplicaGroups(
             count=int(raw["count"]),
             nproc_per_node=int(raw.get("nproc_per_node", default.nproc_per_node)),
+            nodes_per_group=int(raw.get("nodes_per_group", default.nodes_per_group)),
             min_active=int(raw.get("min_active", default.min_active)),
             lighthouse=lighthouse,
         )

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import cast
 
 from runner.config.limits import MAX_ARG_BYTES, MAX_WORLD_SIZE
-from runner.config.spec import JobSpec
+from runner.config.spec import JobSpec, ReplicaGroups
 from runner.config.yaml_source import Document, Path
 from runner.errors import SpecProblem
 
@@ -129,10 +129,7 @@ def _replica_groups(spec: JobSpec) -> Iterator[Found]:
         yield (("replica_groups", "min_active"),
                f"min_active ({groups.min_active}) is greater than count ({groups.count}): no step could ever be taken",
                f"set min_active to at most {groups.count}")
-    if spec.rendezvous.backend != "local" or spec.nodes.max > 1:
-        yield ((("replica_groups",), ("rendezvous", "backend")),
-               "replica groups run on one node for now (rendezvous.backend local, nodes 1)",
-               "run the groups on one machine, or drop replica_groups for a multi-node job (docs/replica_groups.md)")
+    yield from _replica_nodes(spec, groups)
     light = groups.lighthouse
     if light.hosted and light.address is not None:
         yield (("replica_groups", "lighthouse", "address"), "a hosted lighthouse has no address to give",
@@ -140,6 +137,27 @@ def _replica_groups(spec: JobSpec) -> Iterator[Found]:
     if not light.hosted and light.address is None:
         yield (("replica_groups", "lighthouse"), "hosted: false needs the address of a running lighthouse",
                "set lighthouse.address: http://HOST:PORT, or hosted: true")
+
+
+
+def _replica_nodes(spec: JobSpec, groups: ReplicaGroups) -> Iterator[Found]:
+    """One node runs every group (backend local); with etcd each node runs one group's share (a fixed size)."""
+    if spec.rendezvous.backend == "local":
+        if groups.nodes_per_group > 1:
+            yield (("replica_groups", "nodes_per_group"), "groups spanning several nodes need rendezvous.backend etcd",
+                   "set rendezvous.backend: etcd (docs/replica_groups.md#several-nodes), or nodes_per_group: 1")
+        return
+    total = groups.count * groups.nodes_per_group
+    if spec.nodes.min != total or spec.nodes.max != total:
+        shown = str(spec.nodes.min) if spec.nodes.min == spec.nodes.max else f"{spec.nodes.min}:{spec.nodes.max}"
+        yield ((("nodes",), ("replica_groups", "nodes_per_group")),
+               (f"nodes is {shown}, but {groups.count} group(s) of {groups.nodes_per_group} node(s) need exactly "
+               f"{total} (each node runs one group's share; a group's lost node is replaced, not shrunk)"),
+               f"set nodes: {total}")
+    if spec.rendezvous.hosted:
+        yield ((("replica_groups",), ("rendezvous", "hosted")),
+               "replica groups on several nodes need an etcd that outlives any one node (the hosted one does not)",
+               "run etcd outside the job and set rendezvous.hosted: false (docs/replica_groups.md#several-nodes)")
 
 
 CHECKS: tuple[Check, ...] = (

@@ -300,6 +300,7 @@ class ReplicaGroups:
 
     count: int = 2
     nproc_per_node: int = 1  # workers per group; each group is its own world (RANK/WORLD_SIZE within the group)
+    nodes_per_group: int = 1  # etcd: each node runs one group's share; nodes = count x nodes_per_group
     min_active: int = 1  # groups that must take part in a step (the lighthouse's min_replicas)
     lighthouse: Lighthouse = field(default_factory=Lighthouse)
 
@@ -329,9 +330,11 @@ class JobSpec:
 
     @property
     def workers_per_node(self) -> int:
-        """Workers this node runs at once: every replica group's, or nproc_per_node."""
+        """Workers this node runs at once: every replica group's (one node), one group's share (etcd), or nproc."""
         groups = self.replica_groups
-        return groups.count * groups.nproc_per_node if groups is not None else self.nproc_per_node
+        if groups is None:
+            return self.nproc_per_node
+        return groups.nproc_per_node * (groups.count if self.rendezvous.backend == "local" else 1)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able dict (tuples become lists, env becomes a mapping)."""

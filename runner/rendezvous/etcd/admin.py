@@ -46,9 +46,37 @@ async def write_control(session: EtcdSession, keys: JobKeys, value: dict[str, An
     await session.call(lambda c: c.txn([guard], [put_op(keys.control, dump(value))]))
 
 
+def job_keys(spec: JobSpec) -> list[JobKeys]:
+    """The key spaces of the job's rendezvous: its own, or each replica group's (several nodes)."""
+    keys = JobKeys(spec.rendezvous.prefix, spec.name)
+    groups = spec.replica_groups
+    return [keys.group(k) for k in range(groups.count)] if groups is not None else [keys]
+
+
 async def read_status(spec: JobSpec) -> dict[str, Any]:
-    """Job status for `runner status`: control, round, master, restarts, each node's last state."""
-    session, keys = new_session(spec, quiet_log()), JobKeys(spec.rendezvous.prefix, spec.name)
+    """Job status for `runner status`: control, round, master, restarts, each node's last state.
+
+    Replica groups on several nodes: each group's status under "groups", and every node (tagged with its group).
+    """
+    if spec.replica_groups is None:
+        return await read_keys_status(spec, JobKeys(spec.rendezvous.prefix, spec.name))
+    groups = [await read_keys_status(spec, keys) for keys in job_keys(spec)]
+    for k, group in enumerate(groups):
+        group["group"] = k
+        for node in group["nodes"]:
+            node["group"] = k
+    statuses = {g["status"] for g in groups}
+    status = statuses.pop() if len(statuses) == 1 else "running" if "running" in statuses else "mixed"
+    return {"job": spec.name, "status": status, "round": max(g["round"] for g in groups),
+            "result_round": None, "nodes_in_round": [n for g in groups for n in g["nodes_in_round"]],
+            "world_size": sum(g["world_size"] for g in groups), "master_addr": None, "master_port": None,
+            "restarts": sum(g["restarts"] for g in groups), "backend": "etcd",
+            "nodes": [n for g in groups for n in g["nodes"]], "groups": groups}
+
+
+async def read_keys_status(spec: JobSpec, keys: JobKeys) -> dict[str, Any]:
+    """The status of the rendezvous whose keys are `keys` (the job's, or one replica group's)."""
+    session = new_session(spec, quiet_log())
     await session.connect()
     try:
         _, (rnd, control, restarts, live, finals) = await session.call(lambda c: c.snapshot(
@@ -101,13 +129,19 @@ def status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[st
 
 async def request_stop(spec: JobSpec, graceful: bool) -> None:
     """Ask every node of the job to stop and close the rendezvous (harmless when repeated)."""
-    session, keys = new_session(spec, quiet_log()), JobKeys(spec.rendezvous.prefix, spec.name)
+    session, root = new_session(spec, quiet_log()), JobKeys(spec.rendezvous.prefix, spec.name)
     await session.connect()
     try:
         value = dump({"state": "stopping", "graceful": graceful, "time": time.time()})
-        await session.call(lambda c: c.txn([absent(keys.control)], [put_op(keys.control, value)]))
+        for control in dict.fromkeys([root.control, *(k.control for k in job_keys(spec))]):  # each group's too
+            await session.call(partial(stop_txn, key=control, value=value))
     finally:
         await session.close()
+
+
+async def stop_txn(c: Connection, key: bytes, value: bytes) -> None:
+    """Put a stop request at `key` unless a control value is there already."""
+    await c.txn([absent(key)], [put_op(key, value)])
 
 
 async def reset_job(spec: JobSpec, force: bool) -> int:

@@ -72,9 +72,10 @@ class EtcdRendezvous:
     """Rendezvous through etcd v3. No I/O until open()."""
 
     def __init__(self, spec: JobSpec, node: str, *, advertise_addr: str,
-                 log: FilteringBoundLogger | None = None) -> None:
+                 log: FilteringBoundLogger | None = None, keys: JobKeys | None = None) -> None:
+        """`keys`: where the job's keys live (default `{prefix}/{name}/`; a replica group's are its own)."""
         self._spec, self._node, self._addr = spec, node, advertise_addr
-        self._keys = JobKeys(spec.rendezvous.prefix, spec.name)
+        self._keys = keys or JobKeys(spec.rendezvous.prefix, spec.name)
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend").bind(node=node)
         self._session: EtcdSession | None = None
         self._lease: LeaseKeeper | None = None

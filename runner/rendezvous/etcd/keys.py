@@ -152,6 +152,24 @@ class JobKeys:
         """Final state of `node` (on a long lease of its own)."""
         return self._k("final", encode_node(node))
 
+    def group(self, k: int) -> JobKeys:
+        """The keys of replica group `k` (its own rounds, states and control), under this job's root."""
+        return JobKeys(self._k("groups").decode(), str(k))
+
+    @property
+    def seats(self) -> bytes:
+        """Prefix of the replica groups' seats: which node runs which group (each on its node's lease)."""
+        return self._k("seats", "")
+
+    def seat(self, k: int, i: int) -> bytes:
+        """Seat `i` of replica group `k`."""
+        return self._k("seats", k, i)
+
+    @property
+    def lighthouse(self) -> bytes:
+        """The hosted lighthouse's address (on its host node's lease)."""
+        return self._k("lighthouse")
+
     @staticmethod
     def leaf(key: bytes) -> str:
         """Last path component of a key, decoded (the node id of a join, state or final key)."""

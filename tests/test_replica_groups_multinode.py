@@ -1,0 +1,188 @@
+"""Replica groups on several nodes (etcd): each node takes a seat, i.e. one group's share; seat (0, 0) hosts the
+lighthouse. Real agents on loopback, a real etcd, real TorchFT training (examples/jobs/ft_train.py).
+
+- A group's worker SIGKILLed: that node's group restarts alone; the other node's group commits steps meanwhile
+  (from its own output); the restarted group rejoins with the survivor's weights.
+- A whole node SIGKILLed: its guard kills its workers and frees its seat; a node started in its place takes that
+  seat, so it joins the group that lost a node, and the job ends with both groups at the same step.
+- The spec's checks: nodes must be count x nodes_per_group; a hosted etcd is refused (it would die with a node).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, alive, wait_for
+from test_ft_training import committed, records
+
+from tests.test_multinode import Cluster, Node, cluster
+
+__all__ = ["cluster"]  # the fixture, used by name
+
+FT = pytest.mark.skipif(importlib.util.find_spec("torchft") is None or
+                        not (Path(sys.executable).parent / "torchft_lighthouse").exists(),
+                        reason="torchft is not installed (pip install -e '.[ft]')")
+STEPS = 300
+
+
+def spec(endpoint: str, extra_args: str = "") -> str:
+    """Two groups of one node and one worker each, on the test's etcd."""
+    return f"""
+version: 1
+name: ftmulti
+entrypoint:
+  script: "{EXAMPLES / 'ft_train.py'}"
+  args: ["--steps", "{STEPS}", "--sha-every", "50", "--step-sleep", "0.03"{extra_args}]
+nodes: 2
+rendezvous: {{backend: etcd, endpoints: ["{endpoint}"], last_call: 0s, lease_ttl: 3s, join_timeout: 90s}}
+replica_groups: {{count: 2, nproc_per_node: 1, nodes_per_group: 1, min_active: 1,
+                  lighthouse: {{heartbeat_timeout: 1s}}}}
+env: {{OMP_NUM_THREADS: "1"}}
+restart: {{max_restarts: 3, backoff: {{initial: 0s}}}}
+shutdown: {{grace_period: 5s}}
+logs: {{dir: "${{LOGS}}"}}
+"""
+
+
+def group_of(node: Node) -> int | None:
+    """The group this node's agent runs (its run dir's only group_<k> folder), None before it has one."""
+    try:
+        found = [p.name for p in node.run_dir().glob("group_*")]
+    except AssertionError:
+        return None
+    return int(found[0].split("_")[1]) if len(found) == 1 else None
+
+
+def log_of(node: Node, attempt: int) -> Path:
+    """stdout of rank 0 of this node's group, attempt `attempt`."""
+    return node.run_dir() / f"group_{group_of(node)}" / f"attempt_{attempt}" / "rank_0" / "stdout.log"
+
+
+def worker_pid(node: Node) -> int:
+    """The pid of the node's current worker, proven to run ft_train.py."""
+    status = json.loads((node.run_dir() / f"group_{group_of(node)}" / "status.json").read_text())
+    [worker] = status["workers"]
+    pid = int(worker["pid"])
+    assert "ft_train.py" in Path(f"/proc/{pid}/cmdline").read_text()
+    return pid
+
+
+def sigkill(pid: int) -> None:
+    """SIGKILL through a pidfd (the pid was just proven to be the worker's)."""
+    fd = os.pidfd_open(pid)
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)
+
+
+def both_seated(c: Cluster, names: tuple[str, str]) -> dict[int, Node]:
+    """Wait until the two nodes took the two seats; group -> node."""
+    wait_for(lambda: all(group_of(c.nodes[n]) is not None for n in names), timeout=60, what="both seats taken")
+    by_group = {group_of(c.nodes[n]): c.nodes[n] for n in names}
+    assert set(by_group) == {0, 1}, by_group
+    return {k: v for k, v in by_group.items() if k is not None}
+
+
+def stepping_together(log: Path) -> bool:
+    """Both groups took part in a step (after some warm-up)."""
+    return any(n == 2 and s >= 20 for s, _, n in committed(log))
+
+
+@pytest.mark.integration
+@FT
+def test_a_killed_group_restarts_alone_on_its_node_while_the_other_node_steps(cluster: Cluster) -> None:
+    cluster.write(spec(cluster.endpoint))
+    cluster.start("a")
+    cluster.start("b")
+    groups = both_seated(cluster, ("a", "b"))
+    survivor, victim = groups[0], groups[1]
+    wait_for(lambda: stepping_together(log_of(victim, 0)), timeout=120, what="both groups in one quorum")
+    status = cluster.status()
+    assert sorted(g["group"] for g in status["groups"]) == [0, 1]
+    assert {n["node"]: n["group"] for n in status["nodes"]} == {survivor.name: 0, victim.name: 1}
+    pid = worker_pid(victim)
+    sigkill(pid)
+    t_kill = time.time()
+    codes = cluster.wait_all(timeout=180)
+    assert codes == {"a": 0, "b": 0}, survivor.output()[-2000:] + victim.output()[-2000:]
+    back = committed(log_of(victim, 1))
+    assert back, log_of(victim, 1).read_text()[-2000:]
+    alone = [(s, n) for s, t, n in committed(log_of(survivor, 0)) if t_kill < t < back[0][1]]
+    assert len(alone) >= 3 and {n for _, n in alone} == {1}, alone  # the other node's group stepped on, alone
+    assert not (survivor.run_dir() / "group_0" / "attempt_1").exists()  # and was never restarted
+    final0, final1 = records(log_of(survivor, 0), "final"), records(log_of(victim, 1), "final")
+    assert final0 and final1 and final0[0]["step"] == final1[0]["step"] == str(STEPS)
+    assert final0[0]["params_sha"] == final1[0]["params_sha"]
+    report = victim.report()
+    assert [(g["group"], g["attempts"]) for g in report["groups"]] == [(1, 2)]
+    lighthouse = survivor.report()["replica_groups"]["lighthouse"]
+    assert lighthouse["hosted"] and lighthouse["address"].startswith("http://")
+    assert not alive(pid) and not alive(lighthouse["pid"])
+
+
+@pytest.mark.integration
+@FT
+def test_a_lost_node_is_replaced_by_a_new_one_in_its_seat(cluster: Cluster) -> None:
+    cluster.write(spec(cluster.endpoint))
+    cluster.start("a")
+    cluster.start("b")
+    groups = both_seated(cluster, ("a", "b"))
+    survivor, victim = groups[0], groups[1]
+    wait_for(lambda: stepping_together(log_of(victim, 0)), timeout=120, what="both groups in one quorum")
+    pid = worker_pid(victim)
+    victim.proc.kill()  # the whole agent: its guard kills the worker and revokes the lease (the seat is free)
+    victim.proc.wait()
+    wait_for(lambda: not alive(pid), timeout=30, what="the guard to kill the lost node's worker")
+    spare = cluster.start("c")
+    wait_for(lambda: group_of(spare) is not None, timeout=60, what="the new node to take a seat")
+    assert group_of(spare) == 1  # the seat the lost node freed
+    codes = {n: cluster.nodes[n].wait(180) for n in (survivor.name, "c")}
+    assert codes == {survivor.name: 0, "c": 0}, spare.output()[-3000:]
+    final0, final1 = records(log_of(survivor, 0), "final"), records(log_of(spare, 0), "final")
+    assert final0 and final1 and final0[0]["step"] == final1[0]["step"] == str(STEPS)
+    assert final0[0]["params_sha"] == final1[0]["params_sha"]
+    first = committed(log_of(spare, 0))
+    assert first and first[0][0] > 20, first[:3]  # it joined at the live step, with the survivor's weights
+
+
+def problems(tmp_path: Path, text: str) -> tuple[int, str]:
+    """`runner validate` on `text`: exit code and stderr."""
+    import subprocess
+
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    done = subprocess.run([sys.executable, "-m", "runner", "validate", str(path)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    ({"nodes": 3}, "need exactly 2"),
+    ({"nodes": "1:2"}, "need exactly 2"),
+    ({"hosted": True}, "outlives any one node"),
+])
+def test_several_node_groups_are_checked(tmp_path: Path, edit: dict[str, Any], expected: str) -> None:
+    text = spec("127.0.0.1:2379").replace("nodes: 2", f"nodes: {json.dumps(edit.get('nodes', 2))}")
+    if edit.get("hosted"):
+        text = text.replace("backend: etcd,", "backend: etcd, hosted: true,")
+    code, err = problems(tmp_path, text)
+    assert code == 2 and expected in err and "Traceback" not in err, err
+
+
+def test_groups_of_several_nodes_need_etcd(tmp_path: Path) -> None:
+    code, err = problems(tmp_path, f"""
+version: 1
+name: x
+entrypoint: {{script: "{EXAMPLES / 'ft_train.py'}"}}
+replica_groups: {{count: 2, nodes_per_group: 2}}
+""")
+    assert code == 2 and "need rendezvous.backend etcd" in err, err
