@@ -109,6 +109,8 @@ def test_a_killed_group_restarts_alone_on_its_node_while_the_other_node_steps(cl
     status = cluster.status()
     assert sorted(g["group"] for g in status["groups"]) == [0, 1]
     assert {n["node"]: n["group"] for n in status["nodes"]} == {survivor.name: 0, victim.name: 1}
+    text = cluster.cli("status").stdout
+    assert "group 0: running" in text and f"node {victim.name} (group 1): RUNNING" in text, text
     pid = worker_pid(victim)
     sigkill(pid)
     t_kill = time.time()

@@ -157,3 +157,18 @@ def test_replica_groups_render_for_both_clusters(tmp_path: Path) -> None:
     assert "replica_groups: {count: 4, nproc_per_node: 2, min_active: 2}" in next(iter(config["data"].values()))
     script = rendered("slurm", tmp_path, extra)
     assert "#SBATCH --nodes=1" in script
+
+
+def test_replica_groups_on_several_nodes_render_one_agent_per_node(tmp_path: Path) -> None:
+    """Groups over etcd: nodes = count x nodes_per_group agents, one per node/pod; the manifests stay schema-valid."""
+    extra = """\
+    nodes: 4
+    rendezvous: {backend: etcd, endpoints: ["etcd.example:2379"]}
+    replica_groups: {count: 2, nodes_per_group: 2, nproc_per_node: 8}
+    cluster: {kubernetes: {image: "example.com/train:1"}, gpus_per_node: 8}
+    """
+    docs = k8s_docs(tmp_path, extra)
+    [indexed] = [d for d in docs if d["kind"] == "Job"]
+    assert indexed["spec"]["completions"] == indexed["spec"]["parallelism"] == 4
+    script = rendered("slurm", tmp_path, extra)
+    assert "#SBATCH --nodes=4" in script and "#SBATCH --ntasks-per-node=1" in script

@@ -37,15 +37,19 @@ def groups_view(spec: JobSpec, node: str) -> list[dict[str, Any]]:
 
     groups = spec.replica_groups
     assert groups is not None
-    light = groups.lighthouse
-    address = light.address or f"http://127.0.0.1:{light.port or '<free port>'} (hosted)"
+    light, several = groups.lighthouse, spec.rendezvous.backend != "local"
+    host = "<the address of the node in seat 0 of group 0>" if several else "127.0.0.1"
+    address = light.address or f"http://{host}:{light.port or '<free port>'} (hosted)"
     one = dataclasses.replace(spec, nproc_per_node=groups.nproc_per_node)
-    return [
-        {"group": k, "node": f"{node}/g{k}",
-         "ranks": ranks_view(one, f"{node}/g{k}", 0, 1, Replica(k, groups.count, address).env(PORT_PLACEHOLDER),
-                             run_dir=f"<run dir>/group_{k}")}
-        for k in range(groups.count)
-    ]
+    per_group = groups.nodes_per_group if several else 1
+    views = []
+    for k in range(groups.count):
+        env = Replica(k, groups.count, address).env(PORT_PLACEHOLDER)
+        for i in range(per_group):
+            name = f"<seat {k}/{i}>" if several else f"{node}/g{k}"
+            views.append({"group": k, "node": name, "group_rank": i,
+                          "ranks": ranks_view(one, name, i, per_group, env, run_dir=f"<run dir>/group_{k}")})
+    return views
 
 
 def nodes_view(spec: JobSpec, node: str) -> list[dict[str, Any]]:

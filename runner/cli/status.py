@@ -47,15 +47,19 @@ def print_status(status: dict[str, Any]) -> None:
     """The one-shot text form: a header line, then one line per node (and its replica groups, if any)."""
     from runner.runs.status import groups_table, unhealthy_reasons
 
-    head = {k: v for k, v in status.items() if k != "nodes"}
+    head = {k: v for k, v in status.items() if k not in ("nodes", "groups")}
     print("  ".join(f"{k}={v}" for k, v in head.items()))
+    for group in status.get("groups") or []:  # replica groups on several nodes: each group's own rendezvous
+        print(f"  group {group.get('group')}: {group.get('status')} round {group.get('round')}  "
+              f"world size {group.get('world_size')}  restarts {group.get('restarts')}")
     for node in status.get("nodes", []):
         workers = ", ".join(
             f"rank {w.get('rank')} pid {w.get('pid')}"
             + (f" exit {w['exit_code']}" if w.get("exit_code") is not None else "")
             for w in node.get("workers") or []
         )
-        print(f"  node {node.get('node')}: {node.get('state')} attempt {node.get('attempt')}  [{workers}]")
+        group = f" (group {node['group']})" if node.get("group") is not None else ""
+        print(f"  node {node.get('node')}{group}: {node.get('state')} attempt {node.get('attempt')}  [{workers}]")
         for reason in unhealthy_reasons(node):  # out of the round until its health checks pass (docs/health.md)
             print(f"    unhealthy: {reason}")
         for line in groups_table(node.get("groups")):

@@ -37,5 +37,8 @@ class ValidateCommand(Command):
             where = ":".join(str(part) for part in (args.spec, problem.line, problem.column) if part is not None)
             fix = f" — {problem.fix}" if problem.fix else ""
             print(f"{where}: warning: {problem.path}: {problem.message}{fix}", file=sys.stderr)
-        print(f"{args.spec}: ok (job '{spec.name}', {spec.nodes.min}-{spec.nodes.max} node(s) x {spec.nproc_per_node})")
+        groups = spec.replica_groups
+        shape = (f"{groups.count} replica group(s) of {groups.nodes_per_group} node(s) x {groups.nproc_per_node}"
+                 if groups is not None else f"{spec.nodes.min}-{spec.nodes.max} node(s) x {spec.nproc_per_node}")
+        print(f"{args.spec}: ok (job '{spec.name}', {shape})")
         return 0

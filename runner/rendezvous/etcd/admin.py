@@ -107,7 +107,9 @@ def status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[st
             "node": name, "state": state.get("state"), "outcome": state.get("outcome"),
             "attempt": state.get("attempt"), "round": state.get("round"), "heartbeat": state.get("time"),
             "workers": state.get("workers"), "live": is_live,
-            "launch": state.get("launch"), "recovery": state.get("recovery")}
+            "launch": state.get("launch"), "recovery": state.get("recovery"),
+            # out of the round for its health checks: why (docs/health.md); absent once healthy, as published
+            **({"unhealthy": state["unhealthy"]} if state.get("unhealthy") is not None else {})}
     ctl = load(control[0].value) if control else None
     live_nodes = any(n["live"] for n in nodes.values())
     if isinstance(ctl, dict):
