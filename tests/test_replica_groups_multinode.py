@@ -188,3 +188,32 @@ entrypoint: {{script: "{EXAMPLES / 'ft_train.py'}"}}
 replica_groups: {{count: 2, nodes_per_group: 2}}
 """)
     assert code == 2 and "need rendezvous.backend etcd" in err, err
+
+
+@pytest.mark.integration
+@FT
+def test_the_lighthouse_node_lost_and_replaced_the_groups_move_to_its_new_lighthouse(cluster: Cluster) -> None:
+    """The documented failure mode: seat (0, 0)'s node (and so the hosted lighthouse) SIGKILLed. Group 1's quorum
+    times out, it restarts; the node that takes seat (0, 0) hosts a new lighthouse, group 1's next attempt uses its
+    address, and the job ends with both groups at the same step and weights."""
+    cluster.write(spec(cluster.endpoint, ', "--quorum-timeout", "5"'))
+    cluster.start("a")
+    cluster.start("b")
+    groups = both_seated(cluster, ("a", "b"))
+    host, other = groups[0], groups[1]
+    wait_for(lambda: stepping_together(log_of(other, 0)), timeout=120, what="both groups in one quorum")
+    address = json.loads((host.run_dir() / "status.json").read_text())["lighthouse"]["address"]
+    host.proc.kill()
+    host.proc.wait()
+    spare = cluster.start("c")
+    wait_for(lambda: group_of(spare) is not None, timeout=60, what="the new node to take seat (0, 0)")
+    assert group_of(spare) == 0
+    codes = {n: cluster.nodes[n].wait(240) for n in (other.name, "c")}
+    assert codes == {other.name: 0, "c": 0}, other.output()[-3000:]
+    moved = json.loads((spare.run_dir() / "status.json").read_text())["lighthouse"]["address"]
+    assert moved != address
+    assert "lighthouse_moved" in (other.run_dir() / "agent.jsonl").read_text()
+    last = max(int(p.name.split("_")[1]) for p in (other.run_dir() / "group_1").glob("attempt_*"))
+    final0, final1 = records(log_of(spare, 0), "final"), records(log_of(other, last), "final")
+    assert final0 and final1 and final0[0]["step"] == final1[0]["step"] == str(STEPS)
+    assert final0[0]["params_sha"] == final1[0]["params_sha"]
