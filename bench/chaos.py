@@ -501,6 +501,12 @@ def jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
 class Soak:
     """The whole soak: infrastructure, jobs, faults, invariants, the final table."""
 
+    # What this soak draws and reports (bench/chaos_replicas.py's soak has its own).
+    classes: tuple[str, ...] = CLASSES  # drawn by the seeded schedule
+    all_classes: tuple[str, ...] = ALL_CLASSES  # in the table (late_join is drawn per job)
+    lost_rows: dict[str, str] = LOST
+    measured: dict[str, str] = MEASURED
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.rng = random.Random(args.seed)  # replaced by each job's own (seed, job number) generator
@@ -511,10 +517,10 @@ class Soak:
         self.etcd: ChaosEtcd | None = None
         self.net: Netns | None = None
         self.disabled: dict[str, str] = {}
-        self.injected: dict[str, int] = dict.fromkeys(ALL_CLASSES, 0)
-        self.survived: dict[str, int] = dict.fromkeys(ALL_CLASSES, 0)
-        self.skipped: dict[str, int] = dict.fromkeys(ALL_CLASSES, 0)
-        self.lost: dict[str, int] = dict.fromkeys(LOST, 0)
+        self.injected: dict[str, int] = dict.fromkeys(self.all_classes, 0)
+        self.survived: dict[str, int] = dict.fromkeys(self.all_classes, 0)
+        self.skipped: dict[str, int] = dict.fromkeys(self.all_classes, 0)
+        self.lost: dict[str, int] = dict.fromkeys(self.lost_rows, 0)
         self.jobs: list[Job] = []
         self.job: Job | None = None
         self.filled = False
@@ -1396,7 +1402,7 @@ class Soak:
     def fault_step(self, job: Job, now: float) -> None:
         """Draw the next fault (class and parameters) and inject it; a class with no target right now is tried
         again each second, 4 times, then counted as skipped. The draws do not depend on the retries."""
-        enabled = [c for c in CLASSES if c not in self.disabled]
+        enabled = [c for c in self.classes if c not in self.disabled]
         if not enabled:
             self.next_fault = job.quiet_from
             return
@@ -1478,27 +1484,38 @@ class Soak:
             return 1
         return 2 if error else 0
 
+    def setting(self) -> str:
+        """The soak's setting, for the table's title."""
+        return f"{'hosted etcd' if self.args.hosted else 'external etcd'}, {self.args.nodes} nodes"
+
+    def extra_tables(self) -> list[str]:
+        """More tables printed before the jobs' outcomes (none here)."""
+        return []
+
     def print_table(self, violation: Violation | None, error: str) -> None:
         """Faults per class, survived, skipped; what was lost; the verdict."""
         rows = []
-        for cls in ALL_CLASSES:
+        for cls in self.all_classes:
             if self.disabled.get(cls):
                 rows.append([cls, "-", "-", "-", f"skipped: {self.disabled[cls]}"])
             else:
                 rows.append([cls, str(self.injected[cls]), str(self.survived[cls]), str(self.skipped[cls]), ""])
         print()
         print(f"Chaos soak, seed {self.args.seed}, {time.monotonic() - self.t0:.0f} s, {len(self.jobs)} job(s), "
-              f"{'hosted etcd' if self.args.hosted else 'external etcd'}, {self.args.nodes} nodes")
+              f"{self.setting()}")
         print(f"Machine: {machine_line()}")
         print()
         print(table(["class", "injected", "survived (invariants held)", "no target", "note"], rows))
         print()
-        print(table(["lost", "count"], [[what, str(self.lost[key])] for key, what in LOST.items()]))
+        print(table(["lost", "count"], [[what, str(self.lost[key])] for key, what in self.lost_rows.items()]))
         if self.timings:
             print()
-            rows = [[MEASURED.get(k, k), str(len(v)), f"{statistics.median(v):.2f}", f"{max(v):.2f}"]
+            rows = [[self.measured.get(k, k), str(len(v)), f"{statistics.median(v):.2f}", f"{max(v):.2f}"]
                     for k, v in sorted(self.timings.items())]
             print(table(["from the fault to", "n", "median s", "max s"], rows))
+        for extra in self.extra_tables():
+            print()
+            print(extra)
         print()
         for line in self.outcomes:
             print(f"- {line}")

@@ -74,7 +74,9 @@ async def stop_first(ctx: Context, step: Step) -> Step:
     return await on_event(ctx, stop) or step
 
 
-STOP_SETTLE_TURNS = 4  # self-pipe readable -> read -> handler scheduled -> StopRequested queued (one spare)
+# self-pipe readable -> read -> handler queues the StopRequested; a replica group's comes one turn later (the
+# supervisor forwards it); then spares. Costs a few microseconds, once per attempt's end.
+STOP_SETTLE_TURNS = 6
 
 
 async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 - one return per event kind
