@@ -4,9 +4,12 @@ to the workers; the handled set comes from shutdown.signals_to_handle."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import alive, wait_for
@@ -119,7 +122,8 @@ out, code = sys.argv[1], int(sys.argv[2])
 def on_term(signum, frame):
     sys.exit(code)  # a handler that saved and stopped (0), or one that reports an error (1)
 signal.signal(signal.SIGTERM, on_term)
-with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
+me = os.environ.get("REPLICA_GROUP_ID", os.environ["RANK"])  # one worker per group, or two ranks
+with open(os.path.join(out, f"rank{me}.json"), "w") as f:
     json.dump({"pid": os.getpid()}, f)
 while True:
     time.sleep(0.2)
@@ -135,17 +139,25 @@ def zombie_or_gone(pid: int) -> bool:
         return True
 
 
+HAS_FT = importlib.util.find_spec("torchft") is not None and (Path(sys.executable).parent / "torchft_lighthouse").exists()
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("code", [0, 1])
-def test_a_signal_that_reaches_the_workers_too_stops_the_job(job, code: int) -> None:
+@pytest.mark.parametrize(("code", "groups"), [
+    (0, False), (1, False),
+    pytest.param(0, True, marks=pytest.mark.skipif(not HAS_FT, reason="torchft is not installed (.[ft])")),
+])
+def test_a_signal_that_reaches_the_workers_too_stops_the_job(job, code: int, groups: bool) -> None:
     """SIGTERM sent to the agent and its workers at once (a Slurm step, a terminal's process group): the workers may
     exit before the agent runs its handler. Made certain here by SIGSTOPping the agent meanwhile: it then sees the
-    exits before the signal. The job is stopped (128+15), not succeeded (code 0) nor failed and restarted (code 1)."""
+    exits before the signal. The job is stopped (128+15), not succeeded (code 0) nor failed and restarted (code 1);
+    with replica groups too (the supervisor forwards the stop to each group)."""
+    shape = "replica_groups: {count: 2, nproc_per_node: 1}" if groups else "nproc_per_node: 2"
     j = job(f"""
         version: 1
         name: groupsig
         entrypoint: {{script: worker.py, args: ["${{OUT}}", "{code}"]}}
-        nproc_per_node: 2
+        {shape}
         restart: {{max_restarts: 3}}
         logs: {{dir: "${{LOGS}}"}}
         """)
@@ -165,4 +177,6 @@ def test_a_signal_that_reaches_the_workers_too_stops_the_job(job, code: int) -> 
     assert proc.returncode == 128 + signal.SIGTERM, err
     report = json.loads((j.run_dir() / "report.json").read_text())
     assert (report["outcome"], report["restarts"], report["failures"]) == ("stopped", 0, [])
-    assert [e for e in j.edges() if e[1] != "stop_requested"][-1][1] == "rendezvous_complete"
+    triggers = [e[1] for e in j.edges()]
+    assert "workers_succeeded" not in triggers and "worker_failed" not in triggers, triggers
+    assert triggers.count("stop_requested") == (2 if groups else 1), triggers
