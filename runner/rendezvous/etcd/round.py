@@ -63,7 +63,7 @@ def is_gone(state: dict[str, Any] | None) -> bool:
 
 def stays_out(state: dict[str, Any] | None) -> bool:
     """True when a node is gone, or says it stays out of rounds until its health checks pass (docs/health.md)."""
-    return is_gone(state)
+    return is_gone(state) or bool(state and state.get("unhealthy"))
 
 
 def pending(previous: Sequence[str], joined: dict[str, Any], states: dict[str, Any]) -> list[str]:
