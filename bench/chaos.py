@@ -1582,22 +1582,35 @@ def main() -> int:
     p.add_argument("--standby", action="store_true", help="restart.standby on (pre-warmed workers)")
     p.add_argument("--first-job", type=int, default=1, help="number of the first job (replays job N's schedule)")
     p.add_argument("--keep", action="store_true", help="keep every log (a failing run keeps them anyway)")
+    p.add_argument("--replica-groups", action="store_true",
+                   help="single-node replica-group jobs (2 groups, hosted TorchFT lighthouse): bench/chaos_replicas.py")
     args = p.parse_args()
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
-    if args.nodes < 2:
+    soak: type[Soak] = Soak
+    if args.replica_groups:
+        from bench.chaos_replicas import ReplicaSoak, missing_torchft
+
+        if args.hosted:
+            p.error("--replica-groups runs one node with no etcd: --hosted does not apply")
+        if why := missing_torchft():
+            print(f"chaos soak: {why}", file=sys.stderr)
+            return 2
+        soak = ReplicaSoak
+    elif args.nodes < 2:
         p.error("--nodes must be at least 2")
-    unknown = set(filter(None, args.classes.split(","))) - set(ALL_CLASSES)
+    unknown = set(filter(None, args.classes.split(","))) - set(soak.all_classes)
     if unknown:
-        p.error(f"unknown classes {sorted(unknown)}; known: {', '.join(ALL_CLASSES)}")
+        p.error(f"unknown classes {sorted(unknown)}; known: {', '.join(soak.all_classes)}")
     print(f"chaos soak: seed {args.seed}", flush=True)
 
     def stop(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, stop)
-    shutil.which("etcd") or etcd_binary()  # fails early, with the fix, when etcd is not installed
-    return Soak(args).run()
+    if soak is Soak:
+        shutil.which("etcd") or etcd_binary()  # fails early, with the fix, when etcd is not installed
+    return soak(args).run()
 
 
 if __name__ == "__main__":
