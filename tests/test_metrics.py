@@ -116,3 +116,63 @@ def test_hooks_before_start_are_no_ops() -> None:
     metrics.on_worker_exit("failed")
     metrics.stop()
     assert metrics.port is None
+
+
+GROUP_WORKER = """
+import json, os, sys, time
+out, group = sys.argv[1], os.environ["REPLICA_GROUP_ID"]
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+if group == "1" and attempt == "0":
+    sys.exit(5)  # group 1's first attempt fails: it restarts alone
+tmp = os.environ["RUNNER_HEARTBEAT_FILE"] + ".tmp"
+with open(tmp, "w") as f:
+    json.dump({"step": 40 + int(group)}, f)  # what a TorchFT script writes after each committed step
+os.replace(tmp, os.environ["RUNNER_HEARTBEAT_FILE"])
+open(os.path.join(out, "running-" + group), "w").close()
+while not os.path.exists(os.path.join(out, "release")):
+    time.sleep(0.1)
+"""
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "torchft_lighthouse").exists(),
+                    reason="torchft is not installed (pip install -e '.[ft]')")
+def test_replica_groups_export_each_groups_state_restarts_and_committed_step(tmp_path: Path) -> None:
+    """Two groups, group 1's first attempt fails: every series is labelled with its group."""
+    out, port = tmp_path / "out", free_port("127.0.0.1")
+    out.mkdir()
+    (tmp_path / "worker.py").write_text(GROUP_WORKER)
+    (tmp_path / "job.yaml").write_text(textwrap.dedent(f"""\
+        name: groupmetrics
+        entrypoint: {{script: worker.py, args: ["{out}"]}}
+        replica_groups: {{count: 2, nproc_per_node: 1}}
+        restart: {{max_restarts: 2, backoff: {{initial: 0s}}}}
+        shutdown: {{grace_period: 5s}}
+        logs: {{dir: "{tmp_path / 'logs'}", tee: false}}
+        metrics: {{enabled: true, host: 127.0.0.1, port: {port}}}
+        """))
+    proc = subprocess.Popen([sys.executable, "-m", "runner", str(tmp_path / "job.yaml")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: (out / "running-0").exists() and (out / "running-1").exists(), 120, "both groups")
+        wait_for(lambda: value(scrape(port), 'runner_group_committed_step{group="1"}') == 41.0, 60, "group 1's step")
+        text = scrape(port)
+        assert value(text, 'runner_group_committed_step{group="0"}') == 40.0
+        assert value(text, 'runner_group_state{group="0",runner_group_state="RUNNING"}') == 1.0
+        assert value(text, 'runner_group_state{group="1",runner_group_state="RUNNING"}') == 1.0
+        assert (value(text, 'runner_group_attempt{group="0"}'), value(text, 'runner_group_attempt{group="1"}')) \
+            == (0.0, 1.0)
+        assert value(text, 'runner_group_restarts_used{group="1"}') == 1.0
+        assert value(text, 'runner_group_failures_total{class="exception",group="1"}') == 1.0
+        assert value(text, 'runner_group_failures_total{class="exception",group="0"}') is None
+        assert value(text, 'runner_group_transitions_total{dst="RESTARTING",group="1",src="FAILED",trigger="retry"}') \
+            == 1.0
+        assert value(text, "runner_lighthouse_restarts") == 0.0
+        assert has_series(text, "runner_job_info", job="groupmetrics")
+        (out / "release").touch()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with pytest.raises(OSError):
+        scrape(port)

@@ -8,7 +8,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
@@ -32,7 +32,6 @@ from runner.system.shepherd import Shepherd
 if TYPE_CHECKING:
     from runner.agent.replicas import ReplicaJob
     from runner.events import Event
-    from runner.observe.metrics import AgentMetrics
     from runner.rendezvous.base import Rendezvous
 
 
@@ -153,6 +152,16 @@ async def run_replica_groups(spec: JobSpec, node: str, run_dir: Path,
         RUN_LOG.close()
 
 
+class TransitionMetrics(Protocol):
+    """What TransitionLog tells the metrics (AgentMetrics, or one replica group's view of GroupMetrics)."""
+
+    def on_transition(self, src: str, dst: str, trigger: str, attempt: int, restarts: int) -> None:
+        """One state change."""
+
+    def on_failure(self, failure_class: str) -> None:
+        """One failed attempt, once classed."""
+
+
 class TransitionLog:
     """After every state change, the one place its effects happen.
 
@@ -160,7 +169,7 @@ class TransitionLog:
     context, and the new state published (SHUTDOWN publishes once its work is done).
     """
 
-    def __init__(self, ctx: Context, sink: JsonLines, metrics: AgentMetrics | None, *,
+    def __init__(self, ctx: Context, sink: JsonLines, metrics: TransitionMetrics | None, *,
                  job_sink: JsonLines | None = None, after: Callable[[], None] | None = None) -> None:
         """`job_sink`: a replica group's transitions also go to the job's file; `after`: told of every one."""
         self.ctx, self.sink, self.metrics = ctx, sink, metrics

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from runner.agent.group_seat import GroupSeat
     from runner.config.spec import JobSpec, ReplicaGroups
     from runner.events import Event
+    from runner.observe.group_metrics import GroupMetrics
     from runner.rendezvous.base import Rendezvous
 
 LIGHTHOUSE_POLL_S = 1.0  # several nodes: how often the published lighthouse address is read
@@ -126,6 +127,7 @@ class Supervisor:
         self.addr = advertise_addr  # several nodes: where the other nodes reach this one (its lighthouse, stores)
         self.seat: GroupSeat | None = None  # several nodes (etcd): which group this node runs
         self.events: asyncio.Queue[Event] = asyncio.Queue()  # the stop signals'
+        self.metrics: GroupMetrics | None = None  # metrics.enabled
         self.groups_spec: ReplicaGroups = spec.replica_groups
         self.started = time.monotonic()
         self.groups: list[Group] = []
@@ -143,21 +145,9 @@ class Supervisor:
         hurry = asyncio.Event()
         signals.install(self.events, hurry, self.hurried, names=self.spec.shutdown.signals_to_handle)
         self.reaper.start()
-        try:
-            mine, address = await unless_stopped(self, self.take_place())
-        except Stopped:
-            assert self.stop is not None
-            signum = self.stop.signum or signal.SIGTERM
-            job.reason, job.outcome, job.exit_code = "stop requested", Outcome.STOPPED, EXIT_STOPPED_BASE + signum
+        address = await self.start(job)
+        if address is None:
             return await self.end_early(job)
-        except RunnerError as e:
-            job.reason, job.outcome, job.exit_code = e.message, Outcome.ERROR, EXIT_INFRA
-            job.fix = e.fix
-        if job.outcome is Outcome.ERROR:
-            self.log.error("replica_start_failed", error=job.reason, fix=job.fix)
-            return await self.end_early(job)
-        self.groups = [self.make_group(k, address) for k in mine]
-        job.groups = self.groups
         side = [asyncio.ensure_future(self.forward_stops(self.events)), asyncio.ensure_future(self.watch_steps()),
                 asyncio.ensure_future(self.publish_loop())]
         if self.seat is not None and not self.seat.hosts_lighthouse and self.groups_spec.lighthouse.hosted:
@@ -178,12 +168,44 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*side, *tasks, return_exceptions=True)
             await self.leave()
+            if self.metrics is not None:
+                self.metrics.stop()
             self.job_transitions.close()
             self.reaper.close()
         self.settle(job)
         await self.publish()
         job.report_path = self.write_report(job)
         return job
+
+    async def start(self, job: ReplicaJob) -> str | None:
+        """Take this node's place (its groups, the lighthouse), make the groups, serve the metrics.
+
+        The lighthouse's address; None when the job ends before any group starts (`job` then says why).
+        """
+        try:
+            mine, address = await unless_stopped(self, self.take_place())
+            self.groups = job.groups = [self.make_group(k, address) for k in mine]
+            self.start_metrics(mine)
+        except Stopped:
+            assert self.stop is not None
+            signum = self.stop.signum or signal.SIGTERM
+            job.reason, job.outcome, job.exit_code = "stop requested", Outcome.STOPPED, EXIT_STOPPED_BASE + signum
+            return None
+        except RunnerError as e:
+            job.reason, job.outcome, job.exit_code, job.fix = e.message, Outcome.ERROR, EXIT_INFRA, e.fix
+        if job.outcome is Outcome.ERROR:
+            self.log.error("replica_start_failed", error=job.reason, fix=job.fix)
+            return None
+        return address
+
+    def start_metrics(self, groups: list[int]) -> None:
+        """metrics.enabled: one endpoint for the groups this node runs (every series labelled with its group)."""
+        if not self.spec.metrics.enabled:
+            return
+        from runner.observe.group_metrics import GroupMetrics
+
+        self.metrics = GroupMetrics(self.spec, self.node, groups)
+        self.metrics.start(lambda: self.lighthouse.restarts if self.lighthouse is not None else 0)
 
     async def take_place(self) -> tuple[list[int], str]:
         """The groups this node runs and the lighthouse's address.
@@ -305,7 +327,8 @@ class Supervisor:
     async def drive(self, group: Group) -> None:
         """Run one group's machine to SHUTDOWN; its transitions go to its own file and to the job's."""
         sink = JsonLines(group.ctx.inputs.run_dir / "transitions.jsonl")
-        on_transition = TransitionLog(group.ctx, sink, None, job_sink=self.job_transitions,
+        metrics = self.metrics.group(group.index) if self.metrics is not None else None
+        on_transition = TransitionLog(group.ctx, sink, metrics, job_sink=self.job_transitions,
                                       after=self._publish_due.set)
         try:
             await drive(group.model, HANDLERS, group.ctx, on_transition, settle)
@@ -379,6 +402,8 @@ class Supervisor:
         step = read_step(g.ctx)
         if step is not None and step != g.step:
             g.step = step
+            if self.metrics is not None:
+                self.metrics.on_step(g.index, step)
             g.steps.append((round(time.time(), 3), step))
             if len(g.steps) > MAX_STEP_SAMPLES:
                 del g.steps[1::2]  # keep the timeline's shape at half the resolution
