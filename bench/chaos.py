@@ -2,6 +2,10 @@
 
     python bench/chaos.py --seed N --duration SECONDS [--hosted] [--nodes K] [--failure-every S]
                           [--steps N] [--job-window S] [--classes a,b,...] [--standby] [--first-job N] [--keep]
+    python bench/chaos.py --replica-groups --seed N --duration SECONDS [...]
+
+--replica-groups soaks single-node replica-group jobs (2 TorchFT groups, the hosted lighthouse) instead, with faults
+and invariants of their own: bench/chaos_replicas.py.
 
 Every job of the soak: K agents (`python -m runner run job.yaml --node nK`, each in its own session and folder, as
 the bench/ multinode benchmarks start them) on this machine, elastic `nodes: "2:K"`, one gloo DDP worker each

@@ -174,9 +174,9 @@ class ReplicaSoak(Soak):
         super().__init__(args)
         self.downs: dict[int, list[Down]] = {}  # job index -> its groups' kills and hangs
         self.hits: dict[int, list[Hit]] = {}  # job index -> faults that hold a group back
-        self.lh_kills: dict[int, int] = {}  # agent pid -> lighthouse kills
-        self.lighthouses: dict[int, set[Proc]] = {}  # agent pid -> every lighthouse process seen under it
-        self.lh_seen: dict[int, float] = {}  # agent pid -> monotonic time its lighthouse was last seen running
+        self.lh_kills: dict[Proc, int] = {}  # agent -> lighthouse kills
+        self.lighthouses: dict[Proc, set[Proc]] = {}  # agent -> every lighthouse process seen under it
+        self.lh_seen: dict[Proc, float] = {}  # agent -> monotonic time its lighthouse was last seen running
         self.lh_ports: dict[int, set[int]] = {}  # job index -> the lighthouses' ports
         self.survivor: dict[str, int] = {"held": 0}  # survivor_advanced: held, or why it did not apply
 
@@ -291,12 +291,12 @@ class ReplicaSoak(Soak):
         now = time.monotonic()
         lh = self.lighthouse(a)
         if lh is not None:
-            self.lh_seen[a.proc.pid] = now
-            self.lighthouses.setdefault(a.proc.pid, set()).add(lh)
+            self.lh_seen[a.me] = now
+            self.lighthouses.setdefault(a.me, set()).add(lh)
             if port := bind_port(argv_of(lh.pid)):
                 self.lh_ports[job.index].add(port)
             return
-        seen = self.lh_seen.get(a.proc.pid)
+        seen = self.lh_seen.get(a.me)
         if seen is None or a.fate or a.proc.poll() is not None or now - seen <= LIGHTHOUSE_BOUND_S:
             return
         ended = {t.get("group") for t in console_transitions(a) if t.get("dst") == "SHUTDOWN"}
@@ -366,7 +366,7 @@ class ReplicaSoak(Soak):
 
     def fault_kill_lighthouse(self, job: Job, u: list[float]) -> bool:
         cands = [(a, lh) for a in self.targets(job)
-                 if self.lh_kills.get(a.proc.pid, 0) < LIGHTHOUSE_KILLS and (lh := self.lighthouse(a))]
+                 if self.lh_kills.get(a.me, 0) < LIGHTHOUSE_KILLS and (lh := self.lighthouse(a))]
         if not cands:
             return False
         agent, lh = self.pick(cands, u[0])
@@ -379,10 +379,10 @@ class ReplicaSoak(Soak):
 
         if not signal_proven(lh, signal.SIGKILL, proof):
             return False
-        self.lh_kills[agent.proc.pid] = self.lh_kills.get(agent.proc.pid, 0) + 1
+        self.lh_kills[agent.me] = self.lh_kills.get(agent.me, 0) + 1
         self.hits[job.index].append(Hit(agent, None, time.time()))
         self.record(job, "kill_lighthouse", agent.label, f"SIGKILL pid {lh.pid} (port {port}; its agent starts it "
-                    f"again; kill {self.lh_kills[agent.proc.pid]} of this run)")
+                    f"again; kill {self.lh_kills[agent.me]} of this run)")
 
         def back() -> bool | None:
             if agent.proc.poll() is not None or agent.fate:
@@ -480,7 +480,7 @@ class ReplicaSoak(Soak):
                    for f in job.faults)
         for k, g in groups.items():
             self.check_group(job, a, k, g, starts, lines.get(k, []), where, warned=warned, full=full)
-        kills = self.lh_kills.get(a.proc.pid, 0)
+        kills = self.lh_kills.get(a.me, 0)
         light = (report.get("replica_groups") or {}).get("lighthouse") or {}
         if int(light.get("restarts", 0)) < kills:
             raise Violation("lighthouse_restarted", f"{where}: the soak killed its lighthouse {kills} time(s); "
@@ -566,7 +566,7 @@ class ReplicaSoak(Soak):
         if left:
             raise Violation("nothing_survives", f"{len(left)} process(es) of job {job.index} outlived it by "
                             f"{GONE_BOUND_S:g} s: " + "; ".join(d for _, d in left))
-        alive = [describe(p) for a in job.agents for p in self.lighthouses.get(a.proc.pid, ()) if running(p)]
+        alive = [describe(p) for a in job.agents for p in self.lighthouses.get(a.me, ()) if running(p)]
         if alive:
             raise Violation("nothing_survives", f"lighthouse(s) of job {job.index} outlived it: " + "; ".join(alive))
         if ports := sorted(p for p in self.lh_ports[job.index] if port_listening(p)):
