@@ -73,6 +73,20 @@ def fill(folder: Path) -> None:
         os.close(fd)
 
 
+def top_up(path: Path) -> None:
+    """Append to `path` (on a full disk) until even its last page is full: the next write to it fails."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for _ in range(65536):
+            os.write(fd, b"\n")
+    except OSError as e:
+        assert e.errno == 28, e
+    else:
+        raise AssertionError(f"{path}: 64 KiB more fit on a full disk")
+    finally:
+        os.close(fd)
+
+
 def fill_inodes(folder: Path) -> None:
     """Create empty files in `folder` until no inode is left: no folder can be made there either."""
     for i in range(100000):
@@ -179,3 +193,48 @@ def test_a_read_only_logs_dir_is_refused_before_any_worker_starts(job, tmpfs, tm
     assert done.returncode == 2, done.stderr
     assert "logs.dir" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "runner-logs").exists() and not (state / "runner" / "runs.jsonl").exists()
+
+
+@pytest.mark.skipif(not os.access(Path(sys.executable).parent / "torchft_lighthouse", os.X_OK),
+                    reason="torchft_lighthouse is not installed (pip install 'runner[ft]')")
+def test_a_full_logs_disk_does_not_kill_the_hosted_lighthouse(tmpfs, tmp_path: Path) -> None:
+    """Replica groups with logs.dir on a tmpfs filled during the run, then the lighthouse SIGKILLed: its restart
+    prints to a pipe the agent drains (fail soft), not to the full disk, so it starts and the job succeeds. Before,
+    torchft_lighthouse exited 120 on its first failed write and the agent gave up on it."""
+    import signal
+    import time
+
+    from conftest import wait_for
+    from test_replica_groups import WORKER
+
+    logs = tmpfs("logs", size="1m")
+    j = Job(tmp_path / "job", f"""
+        version: 1
+        name: fulllight
+        entrypoint: {{script: "{WORKER}", args: ["--out", "${{OUT}}", "--steps", "80", "--step-s", "0.1"]}}
+        replica_groups: {{count: 2, nproc_per_node: 1}}
+        restart: {{max_restarts: 2, backoff: {{initial: 0s}}}}
+        shutdown: {{grace_period: 5s}}
+        logs: {{dir: "{logs}"}}
+        """)
+    j.logs = logs  # where run_dir() looks
+    j.start()
+
+    def lighthouse() -> dict[str, int]:
+        try:
+            return dict(json.loads((j.run_dir() / "status.json").read_text()).get("lighthouse", {}))
+        except (OSError, ValueError, AssertionError):
+            return {}
+
+    wait_for(lambda: lighthouse().get("pid"), what="the hosted lighthouse")
+    first = lighthouse()["pid"]
+    assert "torchft_lighthouse" in Path(f"/proc/{first}/cmdline").read_text()  # ours, before the kill
+    fill(logs)
+    top_up(j.run_dir() / "lighthouse.log")  # its last page's slack too: any write of the lighthouse's now fails
+    fd = os.pidfd_open(first)
+    signal.pidfd_send_signal(fd, signal.SIGKILL)
+    os.close(fd)
+    time.sleep(0.5)  # the status file cannot be rewritten on the full disk: the agent's own word is the summary
+    _, err = j.proc.communicate(timeout=120)
+    assert j.proc.returncode == 0, err[-3000:]
+    assert "lighthouse_gone" not in err and "lighthouse_restarting" in err, err[-3000:]

@@ -19,19 +19,24 @@ from typing import TYPE_CHECKING
 
 from runner.errors import RunnerError
 from runner.rendezvous.ports import free_port
-from runner.system import procs, soft_io
+from runner.system import procs
 from runner.system.environ import helper_env
+from runner.system.output_pump import OutputPump
 from runner.system.served import describe_exit, exited, last_line, listens, log_tail
 from runner.system.shepherd import Shepherd
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from structlog.typing import FilteringBoundLogger
 
     from runner.config.spec import Lighthouse
 
 HOST = "127.0.0.1"
 ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - several nodes: the groups on other nodes reach it
-MAX_RESTARTS = 5
+MAX_RESTARTS = 20  # in all, over the job
+MAX_FAILED_STARTS = 5  # in a row
+RETRY_S = 0.5
 START_TIMEOUT_S = 15.0
 POLL_S = 0.02
 STOP_GRACE_S = 2.0
@@ -62,6 +67,8 @@ class HostedLighthouse:
         self._log = log
         self._guard = Shepherd(agent=False, cgroup=False, log=log)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._pump: OutputPump | None = None
+        self.on_gone: Callable[[str], None] | None = None  # told once it stopped restarting it, with why
         self._fd: int | None = None
         self._stopping = asyncio.Event()
         self._supervisor: asyncio.Task[None] | None = None
@@ -82,20 +89,22 @@ class HostedLighthouse:
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise(), name="lighthouse")
 
     def _popen(self) -> subprocess.Popen[bytes]:
-        """Start it (its own session, output to lighthouse.log, no secret of the agent's) under the guard."""
+        """Start it (its own session, no secret of the agent's) under the guard.
+
+        Its output goes through a pipe the agent copies into lighthouse.log (runner/system/output_pump.py): writing
+        the file itself, it would die of a full logs disk (torchft_lighthouse exits 120 when a write fails).
+        """
+        if self._pump is not None:
+            self._pump.close()
+        pump = self._pump = OutputPump(self.log_path, "lighthouse_log_write_failed")
         try:
-            out = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as e:  # a full or read-only logs disk: the lighthouse runs all the same, unlogged
-            soft_io.warn_once("lighthouse_log_unwritable", self.log_path, e)
-            out = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            proc = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                    env=helper_env(os.environ), start_new_session=True)
+            proc = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL, stdout=pump.write_fd,
+                                    stderr=subprocess.STDOUT, env=helper_env(os.environ), start_new_session=True)
         except OSError as exc:
+            pump.close()
             raise LighthouseError(f"cannot start the hosted lighthouse ({self._argv[0]}): {exc}",
                                   fix="pip install 'runner[ft]'; or set replica_groups.lighthouse.address") from exc
-        finally:
-            os.close(out)
+        pump.start()
         self._fd = os.pidfd_open(proc.pid)
         self._guard.watch(proc.pid)  # from now on it dies with this agent, however the agent ends
         return proc
@@ -117,22 +126,43 @@ class HostedLighthouse:
             await asyncio.sleep(POLL_S)
 
     async def _supervise(self) -> None:
-        """While the job runs: start it again when it dies, on the same port (its quorum state starts afresh)."""
+        """While the job runs: start it again when it dies, on the same port (its quorum state starts afresh).
+
+        A start that fails is tried again (after RETRY_S x the failures in a row); MAX_RESTARTS restarts in all, or
+        MAX_FAILED_STARTS failed starts in a row, and it is gone: `on_gone` says why (the groups cannot step).
+        """
         while self._fd is not None and not self._stopping.is_set():
             await self._exited()
             if self._stopping.is_set():
                 return
-            code = self._reap()
-            if self.restarts >= MAX_RESTARTS:
-                self._log.error("lighthouse_gone", exit=describe_exit(code), restarts=self.restarts)
+            why = describe_exit(self._reap())
+            failed = 0
+            while failed < MAX_FAILED_STARTS and self.restarts < MAX_RESTARTS:
+                self.restarts += 1
+                self._log.warning("lighthouse_restarting", exit=why, restart=self.restarts)
+                try:
+                    await self._spawn()
+                    break
+                except LighthouseError as exc:
+                    self._discard()  # one that did not listen in time
+                    failed += 1
+                    why = exc.message
+                    await asyncio.sleep(RETRY_S * failed)
+            else:
+                self._gone(f"the hosted lighthouse is gone after {self.restarts} restart(s): {why}")
                 return
-            self.restarts += 1
-            self._log.warning("lighthouse_restarting", exit=describe_exit(code), restart=self.restarts)
-            try:
-                await self._spawn()
-            except LighthouseError as exc:
-                self._log.error("lighthouse_gone", error=exc.message)
-                return
+
+    def _discard(self) -> None:
+        """SIGKILL (through its pidfd) and reap the process of a failed start, if it still runs."""
+        if self._fd is not None and self._proc is not None:
+            procs.send(self._fd, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                self._reap()
+
+    def _gone(self, reason: str) -> None:
+        self._log.error("lighthouse_gone", reason=reason, log=str(self.log_path))
+        if self.on_gone is not None:
+            self.on_gone(reason)
 
     async def _exited(self) -> None:
         assert self._fd is not None
@@ -163,6 +193,8 @@ class HostedLighthouse:
                 procs.send(self._fd, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 self._reap()
+        if self._pump is not None:
+            self._pump.close()
         self._guard.close()
 
     def log_tail(self) -> str:

@@ -134,6 +134,7 @@ class Supervisor:
         self.lighthouse: HostedLighthouse | None = None
         self.stop: StopRequested | None = None
         self.left_reason = ""  # why the supervisor stopped the groups still running (too few could go on)
+        self.fatal = ""  # why the job cannot go on at all (the hosted lighthouse is gone)
         self.outcome: Outcome | None = None  # the job's, once settled
         self.job_transitions = JsonLines(run_dir / "transitions.jsonl")
         self.reaper = Shepherd()  # the agent's: child subreaper from the start, kills what is left at the very end
@@ -241,6 +242,7 @@ class Supervisor:
                                   fix="pip install 'runner[ft]'")
         self.lighthouse = HostedLighthouse(program, light, self.groups_spec.min_active, self.run_dir, self.log,
                                            advertise=advertise)
+        self.lighthouse.on_gone = self.lighthouse_gone
         await self.lighthouse.start()
         return self.lighthouse.address
 
@@ -356,6 +358,12 @@ class Supervisor:
                 for g in self.groups:
                     g.ctx.events.put_nowait(event)
 
+    def lighthouse_gone(self, reason: str) -> None:
+        """The hosted lighthouse could not be restarted: no group can step any more, so every group stops (exit 3)."""
+        self.fatal = reason
+        for g in self.groups:
+            g.ctx.events.put_nowait(StopRequested(signum=signal.SIGTERM, graceful=False))
+
     def enforce_minimum(self) -> None:
         """When fewer than min_active groups can still take part in a step, stop the others: none could go on."""
         live = [g for g in self.groups if g.model.state is not JobState.SHUTDOWN]
@@ -373,7 +381,10 @@ class Supervisor:
     def settle(self, job: ReplicaJob) -> None:
         """The job's outcome from the groups': it succeeds when at least min_active groups finished."""
         done = [g for g in self.groups if g.ctx.outcome is Outcome.SUCCEEDED]
-        if self.stop is not None and not self.stop.graceful:
+        if self.fatal and len(done) < len(self.groups):
+            job.outcome, job.exit_code, job.reason = Outcome.ERROR, EXIT_INFRA, self.fatal
+            job.fix = f"see {self.run_dir / 'lighthouse.log'}"
+        elif self.stop is not None and not self.stop.graceful:
             job.outcome, job.exit_code = Outcome.STOPPED, EXIT_STOPPED_BASE + (self.stop.signum or signal.SIGTERM)
             job.reason = f"stop requested (signal {self.stop.signum})"
         elif len(done) >= self.groups_spec.min_active:
