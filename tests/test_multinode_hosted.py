@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,6 +233,31 @@ def test_sigkill_of_the_hosting_agent_takes_its_etcd_along(cluster: Cluster) -> 
     report = b.report()
     assert report["outcome"] == "stopped"
     assert "rendezvous_close_failed" in report["warnings"], report
+
+
+def test_the_host_waits_for_a_node_of_the_last_round_cut_off_when_the_job_ended(cluster: Cluster) -> None:
+    """b's agent is cut off (SIGSTOP: as a network partition, its lease lapses) while the job ends on a: a's etcd
+    stays up for b (a member of the last round with no final state), so b, back, learns that the job closed
+    instead of failing for want of a rendezvous (found by the hosted chaos soak, seed 1, job 2)."""
+    args = probe_args(cluster.out, "--sleep", "3", "--fail-rank", "1", "--fail-attempts", "1", "--fail-after", "5")
+    cluster.write(hosted_spec(port_of(cluster), args=args).replace("lease_ttl: 2s", "lease_ttl: 4s"))
+    a, event = start_host(cluster)
+    b = cluster.start("b")
+    wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: "hosted_etcd_waiting_for_nodes" in a.output(), timeout=30, what="a waiting for b")
+        time.sleep(6)  # b's lease has lapsed now (4 s): only the last round's roster still names it
+        assert a.proc.poll() is None, a.output()
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+    assert a.wait(60) == 0, a.output()
+    assert a.report()["outcome"] == "succeeded"
+    b.wait(60)
+    assert "restart budget is unreachable" not in b.output(), b.output()[-3000:]
+    assert "closed" in b.output(), b.output()[-3000:]
+    assert "hosted_etcd_nodes_left" in a.output()
+    assert_etcd_gone(event, port_of(cluster))
 
 
 # --- the pieces: rule, binary, port taken, guard -------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,11 +29,11 @@ from runner.observe.logs import RUN_LOG
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.admin import write_control
 from runner.rendezvous.etcd.backend import EtcdRendezvous
-from runner.rendezvous.etcd.client import Endpoint, prefix_range
+from runner.rendezvous.etcd.client import Connection, Endpoint, EtcdSession, key_range, prefix_range
 from runner.rendezvous.etcd.connect import new_session
 from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, url_host, wait_for_host
 from runner.rendezvous.etcd.hosted_server import HostedEtcd
-from runner.rendezvous.etcd.keys import JobKeys
+from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.etcd.lease_revoke import LeaseListener
 
 if TYPE_CHECKING:
@@ -141,7 +142,12 @@ class HostedRendezvous:
             self._log.info("hosted_node_stopped_job", detail="the other nodes are asked to stop")
 
     async def _linger(self) -> None:
-        """Wait until no other node is live, at most grace_period + lease_ttl + connect_timeout; never raises."""
+        """Wait until no other node is live nor owes its end, at most grace_period + lease_ttl + connect_timeout.
+
+        A node owes its end when it was in the last round and has written no final state: cut off by a network
+        partition, its lease may have lapsed while its agent still runs; once back, it must find the etcd to learn
+        that the job closed (else it would fail for want of a rendezvous). Never raises.
+        """
         spec, rdzv = self._spec, self._spec.rendezvous
         limit = spec.shutdown.grace_period + rdzv.lease_ttl + rdzv.connect_timeout
         keys = JobKeys(rdzv.prefix, spec.name)
@@ -151,15 +157,18 @@ class HostedRendezvous:
             async with asyncio.timeout(limit):
                 await session.connect()
                 while True:
-                    _, (kvs,) = await session.call(lambda c: c.snapshot([prefix_range(keys.states)]))
-                    live = sorted(n for n in (JobKeys.leaf(kv.key) for kv in kvs) if n != self._node)
+                    _, (kvs, finals, rnd) = await session.call(lambda c: c.snapshot(
+                        [prefix_range(keys.states), prefix_range(keys.finals), key_range(keys.round)]))
+                    ended = {JobKeys.leaf(kv.key) for kv in finals} | {self._node}
+                    members = await last_round_members(session, keys, int(rnd[0].value) if rnd else 0)
+                    live = sorted({JobKeys.leaf(kv.key) for kv in kvs} - {self._node} | (members - ended))
                     if not live:
                         break
                     if not said:
                         self._log.info("hosted_etcd_waiting_for_nodes", nodes=live, at_most_s=round(limit, 1))
                         said = True
                     await asyncio.sleep(LINGER_POLL_S)
-        except (RendezvousError, TimeoutError) as exc:
+        except (RendezvousError, TimeoutError, ValueError) as exc:
             self._log.warning("hosted_etcd_stopping_with_live_nodes", nodes=live, waited_s=round(
                 time.monotonic() - started, 1), error=str(exc) or f"still live after {limit:g} s")
         else:
@@ -167,3 +176,16 @@ class HostedRendezvous:
                 self._log.info("hosted_etcd_nodes_left", waited_s=round(time.monotonic() - started, 1))
         finally:
             await session.close()
+
+
+async def last_round_members(session: EtcdSession, keys: JobKeys, current: int) -> set[str]:
+    """The nodes of the last round that has a result (the current one, or the one before), empty if none has."""
+    for candidate in (current, current - 1):
+        if candidate < 0:
+            continue
+        raw = await session.call(partial(Connection.get, key=keys.result(candidate)))
+        record = load(raw.value) if raw is not None else None
+        if isinstance(record, dict):
+            nodes = record.get("nodes")
+            return {str(n) for n in nodes} if isinstance(nodes, list) else set()
+    return set()
