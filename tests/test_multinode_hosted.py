@@ -237,7 +237,7 @@ def test_sigkill_of_the_hosting_agent_takes_its_etcd_along(cluster: Cluster) -> 
 
 def test_the_host_waits_for_a_node_of_the_last_round_cut_off_when_the_job_ended(cluster: Cluster) -> None:
     """b's agent is cut off (SIGSTOP: as a network partition, its lease lapses) while the job ends on a: a's etcd
-    stays up for b (a member of the last round with no final state), so b, back, learns that the job closed
+    stays up for b (a round included it and it wrote no final state), so b, back, learns that the job closed
     instead of failing for want of a rendezvous (found by the hosted chaos soak, seed 1, job 2)."""
     args = probe_args(cluster.out, "--sleep", "3", "--fail-rank", "1", "--fail-attempts", "1", "--fail-after", "5")
     cluster.write(hosted_spec(port_of(cluster), args=args).replace("lease_ttl: 2s", "lease_ttl: 4s"))
@@ -247,7 +247,7 @@ def test_the_host_waits_for_a_node_of_the_last_round_cut_off_when_the_job_ended(
     b.proc.send_signal(signal.SIGSTOP)
     try:
         wait_for(lambda: "hosted_etcd_waiting_for_nodes" in a.output(), timeout=30, what="a waiting for b")
-        time.sleep(6)  # b's lease has lapsed now (4 s): only the last round's roster still names it
+        time.sleep(6)  # b's lease has lapsed now (4 s): only the rounds' results still name it
         assert a.proc.poll() is None, a.output()
     finally:
         b.proc.send_signal(signal.SIGCONT)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +28,7 @@ from runner.observe.logs import RUN_LOG
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.admin import write_control
 from runner.rendezvous.etcd.backend import EtcdRendezvous
-from runner.rendezvous.etcd.client import Connection, Endpoint, EtcdSession, key_range, prefix_range
+from runner.rendezvous.etcd.client import Endpoint, EtcdSession, prefix_range
 from runner.rendezvous.etcd.connect import new_session
 from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, url_host, wait_for_host
 from runner.rendezvous.etcd.hosted_server import HostedEtcd
@@ -144,9 +143,10 @@ class HostedRendezvous:
     async def _linger(self) -> None:
         """Wait until no other node is live nor owes its end, at most grace_period + lease_ttl + connect_timeout.
 
-        A node owes its end when it was in the last round and has written no final state: cut off by a network
-        partition, its lease may have lapsed while its agent still runs; once back, it must find the etcd to learn
-        that the job closed (else it would fail for want of a rendezvous). Never raises.
+        A node owes its end when a round included it and it has written no final state: cut off by a network
+        partition, its lease may have lapsed (and the others gone on without it) while its agent still runs; once
+        back, it must find the etcd to learn that the job closed (else it would fail for want of a rendezvous).
+        Never raises.
         """
         spec, rdzv = self._spec, self._spec.rendezvous
         limit = spec.shutdown.grace_period + rdzv.lease_ttl + rdzv.connect_timeout
@@ -156,11 +156,11 @@ class HostedRendezvous:
         try:
             async with asyncio.timeout(limit):
                 await session.connect()
+                members = await round_members(session, keys)
                 while True:
-                    _, (kvs, finals, rnd) = await session.call(lambda c: c.snapshot(
-                        [prefix_range(keys.states), prefix_range(keys.finals), key_range(keys.round)]))
+                    _, (kvs, finals) = await session.call(lambda c: c.snapshot(
+                        [prefix_range(keys.states), prefix_range(keys.finals)]))
                     ended = {JobKeys.leaf(kv.key) for kv in finals} | {self._node}
-                    members = await last_round_members(session, keys, int(rnd[0].value) if rnd else 0)
                     live = sorted({JobKeys.leaf(kv.key) for kv in kvs} - {self._node} | (members - ended))
                     if not live:
                         break
@@ -178,14 +178,15 @@ class HostedRendezvous:
             await session.close()
 
 
-async def last_round_members(session: EtcdSession, keys: JobKeys, current: int) -> set[str]:
-    """The nodes of the last round that has a result (the current one, or the one before), empty if none has."""
-    for candidate in (current, current - 1):
-        if candidate < 0:
+async def round_members(session: EtcdSession, keys: JobKeys) -> set[str]:
+    """Every node that any round of the job included (the rounds' results; join records vanish with leases)."""
+    _, (kvs,) = await session.call(lambda c: c.snapshot([prefix_range(keys.rounds)]))
+    members: set[str] = set()
+    for kv in kvs:
+        if not bytes(kv.key).endswith(b"/result"):
             continue
-        raw = await session.call(partial(Connection.get, key=keys.result(candidate)))
-        record = load(raw.value) if raw is not None else None
-        if isinstance(record, dict):
-            nodes = record.get("nodes")
-            return {str(n) for n in nodes} if isinstance(nodes, list) else set()
-    return set()
+        record = load(kv.value)
+        nodes = record.get("nodes") if isinstance(record, dict) else None
+        if isinstance(nodes, list):
+            members.update(str(n) for n in nodes)
+    return members

@@ -90,6 +90,11 @@ class JobKeys:
         """Marker: the failure of round `round_` has been charged."""
         return self._k("restarts", round_)
 
+    @property
+    def rounds(self) -> bytes:
+        """Prefix of every round's keys (join records, tickets, results)."""
+        return self._k("rounds", "")
+
     def round_nodes(self, round_: int) -> bytes:
         """Prefix of the join records of round `round_`."""
         return self._k("rounds", round_, "nodes", "")
