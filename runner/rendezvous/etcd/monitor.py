@@ -146,7 +146,11 @@ class RoundMonitor:
     async def _on_watched(self, node: str, state: Any) -> bool:
         """The watched member's live state changed (None: it vanished); True when it ended cleanly (moved on)."""
         if state is None:
-            return await self._gone(node, self._state)
+            last = self._state
+            if last.get("outcome") != "succeeded":  # its last update may not have reached this watch (a resumed
+                final = await self._ended(node)  # one): a member writes its final state before it lets go
+                last = final if final and final.get("outcome") == "succeeded" else last
+            return await self._gone(node, last)
         if isinstance(state, dict):
             self._state = state
             if state.get("state") == "FAILED" and state.get("round") == self._res.round:
