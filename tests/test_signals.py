@@ -61,7 +61,11 @@ def test_unhandled_signal_kills_the_agent_and_the_guard_cleans_up(job) -> None:
     """With signals_to_handle: [SIGTERM], SIGHUP ends the agent by its default action; the guard then kills every
     worker and the workers' setsid() grandchildren."""
     j = escape_job(job, ", signals_to_handle: [SIGTERM]")
-    proc = j.start()
+    inherited = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # under nohup the agent would inherit SIG_IGN
+    try:
+        proc = j.start()
+    finally:
+        signal.signal(signal.SIGHUP, inherited)
     wait_for(lambda: all((j.out / f"rank{r}.json").exists() for r in (0, 1)), what="workers to start")
     proc.send_signal(signal.SIGHUP)
     proc.communicate(timeout=120)
