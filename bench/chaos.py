@@ -1043,8 +1043,9 @@ class Soak:
             self.at(job, down, "hosted etcd SIGCONT", lambda: signal_proven(etcd, signal.SIGCONT, proof))
             return True
         data = argv[argv.index("--data-dir") + 1] if "--data-dir" in argv else ""
-        if self.hosted_kills.get(host.proc.pid, 0) >= HOSTED_ETCD_KILLS or (
-                cls == "etcd_wipe" and not data.startswith(str(job.logs))):
+        # Wipe only a data dir proven the job's: the hosted etcd keeps it in the job's TMPDIR (runner-etcd-*/data).
+        ours = data and Path(data).parent.name.startswith("runner-etcd-") and Path(data).is_relative_to(job.tmp)
+        if self.hosted_kills.get(host.proc.pid, 0) >= HOSTED_ETCD_KILLS or (cls == "etcd_wipe" and not ours):
             return False
         if cls == "etcd_wipe":
             shutil.rmtree(data, ignore_errors=True)
