@@ -157,6 +157,30 @@ def test_a_peer_that_saw_a_reported_failure_lets_the_failing_node_charge_it(etcd
     asyncio.run(body())
 
 
+@pytest.mark.integration
+def test_a_failure_caused_by_a_peers_membership_restart_is_not_charged(etcd: EtcdServer) -> None:
+    """Node b stops its workers for a node waiting to join, after claiming the round (uncharged); node a's worker
+    fails on the broken collective before a's own watch sees the waiting node: a's charge finds b's claim, and
+    neither the job's count nor the class's moves (CI once saw a late node cost the elastic example a restart)."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint)
+        nodes = await open_nodes(spec, ["a", "b"])
+        try:
+            await rounds(nodes)
+            assert await nodes[1].rdzv.charge_restart(5, charged=False) == 0  # b: the membership change's claim
+            assert await nodes[0].rdzv.charge_restart(5, "exception", None) == 0  # a: its worker's failure
+            keys = JobKeys(spec.rendezvous.prefix, spec.name)
+            session = nodes[0].rdzv.session
+            assert await session.call(lambda c: c.get(keys.restarts)) is None
+            assert await session.call(lambda c: c.get(keys.restarts + b"/exception")) is None
+            await rounds(nodes, attempt=1)  # the next round's failure is charged as usual
+            assert await nodes[0].rdzv.charge_restart(5, "exception", None) == 1
+        finally:
+            await close_all(nodes)
+
+    asyncio.run(body())
+
+
 # --- restart.budgets and restart.crash_loop in the spec ---
 
 LIMITS = st.one_of(st.none(), st.integers(0, 1000))

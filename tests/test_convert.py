@@ -172,6 +172,41 @@ def test_arguments_come_back_as_typed(args: list[str]) -> None:
     assert spec.entrypoint.args == tuple(args)
 
 
+@given(st.lists(st.text(st.characters(blacklist_characters="\x00"), max_size=12), max_size=5))
+@settings(max_examples=300, deadline=None)
+def test_any_character_in_the_command_loads_back_or_is_refused(args: list[str]) -> None:
+    """Every character a command line can hold (a byte order mark, U+0085, U+2028, controls, in the arguments and
+    in the comment that echoes the command): the spec loads back with the arguments exactly as typed, or, only
+    for bytes that were not UTF-8 (lone surrogates in Python), runner convert refuses it and names the field."""
+    undecodable = any("\ud800" <= c <= "\udfff" for a in args for c in a)
+    try:
+        text = to_yaml(["torchrun", "t.py", *args])
+    except ConvertError as e:
+        assert undecodable and "not UTF-8" in str(e) and "entrypoint.args[" in str(e), e
+        return
+    assert not undecodable
+    assert load_spec_text(text, base_dir="/w", environ={}).entrypoint.args == tuple(args)
+
+
+def test_the_command_echoed_in_the_comment_keeps_to_one_line() -> None:
+    """The comment that echoes the command escapes line breaks YAML knows (\\n, \\r, U+0085, U+2028) and a byte
+    order mark: the spec's first two lines are the comment, and it loads."""
+    text = to_yaml(["torchrun", "t.py", "a\nb", "c\rd", "e\x85f", "g\u2028h", "\ufeff"])
+    lines = text.splitlines()
+    assert lines[1].startswith("#   torchrun t.py") and lines[2].startswith("version: 1"), text
+    assert "\\n" in lines[1] and "\\x85" in lines[1] and "\\u2028" in lines[1] and "\\ufeff" in lines[1]
+    assert load_spec_text(text, base_dir="/w", environ={}).entrypoint.args[-1] == "\ufeff"
+
+
+def test_cli_refuses_an_argument_that_is_not_utf8() -> None:
+    """A byte that is not UTF-8 in the command line: exit 2, one line naming the argument, no traceback."""
+    done = subprocess.run([sys.executable, "-m", "runner", "convert", "--", "torchrun", "t.py", b"caf\xe9"],
+                          capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "not UTF-8" in done.stderr and "entrypoint.args[0]" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
 STD = st.one_of(st.sampled_from("0123"),
                 st.dictionaries(st.integers(0, 9), st.integers(0, 3), min_size=1, max_size=4).map(
                     lambda d: ",".join(f"{k}:{v}" for k, v in d.items())))

@@ -15,7 +15,7 @@ from runner.config import load_spec_text
 from runner.core.context import Charge, Context, JobInputs
 from runner.core.machine import JobState, Step, Trigger
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
-from runner.events import GuardLost, StopRequested, TimerExpired, WorkerExited
+from runner.events import GuardLost, MembershipChanged, StopRequested, TimerExpired, WorkerExited
 from runner.outcomes import FailureKind, Outcome
 from runner.rendezvous.base import RendezvousResult
 from runner.states import failed, init, rendezvous, restarting, running, shutdown
@@ -38,6 +38,7 @@ class FakeRendezvous:
         self.open_error, self.hang_open, self.round_error, self.close_error = open_error, hang_open, round_error, close_error
         self.published: list[dict] = []
         self.closed: list[str] = []
+        self.charges: list[tuple[str, bool]] = []  # (failure class, charged) of each charge_restart
 
     async def open(self, events) -> None:
         if self.hang_open:
@@ -52,7 +53,8 @@ class FakeRendezvous:
                                 master_addr="127.0.0.1", master_port=29500, nodes=("n0",))
 
     async def charge_restart(self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *,
-                             charged: bool = True) -> int | None:
+                             charged: bool = True, defer: float = 0.0) -> int | None:
+        self.charges.append((failure_class, charged))
         return 1
 
     async def publish(self, state: dict) -> None:
@@ -263,6 +265,17 @@ def test_running_stops_the_job_when_the_guard_is_lost(tmp_path):
     assert (step.outcome, step.exit_code) == (Outcome.ERROR, 3)
     assert "fork failed" in step.reason
     assert ctx.run.failure.kind is FailureKind.GUARD
+
+
+def test_a_membership_change_claims_the_round_uncharged_before_the_workers_stop(tmp_path):
+    """A node waiting to join: RUNNING claims the round's charge, uncharged, before its step stops the workers, so a
+    peer whose worker fails on the broken collective finds the round claimed and is not charged either."""
+    rdzv = FakeRendezvous()
+    ctx = make_ctx(tmp_path, rdzv)
+    step = run(running.on_event(ctx, MembershipChanged(waiting=("n9",))))
+    assert step.trigger is Trigger.membership_changed and "n9" in step.reason
+    assert rdzv.charges == [("", False)]
+    assert ctx.run.failure is None
 
 
 def test_a_fixed_master_port_is_the_rounds_port_on_the_local_backend():

@@ -391,6 +391,50 @@ def convert(argv: Sequence[str], environ: Mapping[str, str] | None = None,
 def to_yaml(argv: Sequence[str], environ: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
     """The job.yaml text: a comment with the original command and notes, then the spec."""
     spec, notes = convert(argv, environ, cwd)
-    head = ["# converted by `runner convert` from:", f"#   {shlex.join(argv)}".replace("\n", "\\n")]
-    head += [f"# note: {note}".replace("\n", " ") for note in notes]
-    return "\n".join(head) + "\n" + str(yaml.safe_dump(spec, sort_keys=False, width=120, allow_unicode=True))
+    head = ["# converted by `runner convert` from:", f"#   {comment_text(shlex.join(argv))}"]
+    head += [f"# note: {comment_text(note)}" for note in notes]
+    refuse_undecodable(spec)
+    body = yaml.dump(spec, Dumper=ExactDumper, sort_keys=False, width=120, allow_unicode=True)
+    return "\n".join(head) + "\n" + str(body)
+
+
+class ExactDumper(yaml.SafeDumper):
+    """safe_dump whose strings load back exactly.
+
+    A string with a character that is not printable is double-quoted, where the emitter escapes it (plain or
+    single-quoted, PyYAML writes U+0085 raw and the loader folds it into a space).
+    """
+
+
+def represent_text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    """A string node: double-quoted when it holds a character that is not printable, else PyYAML's choice."""
+    style = '"' if any(not c.isprintable() for c in text) else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+ExactDumper.add_representer(str, represent_text)
+
+
+def refuse_undecodable(value: object, field: str = "spec") -> None:
+    """Refuse (ConvertError) a string holding bytes that were not UTF-8 (lone surrogates in Python).
+
+    A spec is UTF-8 text and cannot hold them.
+    """
+    if isinstance(value, dict):
+        for key, item in value.items():
+            refuse_undecodable(item, f"{field}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            refuse_undecodable(item, f"{field}[{i}]")
+    elif isinstance(value, str) and any("\ud800" <= c <= "\udfff" for c in value):
+        raise ConvertError(f"{field} {value!a}: bytes that are not UTF-8, which a spec (UTF-8 text) cannot hold",
+                           "pass it as UTF-8 text, e.g. a file name through an environment variable the script reads")
+
+
+def comment_text(text: str) -> str:
+    """`text` as one line of a YAML comment.
+
+    What is not printable (line breaks, controls, a byte order mark, surrogates: YAML refuses them or reads them as
+    the comment's end) is written as its Python escape (backslash n, backslash ufeff).
+    """
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode() for c in text)

@@ -64,6 +64,17 @@ async def refuse_round(ctx: Context) -> None:
         await ctx.rendezvous.charge_restart(0)
 
 
+async def claim_round_for_membership(ctx: Context) -> None:
+    """Record, as the round's charge, that it ends for a membership change: no budget pays for it (best effort).
+
+    Called before this node stops its workers for a node waiting to join. A peer's worker that then fails on the
+    broken collective (its agent may see that exit before its own watch sees the waiting node) ends the same round:
+    that peer's charge finds this one and is not charged either, as the membership change is the cause.
+    """
+    with contextlib.suppress(RendezvousError):
+        await ctx.rendezvous.charge_restart(ctx.spec.restart.max_restarts, charged=False)
+
+
 def stopping(ctx: Context) -> bool:
     """A stop (graceful or not) arrived: nothing restarts once the job is stopping."""
     return ctx.stop is not None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from runner.contract import CODE_ENDED_FILE
 from runner.core.machine import Step, Trigger
+from runner.core.restart_policy import claim_round_for_membership
 from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_WORKERS_FAILED
 from runner.events import (
     DeadlineReached,
@@ -105,6 +106,7 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
         ctx.run.failure = Failure(kind=FailureKind.PEER, reason=reason, attempt=ctx.run.attempt)
         return Step(Trigger.peer_lost, ctx.run.failure.reason)
     if isinstance(event, MembershipChanged):
+        await claim_round_for_membership(ctx)
         return Step(Trigger.membership_changed, f"node(s) waiting to join: {', '.join(event.waiting)}")
     if isinstance(event, GuardLost):
         reason = f"stopping: the shepherd died and could not be replaced ({event.why}); no worker may outlive us"
