@@ -10,11 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import structlog
-
 from runner.config.spec import JobSpec
 from runner.errors import RunnerError
-from runner.observe.metrics import STATES
+from runner.observe.metrics import STATES, Endpoint
 
 
 class GroupMetrics:
@@ -24,8 +22,7 @@ class GroupMetrics:
         """No side effects until start()."""
         self.spec, self.node, self.groups = spec, node, groups
         self.port: int | None = None
-        self._server: Any = None
-        self._thread: Any = None
+        self._endpoint: Endpoint | None = None
         self._m: dict[str, Any] = {}
 
     def start(self, lighthouse_restarts: Callable[[], int]) -> int:
@@ -60,14 +57,8 @@ class GroupMetrics:
             self._m["state"].labels(str(k)).state("INIT")
             self._m["attempt"].labels(str(k)).set(0)
             self._m["restarts"].labels(str(k)).set(0)
-        try:
-            self._server, self._thread = prom.start_http_server(self.spec.metrics.port, self.spec.metrics.host,
-                                                                registry=reg)
-        except OSError as err:
-            raise RunnerError(f"cannot serve metrics on {self.spec.metrics.host}:{self.spec.metrics.port}: "
-                              f"{err.strerror}", "choose another metrics.port (0 = any free port)") from None
-        self.port = int(self._server.server_address[1])
-        structlog.get_logger("runner").info("metrics_listening", host=self.spec.metrics.host, port=self.port)
+        self._endpoint = Endpoint(self.spec, reg)
+        self.port = self._endpoint.port
         return self.port
 
     def group(self, k: int) -> GroupView:
@@ -96,11 +87,9 @@ class GroupMetrics:
 
     def stop(self) -> None:
         """Stop serving (idempotent)."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
-            self._server = None
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None
 
 
 class GroupView:

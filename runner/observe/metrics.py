@@ -22,6 +22,29 @@ EXIT_CAUSES = {"workers_succeeded": "succeeded", "worker_failed": "failed", "tim
 RECOVER_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300)  # runner_time_to_recover_seconds
 
 
+class Endpoint:
+    """The HTTP endpoint serving one registry on metrics.host:metrics.port (prometheus_client's server thread)."""
+
+    def __init__(self, spec: JobSpec, registry: Any) -> None:
+        """Bind and serve now; a port that cannot be bound is a RunnerError that says what to change."""
+        import prometheus_client as prom
+
+        try:
+            self._server, self._thread = prom.start_http_server(spec.metrics.port, spec.metrics.host,
+                                                                registry=registry)
+        except OSError as err:
+            raise RunnerError(f"cannot serve metrics on {spec.metrics.host}:{spec.metrics.port}: {err.strerror}",
+                              "choose another metrics.port (0 = any free port)") from None
+        self.port = int(self._server.server_address[1])
+        structlog.get_logger("runner").info("metrics_listening", host=spec.metrics.host, port=self.port)
+
+    def close(self) -> None:
+        """Stop serving and wait (bounded) for the server's thread."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
 class AgentMetrics:
     """The agent's metrics; call start() once, the on_* hooks from the agent, stop() at the end."""
 
@@ -30,8 +53,7 @@ class AgentMetrics:
         self.spec = spec
         self.node = node
         self.port: int | None = None  # the bound port, after start()
-        self._server: Any = None
-        self._thread: Any = None
+        self._endpoint: Endpoint | None = None
         self._m: dict[str, Any] = {}
         self._last = time.monotonic()
         self._rdzv_since: float | None = None
@@ -70,14 +92,8 @@ class AgentMetrics:
         for phase in PHASES:  # both series from the start, empty until the first recovery
             self._m["recover"].labels(phase)
         self._m["since"].set_function(lambda: time.monotonic() - self._last)
-        try:
-            self._server, self._thread = prom.start_http_server(self.spec.metrics.port, self.spec.metrics.host,
-                                                                registry=reg)
-        except OSError as err:
-            raise RunnerError(f"cannot serve metrics on {self.spec.metrics.host}:{self.spec.metrics.port}: "
-                              f"{err.strerror}", "choose another metrics.port (0 = any free port)") from None
-        self.port = int(self._server.server_address[1])
-        structlog.get_logger("runner").info("metrics_listening", host=self.spec.metrics.host, port=self.port)
+        self._endpoint = Endpoint(self.spec, reg)
+        self.port = self._endpoint.port
         return self.port
 
     def on_transition(self, src: str, dst: str, trigger: str, attempt: int, restarts: int) -> None:
@@ -118,8 +134,6 @@ class AgentMetrics:
 
     def stop(self) -> None:
         """Stop serving (idempotent)."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._thread.join(timeout=5)
-            self._server = None
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None
