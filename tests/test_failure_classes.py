@@ -222,6 +222,9 @@ def test_fingerprint_tells_different_exceptions_and_frames_apart() -> None:
     assert fingerprint(base) != fingerprint(base.replace("RuntimeError: shape", "ValueError: shape"))
     assert fingerprint(base) != fingerprint(base.replace("in forward", "in backward"))
     assert fingerprint("no traceback here\nexit 3") == ""
+    # the frame's path is kept whole: a checkout in /tmp/fresh2 is not one in /tmp/fresh3 (nor named /tmp/freshN)
+    in_2 = fingerprint(base.replace("/x/model.py", "/runs/exp2/model.py"))
+    assert in_2.endswith("@ /runs/exp2/model.py:forward") and in_2 != fingerprint(base.replace("/x/", "/runs/exp3/"))
 
 
 def test_the_last_traceback_of_a_stderr_tail_counts() -> None:

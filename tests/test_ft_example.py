@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -150,8 +151,11 @@ def test_killed_group_rejoins_with_the_survivors_weights(tmp_path):
     finally:
         g.close()
 
-    alone = [(s, n) for s, t, n in committed(g.log(0)) if t_kill < t < t_restart]
-    assert len(alone) >= 10 and {n for _, n in alone} == {1}, alone  # group 0 went on without group 1
+    after_kill = [(s, n) for s, t, n in committed(g.log(0)) if t_kill < t < t_restart]
+    # a step whose quorum both groups had joined before the kill may still commit with 2 (group 1's gradients were in)
+    in_flight = list(itertools.takewhile(lambda sn: sn[1] == 2, after_kill))
+    alone = after_kill[len(in_flight):]
+    assert len(in_flight) <= 1 and len(alone) >= 10 and {n for _, n in alone} == {1}, after_kill  # group 0 went on
     back = committed(g.log(1))
     assert back, g.log(1).read_text()[-3000:]
     # group 1 came back at group 0's step (weights copied from it), not at step 1 nor where it was killed

@@ -58,7 +58,7 @@ class Failure:
 
     @property
     def fingerprint(self) -> str:
-        """Exception type, message and innermost frame, numbers removed: the same on every attempt of a crash loop.
+        """Exception type and message (numbers removed) and innermost frame: the same on every attempt of a crash loop.
 
         "" when there is no Python traceback (a plain non-zero exit, a signal): such failures never make a loop.
         """
@@ -147,7 +147,7 @@ def fingerprint(traceback: str, error: str = "") -> str:
     if parts is None:
         return ""
     exc, frame = parts
-    return _VARIES.sub("N", f"{exc or error} @ {frame}")
+    return f"{_VARIES.sub('N', exc or error)} @ {frame}"  # the frame's path as it is: /data2 is not /data3
 
 
 def signal_name(exit_code: int) -> str | None:
