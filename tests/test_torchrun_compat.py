@@ -117,6 +117,24 @@ def compare_env(theirs: dict[str, str], ours: dict[str, str]) -> None:
         assert theirs.get(key) == ours.get(key), key
 
 
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def died_in_teardown(ran: Ran) -> bool:
+    """The run's work was done (result.json written by rank 0 at the end), then a worker died of gloo's abort at
+    interpreter exit, under either launcher (docs/faults.md, "A worker that dies in its teardown": 2 to 4 in 40 runs
+    of a script without destroy_process_group, runner cold and torchrun). Runner forgives it only for a worker that
+    ran in a standby, and this converted job (max_restarts 0) starts its workers cold."""
+    if ran.code != 1 or not (ran.out / "result.json").exists():
+        return False
+    if "SIGABRT" in ran.stderr and TEARDOWN_ABORT in ran.stderr:
+        return True  # torchrun's error summary, or runner's root cause, quotes the worker's stderr tail
+    reports = sorted(ran.out.parent.glob("elsewhere/runner-logs/*/latest/report.json")) if ran.out.name == "runner_out" else []
+    failures = json.loads(reports[-1].read_text()).get("failures", []) if reports else []
+    return len(failures) == 1 and failures[0].get("signal") == "SIGABRT" and (
+        TEARDOWN_ABORT in failures[0].get("stderr_tail", ""))
+
+
 def test_ddp_snapshot_trainer_fails_then_resumes_the_same(tmp_path: Path) -> None:
     """Rank 1 crashes in the first run: both tools stop the job and exit 1. Started again with the same command,
     the trainer resumes from its snapshot at epoch 2 under both and ends with the same weights; the workers'
@@ -127,7 +145,8 @@ def test_ddp_snapshot_trainer_fails_then_resumes_the_same(tmp_path: Path) -> Non
     """
     cmdline = ["--standalone", "--nproc-per-node=2", "--role=trainer", "ddp_snapshot.py", "snap.pt", "4"]
     torchrun, runner = both(cmdline, tmp_path, runs=2)
-    assert (torchrun.code, runner.code) == (0, 0), (torchrun.stderr[-2000:], runner.stderr[-2000:])
+    codes = tuple(0 if died_in_teardown(r) else r.code for r in (torchrun, runner))
+    assert codes == (0, 0), (torchrun.stderr[-2000:], runner.stderr[-2000:])
     theirs, ours = (json.loads((r.out / "result.json").read_text()) for r in (torchrun, runner))
     assert theirs == ours and ours["resumed_from"] == 2
     for rank in (0, 1):
