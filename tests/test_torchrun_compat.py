@@ -120,17 +120,19 @@ def compare_env(theirs: dict[str, str], ours: dict[str, str]) -> None:
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def died_in_teardown(ran: Ran) -> bool:
+def died_in_teardown(ran: Ran, report: Path | None = None) -> bool:
     """The run's work was done (result.json written by rank 0 at the end), then a worker died of gloo's abort at
     interpreter exit, under either launcher (docs/faults.md, "A worker that dies in its teardown": 2 to 4 in 40 runs
     of a script without destroy_process_group, runner cold and torchrun). Runner forgives it only for a worker that
-    ran in a standby, and this converted job (max_restarts 0) starts its workers cold."""
+    ran in a standby, and this converted job (max_restarts 0) starts its workers cold.
+
+    torchrun (no `report`): its error summary and the worker's passed-through stderr say so. runner: its report.json.
+    """
     if ran.code != 1 or not (ran.out / "result.json").exists():
         return False
-    if "SIGABRT" in ran.stderr and TEARDOWN_ABORT in ran.stderr:
-        return True  # torchrun's error summary, or runner's root cause, quotes the worker's stderr tail
-    reports = sorted(ran.out.parent.glob("elsewhere/runner-logs/*/latest/report.json")) if ran.out.name == "runner_out" else []
-    failures = json.loads(reports[-1].read_text()).get("failures", []) if reports else []
+    if report is None:
+        return "SIGABRT" in ran.stderr and TEARDOWN_ABORT in ran.stderr
+    failures = json.loads(report.read_text()).get("failures", []) if report.exists() else []
     return len(failures) == 1 and failures[0].get("signal") == "SIGABRT" and (
         TEARDOWN_ABORT in failures[0].get("stderr_tail", ""))
 
@@ -145,7 +147,8 @@ def test_ddp_snapshot_trainer_fails_then_resumes_the_same(tmp_path: Path) -> Non
     """
     cmdline = ["--standalone", "--nproc-per-node=2", "--role=trainer", "ddp_snapshot.py", "snap.pt", "4"]
     torchrun, runner = both(cmdline, tmp_path, runs=2)
-    codes = tuple(0 if died_in_teardown(r) else r.code for r in (torchrun, runner))
+    report = tmp_path / "elsewhere" / "runner-logs" / "ddp_snapshot" / "latest" / "report.json"  # the resumed run's
+    codes = (0 if died_in_teardown(torchrun) else torchrun.code, 0 if died_in_teardown(runner, report) else runner.code)
     assert codes == (0, 0), (torchrun.stderr[-2000:], runner.stderr[-2000:])
     theirs, ours = (json.loads((r.out / "result.json").read_text()) for r in (torchrun, runner))
     assert theirs == ours and ours["resumed_from"] == 2
