@@ -19,9 +19,6 @@ from etcd_server import EtcdServer, etcd_server
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "workers" / "worker_probe.py"
 EXAMPLES = ROOT / "examples" / "jobs"
-# Every agent a test starts inherits this: no standby interpreters importing torch behind each test's workers
-# (two cores). tests/test_standby.py turns them on for its own jobs.
-os.environ.setdefault("RUNNER_STANDBY", "0")
 
 
 def alive(pid: int) -> bool:

@@ -28,7 +28,7 @@ from runner.observe.logs_dir import FALLBACK, choose, probe
 from runner.runs import index
 from runner.system import soft_io
 from runner.system.private_files import write_private
-from runner.workers.tee import Tee, log_or_devnull, open_log
+from runner.workers.tee import Tee, open_log
 
 FULL = Path("/dev/full")
 ENOSPC = errno.ENOSPC
@@ -241,13 +241,14 @@ def test_tee_whose_log_cannot_be_created_still_echoes(tmp_path: Path, fresh: lis
     assert [e["event"] for e in fresh] == ["worker_log_unwritable"]
 
 
-def test_a_worker_whose_log_cannot_be_created_writes_to_dev_null(tmp_path: Path) -> None:
-    """logs.tee off: the worker's own stream goes to /dev/null, never to a console or pipe that could fail it."""
-    fd = log_or_devnull(str(tmp_path / "no" / "stdout.log"))
-    try:
-        assert os.path.samefile(f"/proc/self/fd/{fd}", os.devnull)
-    finally:
-        os.close(fd)
+def test_a_tee_keeps_the_last_lines_in_memory_whatever_the_disk_took(full_tmpfs: Path, tmp_path: Path,
+                                                                     fresh: list[dict[str, Any]]) -> None:
+    """The root cause survives a full logs disk: the file lost the output, the tee's memory has its last lines."""
+    lines = [f"line {i}\n".encode() for i in range(100)]
+    tee = asyncio.run(tee_through(str(full_tmpfs / "stderr.log"), tmp_path / "console", [b"".join(lines)]))
+    assert tee.lost > 0  # the disk refused it
+    assert tee.tail(3) == "line 97\nline 98\nline 99"
+    assert [e["event"] for e in fresh] == ["worker_log_write_failed"]
 
 
 # -- the runs index, the guard, the CLI's last resort -----------------------------------------------------

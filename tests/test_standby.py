@@ -45,19 +45,16 @@ shutdown: {{grace_period: 5s}}
 
 def standby_job(job: Any, *, standby: bool = True, crash: int = 0, end: str = "exit:0", restarts: int = 1,
                 preload: str = "[torch]", max_mb: int = 4096, entry: str = "") -> Job:
-    """A job of standby_probe workers; RUNNER_STANDBY as the spec says (the suite turns standbys off by default)."""
+    """A job of standby_probe workers; standbys as the spec says."""
     j: Job = job(SPEC.format(entry=entry or f"script: {PROBE}", crash=crash, end=end, restarts=restarts,
                              standby=str(standby).lower(), preload=preload, max_mb=max_mb))
-    base = j.env
-    j.env = lambda: {**base(), "RUNNER_STANDBY": "1"}  # type: ignore[method-assign]
     return j
 
 
 def ready_lines(j: Job, local_rank: int) -> int:
-    """How many standbys of `local_rank` said they were ready (their log, runner/workers/standby_main.py)."""
-    runs = [d for d in j.logs.glob("*/*") if d.is_dir() and not d.is_symlink()]  # not the `latest` link
-    logs = [d / "standby" / f"rank_{local_rank}.log" for d in runs]
-    return sum(p.read_text(errors="replace").count("runner standby: ready") for p in logs if p.exists())
+    """How many standbys of `local_rank` the fork server forked and the agent found ready (agent.jsonl)."""
+    return sum(1 for line in _agent_log(j)
+               if '"standby_ready"' in line and json.loads(line).get("local_rank") == local_rank)
 
 
 def run_crash_once(j: Job, *, warm: bool = True) -> tuple[int, str]:
@@ -65,7 +62,7 @@ def run_crash_once(j: Job, *, warm: bool = True) -> tuple[int, str]:
     proc = j.start()
 
     def crash_now() -> bool:
-        if warm:  # attempt 0 runs in the standbys started in INIT; the next attempt's follow 3 s after
+        if warm:  # attempt 0 runs in standbys forked once the server is warm; the next attempt's are forked at once
             return all(ready_lines(j, r) >= 2 for r in (0, 1))
         return (j.out / "rank1.attempt0.json").exists()
 
@@ -85,7 +82,7 @@ def report(j: Job) -> dict[str, Any]:
 
 def comparable(info: dict[str, Any], j: Job) -> dict[str, Any]:
     """A probe record without what differs between any two runs (pids, the job's dir) or on purpose (preloaded)."""
-    out = {k: v for k, v in info.items() if k not in ("pid", "preloaded", "gc_frozen")}
+    out = {k: v for k, v in info.items() if k not in ("pid", "ppid", "preloaded", "gc_frozen")}
     return json.loads(json.dumps(out).replace(str(j.tmp), "<job dir>"))
 
 
@@ -106,6 +103,7 @@ def test_a_restarted_worker_runs_in_its_warm_standby_as_a_cold_one_would(job: An
             assert comparable(w, warm) == comparable(c, cold)
             assert w["main_is_module"] and w["name"] == "__main__" and w["spec"] is None
             assert w["leader"] and w["tag_in_proc_environ"] and w["pickled"] == 42
+            assert w["ppid"] == warm.proc.pid  # forked by the server, adopted by the agent: the agent's child
             assert w["contract"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)
     rep = report(warm)["standby"]
     assert rep["enabled"] is True

@@ -105,7 +105,7 @@ def test_exited_worker_stays_unreaped_until_its_group_is_gone(tmp_path: Path, sh
         assert event.exit_code == 7 and event.pid == ids["pid"]
         assert state == "Z"  # exited, not reaped: pid, group id and session id still ours
         assert procs.read_stat(ids["pid"]) is None  # reaped by stop()
-        assert group.workers[0].proc.returncode == 7
+        assert group.workers[0].returncode == 7
         assert not alive(ids["escapee"])
     finally:
         kill_left(ids["pid"], ids["escapee"])

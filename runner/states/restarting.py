@@ -32,7 +32,7 @@ async def handle(ctx: Context) -> Step:
             ctx.timer.clear()
     drop_stale(ctx)
     if ctx.run.standbys is not None:
-        ctx.run.standbys.fill()  # the old workers are gone: warm the next attempt's standbys now, not after a delay
+        ctx.run.standbys.fill()  # normally a no-op: every hand-off already asked the fork server for the next one
     delay = backoff_delay(spec.restart.backoff, ctx.run.restarts) if failure is not None else 0.0
     try:
         if delay > 0:
@@ -49,13 +49,21 @@ async def handle(ctx: Context) -> Step:
     ctx.run.attempt += 1
     ctx.run.failure = None
     if one and ctx.run.group is not None and failure is not None and failure.local_rank is not None:
-        plan = ctx.make_plan()
-        worker = ctx.run.group.start_one(plan.workers[failure.local_rank], plan)
-        ctx.recovery.workers_spawned(ctx.run.attempt, [worker], scope="worker")  # the replaced worker: running
-        if ctx.timer is not None:
-            ctx.timer.watch(ctx.run.group)
-        return Step(Trigger.worker_replaced, f"rank {failure.rank} replaced (scope worker), attempt {ctx.run.attempt}")
+        return await replace_worker(ctx, failure.rank, failure.local_rank)
     return Step(Trigger.restarted, f"attempt {ctx.run.attempt}")
+
+
+async def replace_worker(ctx: Context, rank: int | None, local_rank: int) -> Step:
+    """Scope worker: start the failed rank's next worker (in its standby when there is one); the others go on."""
+    assert ctx.run.group is not None
+    plan = ctx.make_plan()
+    if ctx.run.standbys is not None:
+        await ctx.run.standbys.warm()  # normally at once: the pool asked for this rank's next standby at hand-off
+    worker = ctx.run.group.start_one(plan.workers[local_rank], plan)
+    ctx.recovery.workers_spawned(ctx.run.attempt, [worker], scope="worker")  # the replaced worker: running
+    if ctx.timer is not None:
+        ctx.timer.watch(ctx.run.group)
+    return Step(Trigger.worker_replaced, f"rank {rank} replaced (scope worker), attempt {ctx.run.attempt}")
 
 
 def drop_stale(ctx: Context) -> None:

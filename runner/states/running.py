@@ -32,6 +32,8 @@ async def handle(ctx: Context) -> Step:
     """Start workers if this attempt has none yet; wait for events until one decides the next state."""
     if ctx.run.group is None:
         assert ctx.run.plan is not None  # RENDEZVOUS planned this attempt
+        if ctx.run.standbys is not None:
+            await ctx.run.standbys.warm()  # the fork server's one import instead of every rank's (bounded)
         group = ctx.run.group = ctx.launcher.launch(ctx.run.plan, ctx.run.standbys)
         ctx.recovery.workers_spawned(ctx.run.attempt, list(group.workers.values()))  # all running: time to recover
         if ctx.timer is not None:
@@ -128,7 +130,7 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
         event = dataclasses.replace(event, exit_code=0)
     if event.exit_code != 0:
         ctx.run.failure = worker_failure(ctx.run.attempt, event.rank, event.local_rank, event.exit_code,
-                                         worker.plan.log_dir)
+                                         worker.plan.log_dir, ctx.run.group.stderr_tail(event.local_rank))
         return Step(Trigger.worker_failed, ctx.run.failure.reason)
     if not ctx.run.group.running():
         return Step(

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 TAG_VAR = "RUNNER_WORKER_TAG"  # every worker's environment carries its tag; its descendants inherit it
 
 
@@ -237,3 +238,28 @@ def set_child_subreaper() -> bool:
         return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def is_child_subreaper() -> bool:
+    """True if this process is the child subreaper (orphaned descendants reparent to it)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        return int(libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)) == 0 and flag.value != 0
+    except (OSError, AttributeError):
+        return False
+
+
+def pidfd_pid(fd: int) -> int | None:
+    """The pid of the process a pidfd names (its /proc/self/fdinfo `Pid:` line); None when gone or not a pidfd."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Pid:"):
+                    pid = int(line.split()[1])
+                    return pid if pid > 0 else None
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

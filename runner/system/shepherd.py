@@ -104,6 +104,14 @@ class Shepherd:
         """A new cgroup for standby `serial` under the job's (it stays the worker's), or None."""
         return self._cgroup(f"standby{serial}-rank{local_rank}")
 
+    def helper_tag(self, name: str) -> str:
+        """RUNNER_WORKER_TAG of a helper of the workers (the fork server): under the job's, so the guard kills it."""
+        return self._tag(name, 0)
+
+    def helper_cgroup(self, name: str) -> Path | None:
+        """A new cgroup for a helper of the job's workers under the job's, or None."""
+        return self._cgroup(name)
+
     def _tag(self, slot: str, local_rank: int) -> str:
         self.start()
         return f"{self.tag}{slot}.{local_rank}."

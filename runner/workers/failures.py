@@ -160,8 +160,13 @@ def signal_name(exit_code: int) -> str | None:
         return f"signal {-exit_code}"
 
 
-def worker_failure(attempt: int, rank: int, local_rank: int, exit_code: int, log_dir: str) -> Failure:
-    """Failure of a worker that exited with `exit_code`, with what its log dir tells."""
+def worker_failure(attempt: int, rank: int, local_rank: int, exit_code: int, log_dir: str,
+                   stderr_seen: str = "") -> Failure:
+    """Failure of a worker that exited with `exit_code`, with what its log dir tells.
+
+    `stderr_seen` is the end of its stderr as the agent's tee saw it (kept in memory): preferred to the log file,
+    which a full or read-only logs disk may have left short or never created.
+    """
     sig = signal_name(exit_code)
     how = f"killed by {sig}" if sig else f"exited with code {exit_code}"
     error, tb = read_error_file(Path(error_file(log_dir)))
@@ -176,7 +181,7 @@ def worker_failure(attempt: int, rank: int, local_rank: int, exit_code: int, log
         hint=_HINTS.get(sig or "", ""),
         error=error,
         traceback=tb,
-        stderr_tail="" if tb else tail(Path(log_dir) / "stderr.log"),
+        stderr_tail="" if tb else last_lines(stderr_seen) or tail(Path(log_dir) / "stderr.log"),
         log_dir=log_dir,
     )
 
@@ -194,6 +199,11 @@ def read_error_file(path: Path) -> tuple[str, str]:
     tb = str(msg.get("extraInfo", {}).get("py_callstack", ""))
     first = text.strip().splitlines()[-1] if text.strip() else ""
     return first, tb
+
+
+def last_lines(text: str, lines: int = TAIL_LINES) -> str:
+    """The last `lines` lines of `text`."""
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:

@@ -28,10 +28,10 @@ from runner.system import procs
 from runner.system.cgroup import JobCgroup
 from runner.system.procs import exit_code
 from runner.system.shepherd import TAG_VAR, Shepherd
-from runner.system.soft_io import close_fd, warn_once
+from runner.system.soft_io import warn_once
 from runner.workers.launch_plan import LaunchPlan, WorkerPlan
 from runner.workers.standby import Standby, StandbyPool
-from runner.workers.tee import Console, Tee, log_or_devnull
+from runner.workers.tee import Console, Tee
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -51,18 +51,15 @@ class Worker:
 
     plan: WorkerPlan
     attempt: int
-    proc: subprocess.Popen[bytes]
+    pid: int  # also its process group and session id
     pidfd: int
     exited: asyncio.Future[int]
     tag: str
     cgroup: Path | None = None
+    popen: subprocess.Popen[bytes] | None = None  # a cold worker's: kept until reaped, so nobody else waits for it
+    returncode: int | None = None  # once reaped
     tees: list[Tee] = field(default_factory=list)
     reaped: bool = False
-
-    @property
-    def pid(self) -> int:
-        """The worker's pid (also its process group and session id)."""
-        return self.proc.pid
 
     def send_signal(self, sig: int) -> bool:
         """Signal this worker only (through its pidfd); False once it is reaped or gone."""
@@ -119,70 +116,63 @@ class WorkerGroup:
             Path(wp.log_dir).mkdir(parents=True, exist_ok=True)
         except OSError as e:  # a full or read-only logs disk: the worker runs all the same, its logs are lost
             warn_once("worker_log_unwritable", wp.log_dir, e)
-        # A stream echoed on the console is piped through a Tee; any other goes straight to the rank's log file
-        # (logs.tee off, or torchrun's --redirects / --local-ranks-filter for this rank: logs.console_streams).
+        # Both streams go through a pipe to a Tee that writes the rank's log file: a worker's own writes never fail
+        # because the logs disk is full, read-only or gone (the Tee counts the loss and keeps the last lines). A
+        # stream is also echoed on the console unless logs.tee is off, or torchrun's --redirects /
+        # --local-ranks-filter leave this rank's stream out (logs.console_streams).
         echoed = (self.tee and wp.stdout_to_console, self.tee and wp.stderr_to_console)
         standby = self.standbys.take(wp) if self.standbys is not None else None
+        popen: subprocess.Popen[bytes] | None = None
         if standby is None:
-            proc, pipes, tag, cgroup = self._spawn(wp, plan, echoed)
-            pidfd = os.pidfd_open(proc.pid)  # not reaped by anyone but us: the pid is still this process's
-            self.shepherd.watch(proc.pid)
+            popen, pipes, tag, cgroup = self._spawn(wp, plan)
+            pid = popen.pid
+            pidfd = os.pidfd_open(pid)  # not reaped by anyone but us: the pid is still this process's
+            self.shepherd.watch(pid)
         else:
-            proc, pidfd, tag, cgroup = standby.proc, standby.pidfd, standby.tag, standby.cgroup
-            pipes = self._hand_off(standby, wp, echoed)
+            pid, pidfd, tag, cgroup = standby.pid, standby.pidfd, standby.tag, standby.cgroup
+            pipes = self._hand_off(standby, wp)
         loop = asyncio.get_running_loop()
-        worker = Worker(wp, plan.attempt, proc, pidfd, loop.create_future(), tag, cgroup)
+        worker = Worker(wp, plan.attempt, pid, pidfd, loop.create_future(), tag, cgroup, popen)
         label = self.prefix.format(node=plan.node, rank=wp.rank, local_rank=wp.local_rank, attempt=plan.attempt)
-        for pipe, path, console in zip(pipes, (wp.stdout_path, wp.stderr_path), (sys.stdout, sys.stderr), strict=True):
-            if pipe is not None:
-                worker.tees.append(Tee(pipe, path, console, label))
+        for pipe, path, console, echo in zip(pipes, (wp.stdout_path, wp.stderr_path), (sys.stdout, sys.stderr),
+                                             echoed, strict=True):
+            worker.tees.append(Tee(pipe, path, console if echo else None, label))
         loop.add_reader(pidfd, self._on_exit, worker)
         self.workers[wp.local_rank] = worker
-        self.log.info("worker_started", rank=wp.rank, local_rank=wp.local_rank, pid=proc.pid,
+        self.log.info("worker_started", rank=wp.rank, local_rank=wp.local_rank, pid=pid,
                       standby=standby is not None)
         return worker
 
     def _spawn(
-        self, wp: WorkerPlan, plan: LaunchPlan, echoed: tuple[bool, bool]
-    ) -> tuple[subprocess.Popen[bytes], tuple[IO[bytes] | None, IO[bytes] | None], str, Path | None]:
-        """A cold worker: a new process for `wp`; (process, its stdout/stderr pipes or None, tag, cgroup)."""
+        self, wp: WorkerPlan, plan: LaunchPlan
+    ) -> tuple[subprocess.Popen[bytes], tuple[IO[bytes], IO[bytes]], str, Path | None]:
+        """A cold worker: a new process for `wp`; (process, its stdout and stderr pipes, tag, cgroup)."""
         tag = self.shepherd.worker_tag(plan.attempt, wp.local_rank)
         cgroup = self.shepherd.worker_cgroup(plan.attempt, wp.local_rank)
         argv = list(wp.argv) if cgroup is None else JobCgroup.enter(cgroup, list(wp.argv))
-        files = [None if echo else log_or_devnull(path)  # handed to the child, closed below
-                 for echo, path in zip(echoed, (wp.stdout_path, wp.stderr_path), strict=True)]
-        stdout, stderr = (subprocess.PIPE if f is None else f for f in files)
-        try:
-            proc = subprocess.Popen(
-                argv,
-                env={**dict(wp.env), TAG_VAR: tag},
-                cwd=wp.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=stdout,
-                stderr=stderr,
-                start_new_session=True,
-            )
-        finally:
-            for f in files:
-                close_fd(f, "worker_log_close_failed", wp.log_dir)
+        proc = subprocess.Popen(
+            argv,
+            env={**dict(wp.env), TAG_VAR: tag},
+            cwd=wp.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None  # PIPE
+        assert proc.stderr is not None
         return proc, (proc.stdout, proc.stderr), tag, cgroup
 
     @staticmethod
-    def _hand_off(
-        standby: Standby, wp: WorkerPlan, echoed: tuple[bool, bool]
-    ) -> tuple[IO[bytes] | None, IO[bytes] | None]:
-        """Give `standby` its orders with the worker's stdout and stderr: a pipe (echoed) or the log file."""
+    def _hand_off(standby: Standby, wp: WorkerPlan) -> tuple[IO[bytes], IO[bytes]]:
+        """Give `standby` its orders with the write ends of two pipes for its stdout and stderr; our read ends."""
         ends: list[int] = []  # the worker's ends, ours to close once sent
-        pipes: list[IO[bytes] | None] = []
+        pipes: list[IO[bytes]] = []
         try:
-            for echo, path in zip(echoed, (wp.stdout_path, wp.stderr_path), strict=True):
-                if echo:
-                    r, w = os.pipe()
-                    pipes.append(open(r, "rb", buffering=0))  # noqa: SIM115 - the Tee closes it at EOF
-                    ends.append(w)
-                else:
-                    pipes.append(None)
-                    ends.append(log_or_devnull(path))
+            for _ in range(2):
+                r, w = os.pipe()
+                pipes.append(open(r, "rb", buffering=0))  # noqa: SIM115 - the Tee closes it at EOF
+                ends.append(w)
             standby.hand_off(wp, TAG_VAR, ends[0], ends[1])
         finally:
             for fd in ends:
@@ -208,6 +198,11 @@ class WorkerGroup:
         self.events.put_nowait(
             WorkerExited(worker.plan.local_rank, worker.plan.rank, worker.pid, code, worker.attempt)
         )
+
+    def stderr_tail(self, local_rank: int) -> str:
+        """The last lines the worker of `local_rank` wrote on stderr, from memory (the disk may have lost them)."""
+        w = self.workers.get(local_rank)
+        return w.tees[1].tail() if w is not None and len(w.tees) > 1 else ""
 
     def _collateral_begins(self, failed: Worker) -> None:
         """`failed` is the root cause: what the other ranks print from now on is collateral (folded on a terminal)."""
@@ -367,7 +362,9 @@ class WorkerGroup:
         except ChildProcessError:
             result = None
         if result is not None:
-            w.proc.returncode = exit_code(result)
+            w.returncode = exit_code(result)
+            if w.popen is not None:
+                w.popen.returncode = w.returncode
         w.reaped = True
         os.close(w.pidfd)
         if w.cgroup is not None:

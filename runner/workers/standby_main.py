@@ -1,19 +1,29 @@
-"""A standby worker: an interpreter that imports `restart.preload` ahead of time, then becomes a worker on orders.
+"""The fork server and the standbys it forks: one interpreter imports `restart.preload` once, forks every worker.
 
-Run by the agent (runner.workers.standby) as `python -u <this file> <socket fd> <sys.path[0]> <module>...` with the
-worker's python, in the worker's own session, cgroup and environment (less the per-attempt contract variables).
-Standard library only, and never imported as part of the `runner` package: the interpreter must hold nothing of
-the agent's.
+Run by the agent (runner.workers.standby) as `python -u <this file> <control fd> <sys.path[0]> <room> <module>...`
+with the workers' python, in its own session and cgroup, with the workers' environment less the per-attempt
+contract. Standard library only, and never imported as part of the `runner` package: the interpreter must hold
+nothing of the agent's.
 
-1. Puts `<sys.path[0]>` (where the worker's own modules are found) first on sys.path and imports each module
-   (CUDA is never initialised: importing torch does not), then moves what the imports made out of the cyclic
-   GC's way (gc.freeze). A module that fails to import is reported (`failed
-   <module>` instead of `ready`, the error on stderr): the agent then stops it and starts workers cold.
-2. Says `ready` on the socket and waits for its orders: one length-prefixed JSON message
-   {"argv": [...], "env": {...}, "cwd": "..."} with the worker's stdout and stderr file descriptors attached.
-3. Becomes the worker: stdout/stderr replaced, cwd and the whole environment set, then runs `python -u script args`
-   or `python -u -m module args` exactly as a fresh interpreter would: `__main__`, sys.argv, sys.path[0], `__file__`,
-   sys.orig_argv; uncaught exceptions, SystemExit and KeyboardInterrupt end the process as they would there.
+1. The server puts `<sys.path[0]>` first on sys.path, imports each module (CUDA is never initialised: importing
+   torch does not), moves what the imports made out of the cyclic GC's way (gc.freeze: a forked child's reference
+   counts then dirty fewer shared pages, and its teardown skips them), and says `ready <seconds> <rss kB>` on its
+   control socket (a SOCK_SEQPACKET); `failed <module>` or `unsafe <why>` instead, then exits.
+2. Each request on the control socket (one JSON message: the standby's tag, cgroup and the agent's pid, with the
+   standby's own socket attached) is served by a double fork: the intermediate child forks the standby and exits
+   at once, so the standby is reparented to the agent (the child subreaper) and is the agent's child like any
+   worker. Before every fork the server checks it is safe to fork: no thread besides the main one, CUDA not
+   initialised; otherwise it says `unsafe <why>` and exits (the agent starts workers cold).
+3. The standby starts its own session, moves into its cgroup, writes its tag over the server's in its initial
+   environment (what /proc/<pid>/environ shows), waits until the agent is its parent, sends the agent a pidfd of
+   itself with `ready`, and waits for its orders: one length-prefixed JSON message {"argv", "env", "cwd"} with the
+   worker's stdout and stderr file descriptors attached.
+4. It becomes the worker: stdout/stderr replaced, cwd and the whole environment set, then runs `python -u script
+   args` or `python -u -m module args` exactly as a fresh interpreter would: `__main__`, sys.argv, sys.path[0],
+   `__file__`, sys.orig_argv; uncaught exceptions, SystemExit and KeyboardInterrupt end the process as they would.
+
+Every write of the server and of a standby before it becomes the worker is fail-soft: its log may be on a full or
+read-only disk, and nothing here may die of that.
 """
 
 from __future__ import annotations
@@ -28,53 +38,247 @@ import sys
 import time
 import types
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Self
 
 HEADER = 8  # bytes of the big-endian length before the JSON orders
 MAX_ORDERS = 64 << 20  # an environment and argv larger than this are refused (the agent then starts a cold worker)
+MAX_REQUEST = 65536  # a fork request (JSON) larger than this is refused
+TAG_VAR = "RUNNER_WORKER_TAG"  # runner.system.procs.TAG_VAR (this file imports nothing of runner's)
+TAG_PAD = "~"  # fills the tag's room in the initial environment: never a character of a tag
+PARENT_WAIT_S = 10.0  # a forked standby waits this long at most for the agent to become its parent
 _HERE = os.path.abspath(__file__)
 
 
+def say(stream: socket.socket, line: str) -> bool:
+    """Send one line to the agent; False when it is gone (never raises)."""
+    try:
+        stream.sendall(line.encode() + b"\n")
+    except OSError:
+        return False
+    return True
+
+
+def note(text: str) -> None:
+    """A line in the server's own log; lost, not fatal, when the disk refuses it."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, flush=True)
+
+
 def main() -> None:
-    """Preload, wait for orders, run them."""
-    fd, path0, modules = int(sys.argv[1]), sys.argv[2], sys.argv[4:]  # argv[3]: room for the worker's argv
+    """Preload, then serve fork requests; returns into a standby's life only in a forked child."""
+    ctl_fd, path0, modules = int(sys.argv[1]), sys.argv[2], sys.argv[4:]  # argv[3]: room for the worker's argv
     sys.path[0] = path0
     began = time.monotonic()
-    said = b"ready\n"
+    ctl = socket.socket(fileno=ctl_fd)
     for name in modules:
         try:
             __import__(name)
-        except BaseException as e:  # even SystemExit or KeyboardInterrupt from a module: the preload failed
-            print(f"runner standby: preload of {name!r} failed: {type(e).__name__}: {e}", file=sys.stderr)
-            said = f"failed {name}\n".encode()
-            break
+        except BaseException as e:
+            note(f"runner fork server: preload of {name!r} failed: {type(e).__name__}: {e}")
+            say(ctl, f"failed {name}")
+            raise SystemExit(0) from None
     # What the imports made lives as long as the process: the cyclic GC need never scan it again, nor at the
     # interpreter's teardown (0.55 -> 0.12 s for torch here, from a crashed worker's last statement to its exit).
     # Objects the worker makes are collected as ever.
     gc.freeze()
-    sock = socket.socket(fileno=fd)
-    with contextlib.suppress(OSError):
-        sock.sendall(said)
-    if said == b"ready\n":  # the standby's own log (its stdout until it becomes a worker)
-        print(f"runner standby: ready, imported {modules} in {time.monotonic() - began:.2f} s", flush=True)
-    orders, fds = receive(sock)
-    sock.close()
+    why = unsafe_to_fork()
+    if why:
+        note(f"runner fork server: not forking: {why}")
+        say(ctl, f"unsafe {why}")
+        raise SystemExit(0)
+    took = time.monotonic() - began
+    note(f"runner fork server: ready, imported {modules} in {took:.2f} s")
+    if not say(ctl, f"ready {took:.3f} {rss_kb()}"):
+        raise SystemExit(0)
+    job = serve(ctl)
+    if job is None:
+        raise SystemExit(0)  # the agent hung up (or forking became unsafe): this server is no longer wanted
+    standby(*job)
+
+
+def rss_kb() -> int:
+    """This process's resident memory in KiB (0 when unknown)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def unsafe_to_fork() -> str:
+    """Why forking this interpreter now could hand a child a held lock or a CUDA context ('' when it cannot)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError as e:
+        return f"cannot list this process's threads: {e}"
+    if len(tasks) > 1:
+        names = []
+        for tid in tasks:
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
+                names.append(f.read().strip())
+        return (f"the preload started {len(tasks) - 1} thread(s) besides the main one ({', '.join(names)}); "
+                "a thread may hold a lock a forked child would inherit held")
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None:
+        try:
+            initialised = bool(cuda.is_initialized())
+        except Exception as e:
+            return f"cannot tell whether CUDA is initialised: {type(e).__name__}: {e}"
+        if initialised:
+            return "the preload initialised CUDA: a CUDA context cannot be used in a forked child"
+    return ""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One fork request: the standby's tag, its cgroup ('' for none), the pid that must become its parent."""
+
+    tag: str
+    cgroup: str
+    parent: int
+
+    @classmethod
+    def parse(cls, data: bytes) -> Request | None:
+        """The request in `data`, or None when it is not one (refused: no fork)."""
+        try:
+            raw = json.loads(data)
+        except ValueError:
+            return None
+        if not isinstance(raw, dict):
+            return None
+        tag, cgroup, parent = raw.get("tag"), raw.get("cgroup"), raw.get("parent")
+        if not (isinstance(tag, str) and isinstance(cgroup, str) and isinstance(parent, int)):
+            return None
+        return cls(tag, cgroup, parent)
+
+
+def serve(ctl: socket.socket) -> tuple[Request, socket.socket] | None:
+    """Fork a standby per request until the agent hangs up; returns only in a standby (its request and socket)."""
+    while True:
+        got = next_request(ctl)
+        if got is None:
+            return None
+        request, chan = got
+        why = unsafe_to_fork()
+        if why:
+            note(f"runner fork server: not forking: {why}")
+            say(ctl, f"unsafe {why}")
+            chan.close()
+            return None
+        if request is None:
+            chan.close()  # the agent sees its socket close: a lost standby
+            continue
+        pid = os.fork()
+        if pid == 0:  # the intermediate child: fork the standby and exit, so that it reparents to the agent
+            try:
+                if os.fork() == 0:
+                    ctl.close()
+                    return request, chan
+            except OSError:
+                os._exit(1)
+            os._exit(0)
+        chan.close()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+def next_request(ctl: socket.socket) -> tuple[Request | None, socket.socket] | None:
+    """The next request (None: not one) with the standby's socket; None when the agent hung up."""
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(ctl, MAX_REQUEST, 1)
+        except OSError:
+            return None
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            return None
+        if fds:
+            return Request.parse(data), socket.socket(fileno=fds[0])
+
+
+def standby(request: Request, chan: socket.socket) -> None:
+    """A forked standby: its own session, cgroup and tag; the agent's child; then the worker its orders describe."""
+    os.setsid()
+    if request.cgroup:
+        try:
+            with open(os.path.join(request.cgroup, "cgroup.procs"), "w", encoding="ascii") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:
+            note(f"runner standby: cannot enter cgroup {request.cgroup}: {e}")
+            raise SystemExit(1) from None
+    retag(request.tag)
+    deadline = time.monotonic() + PARENT_WAIT_S
+    while os.getppid() != request.parent:  # the intermediate child is exiting; then the agent (subreaper) adopts
+        if time.monotonic() > deadline:
+            note(f"runner standby: parent is {os.getppid()}, not the agent {request.parent}")
+            raise SystemExit(1)
+        time.sleep(0.0005)
+    me = os.pidfd_open(os.getpid())
+    try:
+        socket.send_fds(chan, [b"ready\n"], [me])
+    except OSError:
+        raise SystemExit(0) from None  # the agent no longer wants this standby
+    finally:
+        os.close(me)
+    orders, fds = receive(chan)
+    chan.close()
     if orders is None:
         raise SystemExit(0)  # the agent hung up: this standby is no longer wanted
-    become(orders, fds)  # orders sent before a failed preload ended run as a cold worker would
+    become(orders, fds)
+
+
+def retag(tag: str) -> None:
+    """Write `tag` over the server's own in this process's initial environment (/proc/<pid>/environ).
+
+    A forked process shows its parent's initial environment there; the agent and the guard find a worker's
+    processes by the tag in it. The server was started with room for a tag (padded with TAG_PAD, never part of a
+    tag, so the tag stays a prefix match); it is overwritten in place, as `retitle` does for the command line.
+    """
+    import ctypes
+
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start and env_end: fields 50 and 51 of stat
+        with open("/proc/self/environ", "rb") as f:
+            current = f.read()
+    except (OSError, ValueError, IndexError):
+        return
+    if end - start != len(current):
+        return
+    key = f"{TAG_VAR}=".encode()
+    at = current.find(b"\0" + key)
+    at = 0 if current.startswith(key) else (at + 1 if at >= 0 else -1)
+    if at < 0:
+        return
+    value_at = at + len(key)
+    room = current.find(b"\0", value_at) - value_at
+    new = tag.encode()
+    if room < len(new):
+        return
+    ctypes.memmove(start + value_at, new.ljust(room, TAG_PAD.encode()), room)
 
 
 def receive(sock: socket.socket) -> tuple[dict[str, object] | None, list[int]]:
     """The orders and the two descriptors, or (None, []) when the agent hung up first."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 2)
-    if len(data) < HEADER:
+    try:
+        data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 2)
+    except OSError:
+        return None, []
+    if len(data) < HEADER or len(fds) != 2:
         return None, fds
     size = int.from_bytes(data[:HEADER], "big")
     if size > MAX_ORDERS:
         return None, fds
     body = bytearray(data[HEADER:])
     while len(body) < size:
-        chunk = sock.recv(min(size - len(body), 1 << 20))
+        try:
+            chunk = sock.recv(min(size - len(body), 1 << 20))
+        except OSError:
+            return None, fds
         if not chunk:
             return None, fds
         body += chunk
@@ -86,8 +290,9 @@ def become(orders: dict[str, object], fds: list[int]) -> None:
     argv = [str(a) for a in orders["argv"]]  # type: ignore[attr-defined]
     env: dict[str, str] = orders["env"]  # type: ignore[assignment]
     out, err = fds
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):  # what the standby wrote to its log: lost, not fatal, on a full disk
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     os.dup2(out, 1)
     os.dup2(err, 2)
     os.close(out)

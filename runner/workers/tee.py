@@ -28,6 +28,7 @@ from runner.observe.live_line import DIM, LIVE, RESET
 from runner.system.soft_io import close_fd, describe, warn_once, write_all
 
 _CHUNK = 65536
+TAIL_BYTES = 16384  # output kept in memory per stream for the root cause (failures.tail reads as much of a file)
 BACKLOG_BYTES = 4 << 20  # console output waiting to be written, at most; beyond it lines are dropped
 
 
@@ -128,7 +129,7 @@ class Console:
 class Tee:
     """Reads `pipe` whenever it is readable; never blocks the agent's loop, never fails because of the console."""
 
-    def __init__(self, pipe: IO[bytes], log_path: str, console: IO[str], label: str) -> None:
+    def __init__(self, pipe: IO[bytes], log_path: str, console: IO[str] | None, label: str) -> None:
         self.fd = pipe.fileno()
         self._pipe = pipe
         os.set_blocking(self.fd, False)
@@ -136,7 +137,8 @@ class Tee:
         self._file = open_log(log_path)  # None when the disk cannot create it: the console still gets the output
         self.lost = 0  # bytes the log file refused since it last took some (a full disk): said in the file later
         self._lost_why = ""
-        self._console = Console.of(console)
+        self._console = Console.of(console) if console is not None else None  # None: the log file only
+        self._recent = b""  # the last TAIL_BYTES of output, in memory: the root cause survives a full disk
         self._label = label.encode()
         self._partial = b""
         self._folded_after = ""  # who failed first, while this tee folds its output ('' while it echoes)
@@ -159,6 +161,7 @@ class Tee:
             self._write(data)
 
     def _write(self, data: bytes) -> None:
+        self._recent = (self._recent + data)[-TAIL_BYTES:]
         self._to_file(data)
         if self._console is None or self._console.gone:
             return
@@ -194,6 +197,10 @@ class Tee:
             return False
         self.lost = 0
         return True
+
+    def tail(self, lines: int = 50) -> str:
+        """The last `lines` lines of output (from memory, whatever the log file could take)."""
+        return "\n".join(self._recent.decode(errors="replace").splitlines()[-lines:])
 
     def fold(self, failed: str) -> None:
         """From now on count lines instead of echoing them: collateral output after `failed` (e.g. 'rank 0') failed.
@@ -251,13 +258,3 @@ def open_log(path: str) -> int | None:
     except OSError as e:
         warn_once("worker_log_unwritable", path, e)
         return None
-
-
-def log_or_devnull(path: str) -> int:
-    """A descriptor a worker writes its stream to itself (not echoed): its log file, else /dev/null (a warning).
-
-    With the log file out of reach, the output is dropped rather than sent elsewhere: no console, pipe or disk
-    that could fail the worker's own writes, whose outcome must stay its own.
-    """
-    fd = open_log(path)
-    return fd if fd is not None else os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)

@@ -70,6 +70,7 @@ def record() -> dict[str, object]:
         "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\0").decode().split("\0")[1:],
         "gc_frozen": gc.get_freeze_count(),
         "pid": os.getpid(),
+        "ppid": os.getppid(),
     }
 
 
