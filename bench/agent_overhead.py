@@ -1,18 +1,21 @@
-"""Agent overhead: runner vs torchrun on a 2-worker job whose workers sleep 2 s (no torch in the workers).
+"""Agent overhead: runner vs torchrun on a 2-worker job whose workers sleep 2 s.
 
 Runs A (runner) and B (torchrun) alternately, N times each, in one process:
-  A: runner bench/jobs/sleep.yaml
+  A: runner bench/jobs/sleep.yaml (--workers sleep: no torch in the workers, preload [])
+     or bench/jobs/sleep_torch.yaml (--workers torch: they import torch; the product's defaults, fork server on)
   B: torchrun --standalone --nproc-per-node 2 bench/workers/sleep_worker.py
 Both run the same argv per worker: `<venv python> -u bench/workers/sleep_worker.py`.
 Per run:
   overhead = wall time of the whole command - 2 s (the workers' sleep);
   agent CPU = wait4 rusage of the launcher (launcher + every descendant it reaped) - the CPU each worker reports
               for itself (RUSAGE_SELF at its end); for the runner this includes its shepherd helper process;
-  agent peak RSS = VmHWM of the launcher's main process (sampled every 20 ms); runner's helpers listed apart.
+  agent peak RSS = VmHWM of the launcher's main process (sampled every 20 ms); runner's helpers listed apart;
+  whole tree PSS = the peak, sampled every 100 ms, of the summed proportional set size of the launcher and every
+              descendant (agent, guard, fork server, standbys, workers): copy-on-write and shared pages count once.
 For the runner, where its overhead lies (from the run's own agent.jsonl, same wall clock as the launch):
   start = launch -> first `worker_started` event;  exit = last `worker_exited` event -> runner reaped.
 
-    python bench/agent_overhead.py [--runs 10]
+    python bench/agent_overhead.py [--runs 10] [--workers sleep|torch]
 """
 
 from __future__ import annotations
@@ -44,9 +47,12 @@ SLEEP_S = 2.0
 WORKER = "bench/workers/sleep_worker.py"
 
 
-def commands() -> dict[str, list[str]]:
+SPECS = {"sleep": "bench/jobs/sleep.yaml", "torch": "bench/jobs/sleep_torch.yaml"}
+
+
+def commands(workers: str = "sleep") -> dict[str, list[str]]:
     """The two launchers' commands (run from the repository root)."""
-    return launcher_commands("bench/jobs/sleep.yaml", WORKER)
+    return launcher_commands(SPECS[workers], WORKER)
 
 
 @dataclass
@@ -76,9 +82,9 @@ def phases(m: Measured, logs: Path) -> tuple[float | None, float | None]:
     )
 
 
-def one_run(argv: list[str], work: Path) -> Run:
+def one_run(argv: list[str], work: Path, workers: str) -> Run:
     """Run once; return the measurement, the agent's own CPU seconds and (runner) its phases."""
-    env = bench_env(work, BENCH_SLEEP=str(SLEEP_S))
+    env = bench_env(work, BENCH_SLEEP=str(SLEEP_S), BENCH_TORCH="1" if workers == "torch" else "0")
     out = work / "out"
     m = measure(
         argv,
@@ -93,7 +99,7 @@ def one_run(argv: list[str], work: Path) -> Run:
             f"run failed: rc={m.rc}, {len(reports)} worker report(s); see {work / 'launcher.log'}"
         )
     workers_cpu = sum(float(p.read_text()) for p in reports)
-    start, end = phases(m, work / "logs") if argv == commands()["runner"] else (None, None)
+    start, end = phases(m, work / "logs") if argv == commands(workers)["runner"] else (None, None)
     return Run(m, m.cpu_s - workers_cpu, start, end)
 
 
@@ -106,33 +112,36 @@ def main() -> None:
         default=10,
         help="runs of each launcher (after one warm-up each)",
     )
+    p.add_argument("--workers", choices=sorted(SPECS), default="sleep",
+                   help="sleep: workers without torch; torch: workers that import torch, the runner's defaults")
     args = p.parse_args()
     precompile()
-    cmds = commands()
+    cmds = commands(args.workers)
     res: dict[str, list[Run]] = {k: [] for k in cmds}
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
         work = Path(tmp)
         for name, argv in cmds.items():  # warm-up: page cache, .pyc files
-            one_run(argv, work)
+            one_run(argv, work, args.workers)
             print(f"warm-up {name} done", file=sys.stderr)
         for i in range(args.runs):
             for name, argv in cmds.items():
-                run = one_run(argv, work)
+                run = one_run(argv, work, args.workers)
                 res[name].append(run)
                 print(
                     f"run {i} {name}: wall {run.m.wall_s:.3f} s, agent cpu {run.cpu_s:.3f} s, "
-                    f"rss {run.m.peak_rss_kib / 1024:.1f} MiB",
+                    f"rss {run.m.peak_rss_kib / 1024:.1f} MiB, tree pss {run.m.peak_tree_pss_kib / 1024:.1f} MiB",
                     file=sys.stderr,
                 )
-    report(cmds, res)
+    report(cmds, res, args.workers)
 
 
-def report(cmds: dict[str, list[str]], res: dict[str, list[Run]]) -> None:
+def report(cmds: dict[str, list[str]], res: dict[str, list[Run]], workers: str) -> None:
     """Markdown tables: per launcher, then runner/torchrun ratios (pair by pair); the runner's phases."""
     over = {k: [r.m.wall_s - SLEEP_S for r in v] for k, v in res.items()}
     wall = {k: [r.m.wall_s for r in v] for k, v in res.items()}
     cpu = {k: [r.cpu_s for r in v] for k, v in res.items()}
     rss = {k: [r.m.peak_rss_kib / 1024 for r in v] for k, v in res.items()}
+    pss = {k: [r.m.peak_tree_pss_kib / 1024 for r in v] for k, v in res.items()}
     helpers = [sum(r.m.helpers_rss_kib.values()) / 1024 for r in res["runner"]]
     starts = [r.start_s for r in res["runner"] if r.start_s is not None]
     exits = [r.exit_s for r in res["runner"] if r.exit_s is not None]
@@ -143,6 +152,7 @@ def report(cmds: dict[str, list[str]], res: dict[str, list[Run]]) -> None:
             Stat.of(over[name]).fmt(),
             Stat.of(cpu[name]).fmt(),
             Stat.of(rss[name]).fmt(digits=1),
+            Stat.of(pss[name]).fmt(digits=1),
         ]
         for name in cmds
     ]
@@ -153,10 +163,12 @@ def report(cmds: dict[str, list[str]], res: dict[str, list[Run]]) -> None:
             ratios(over["runner"], over["torchrun"]).fmt(digits=2),
             ratios(cpu["runner"], cpu["torchrun"]).fmt(digits=2),
             ratios(rss["runner"], rss["torchrun"]).fmt(digits=2),
+            ratios(pss["runner"], pss["torchrun"]).fmt(digits=2),
         ]
     )
     n = len(wall["runner"])
-    print(f"### Agent overhead: {n} interleaved runs each ({machine_line()})\n")
+    what = "workers import torch, runner's defaults" if workers == "torch" else "workers without torch"
+    print(f"### Agent overhead ({what}): {n} interleaved runs each ({machine_line()})\n")
     print(
         table(
             [
@@ -165,6 +177,7 @@ def report(cmds: dict[str, list[str]], res: dict[str, list[Run]]) -> None:
                 "overhead s (wall - 2)",
                 "agent CPU s",
                 "agent peak RSS MiB",
+                "whole tree peak PSS MiB",
             ],
             rows,
         )

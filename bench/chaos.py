@@ -1,7 +1,7 @@
 """Seeded chaos soak: real agents, real etcd, a real training job, and a random schedule of faults; invariants after each.
 
     python bench/chaos.py --seed N --duration SECONDS [--hosted] [--nodes K] [--failure-every S]
-                          [--steps N] [--job-window S] [--classes a,b,...] [--standby] [--first-job N] [--keep]
+                          [--steps N] [--job-window S] [--classes a,b,...] [--no-standby] [--first-job N] [--keep]
     python bench/chaos.py --replica-groups --seed N --duration SECONDS [...]
 
 --replica-groups soaks single-node replica-group jobs (2 TorchFT groups, the hosted lighthouse) instead, with faults
@@ -553,8 +553,8 @@ class Soak:
             line += " --hosted"
         if a.classes:
             line += f" --classes {a.classes}"
-        if a.standby:
-            line += " --standby"
+        if not a.standby:
+            line += " --no-standby"
         return line
 
     # ------------------------------------------------------------------ setup / teardown
@@ -772,7 +772,7 @@ class Soak:
             restart:
               max_restarts: 10000
               crash_loop: 0          # the soak repeats the same fault on purpose: no crash-loop stop
-              standby: {str(self.args.standby).lower()}
+              standby: {str(self.args.standby).lower()}  # the product's default unless --no-standby
               backoff: {{initial: 0.5s, max: 2s}}
             watchdog:
               enabled: true
@@ -819,9 +819,7 @@ class Soak:
         addr = (self.net.ns_addr if in_ns else self.net.host_addr) if self.net else "127.0.0.1"
         env = {**os.environ, "CHAOS_TOKEN": job.token, "CHAOS_NODE": node, "TMPDIR": str(job.tmp),
                "XDG_STATE_HOME": str(job.state), "CHAOS_LOGS": str(job.logs / node), "PYTHONUNBUFFERED": "1"}
-        env.pop("RUNNER_STANDBY", None)
-        if not self.args.standby:
-            env["RUNNER_STANDBY"] = "0"
+        env.pop("RUNNER_STANDBY", None)  # the spec says (the product's default: on)
         if self.net is not None:
             env["GLOO_SOCKET_IFNAME"] = self.net.vn if in_ns else self.net.vh
         argv = [sys.executable, "-m", "runner", "run", str(job.spec), "--node", node, "--advertise-addr", addr]
@@ -1584,7 +1582,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=200, help="training steps per job (0.1 s each)")
     p.add_argument("--job-window", type=float, default=60.0, help="seconds of faults per job, then it must end")
     p.add_argument("--classes", default="", help="comma-separated fault classes to draw from (default: all)")
-    p.add_argument("--standby", action="store_true", help="restart.standby on (pre-warmed workers)")
+    p.add_argument("--no-standby", dest="standby", action="store_false",
+                   help="restart.standby false (cold workers); the default is the product's: warm workers forked "
+                        "from the fork server")
     p.add_argument("--first-job", type=int, default=1, help="number of the first job (replays job N's schedule)")
     p.add_argument("--keep", action="store_true", help="keep every log (a failing run keeps them anyway)")
     p.add_argument("--replica-groups", action="store_true",

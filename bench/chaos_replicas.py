@@ -195,8 +195,8 @@ class ReplicaSoak(Soak):
         line += f" --failure-every {a.failure_every:g} --steps {a.steps} --job-window {a.job_window:g}"
         if a.classes:
             line += f" --classes {a.classes}"
-        if a.standby:
-            line += " --standby"
+        if not a.standby:
+            line += " --no-standby"
         return line
 
     def extra_tables(self) -> list[str]:
@@ -245,7 +245,7 @@ class ReplicaSoak(Soak):
             restart:
               max_restarts: 10000
               crash_loop: 0          # the soak repeats the same fault on purpose: no crash-loop stop
-              standby: {str(self.args.standby).lower()}
+              standby: {str(self.args.standby).lower()}  # the product's default unless --no-standby
               backoff: {{initial: 0.5s, max: 2s}}
             watchdog:
               enabled: true

@@ -60,6 +60,19 @@ class Measured:
     )  # other non-worker descendants: pid -> VmHWM
     timed_out: bool = False
     started_at: float = 0.0  # time.time() just before Popen
+    peak_tree_pss_kib: int = 0  # the whole process tree (launcher and every descendant): peak of the summed PSS
+
+
+def pss_kib(pid: int) -> int:
+    """Proportional set size of `pid` in KiB (shared pages split among their sharers), 0 once gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return 0
+    return 0
 
 
 def vm_hwm_kib(pid: int) -> int | None:
@@ -110,26 +123,33 @@ class RssSampler(threading.Thread):
     """Samples VmHWM of the launcher and of its non-worker descendants every `interval` s until stopped."""
 
     def __init__(
-        self, pid: int, is_worker: Callable[[str], bool], interval: float = 0.02
+        self, pid: int, is_worker: Callable[[str], bool], interval: float = 0.02, pss_every: int = 5
     ) -> None:
         super().__init__(daemon=True)
         self.pid = pid
         self.is_worker = is_worker
         self.interval = interval
+        self.pss_every = pss_every  # the tree's PSS every this many samples (reading smaps_rollup costs CPU)
         self.peak = 0
+        self.peak_tree_pss = 0
         self.helpers: dict[int, int] = {}
         self._cmds: dict[int, str] = {}
         self.done = threading.Event()
 
     def run(self) -> None:
         """Sample until `done` is set."""
+        n = 0
         while not self.done.wait(self.interval):
             hwm = vm_hwm_kib(self.pid)
             if hwm is None:
                 return
             self.peak = max(self.peak, hwm)
-            for child in descendants(self.pid):
+            tree = descendants(self.pid)
+            for child in tree:
                 self.sample_helper(child)
+            n += 1
+            if n % self.pss_every == 0:  # PSS: pages shared copy-on-write or mapped by several count once in all
+                self.peak_tree_pss = max(self.peak_tree_pss, sum(pss_kib(p) for p in [self.pid, *tree]))
 
     def sample_helper(self, pid: int) -> None:
         """Track a non-worker descendant's VmHWM since its last exec (a child between fork and exec still
@@ -213,6 +233,7 @@ def measure(
         helpers_rss_kib=dict(sampler.helpers),
         timed_out=timed_out,
         started_at=started_at,
+        peak_tree_pss_kib=sampler.peak_tree_pss,
     )
 
 

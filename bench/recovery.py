@@ -1,9 +1,9 @@
 """Recovery: a crash of one rank -> every rank of the next attempt past init_process_group.
 
 bench/workers/recover_worker.py (torch): on attempt 0 the last rank crashes $BENCH_CRASH_AFTER s after
-init_process_group (long enough for standbys to be warm again); attempt 1 must init and all_reduce.
-  A: runner, pre-warmed standby workers (the default: restart.standby true, preload [torch])
-  B: runner with restart.standby false (every worker a cold interpreter, as before standbys)
+init_process_group (0: at once, the next attempt's workers must be warm already); attempt 1 must init and all_reduce.
+  A: runner, the product's defaults (restart.standby true, preload [torch]: workers forked from the fork server)
+  B: runner with restart.standby false (every worker a cold interpreter)
   C: torchrun --standalone --nproc-per-node N --max-restarts <crash attempt + 1> bench/workers/recover_worker.py
 Runs interleave A, B, C. recovery = max over ranks of attempt 1's time past init_process_group - the crash time
 (same host clock), over the runs where every rank of attempt 1 got past init_process_group; a run succeeds when the
@@ -118,7 +118,7 @@ def main() -> None:
                    help="which launchers to run, comma-separated (ratios need torchrun)")
     args = p.parse_args()
     precompile()
-    extra = {"BENCH_BACKEND": args.backend, "BENCH_CRASH_AFTER": str(args.crash_after), "RUNNER_STANDBY": "1",
+    extra = {"BENCH_BACKEND": args.backend, "BENCH_CRASH_AFTER": str(args.crash_after),
              "BENCH_CRASH_HOW": args.how, "BENCH_CRASH_ATTEMPT": str(args.crash_attempt)}
     runs: dict[str, list[Run]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:

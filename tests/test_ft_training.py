@@ -57,7 +57,10 @@ def test_a_killed_group_restarts_alone_and_rejoins_with_the_survivors_weights(tm
           args: ["--steps", "{STEPS}", "--sha-every", "50", "--step-sleep", "0.03"]
         replica_groups: {{count: 2, nproc_per_node: 1, min_active: 1, lighthouse: {{heartbeat_timeout: 1s}}}}
         env: {{OMP_NUM_THREADS: "1"}}
-        restart: {{max_restarts: 3, backoff: {{initial: 0s}}}}
+        # standby false: a warm restart is back within TorchFT's heartbeat (1 s), before group 0 could step alone;
+        # a cold one (the new worker imports torch) keeps group 1 down long enough to watch group 0 step on alone.
+        # The default (warm) path of the same failure: tests/test_ft_example.py.
+        restart: {{max_restarts: 3, backoff: {{initial: 0s}}, standby: false}}
         shutdown: {{grace_period: 5s}}
         logs: {{dir: "${{LOGS}}"}}
     """)

@@ -99,13 +99,21 @@ def fill_inodes(folder: Path) -> None:
 
 
 def run_job(job: Callable[[str], Job], logs: Path, *, tee: bool, lines: int, exit_code: int,
-            tmpdir: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """Run a 2-rank job of WORKER with logs.dir `logs`; (its result, the state dir: the report's fallback)."""
+            tmpdir: Path, entry: str = "command") -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run a 2-rank job of WORKER with logs.dir `logs`; (its result, the state dir: the report's fallback).
+
+    entry "command": `python -c WORKER` (never a standby); "script": WORKER as a script, the default path (forked
+    from the fork server).
+    """
+    script = tmpdir / "worker.py"
+    script.write_text(WORKER)
+    how = (f'command: [{json.dumps(sys.executable)}, "-c", {json.dumps(WORKER)}]' if entry == "command"
+           else f"script: {json.dumps(str(script))}")
     j = job(f"""
         version: 1
         name: disk
         entrypoint:
-          command: [{json.dumps(sys.executable)}, "-c", {json.dumps(WORKER)}]
+          {how}
         nproc_per_node: 2
         env: {{LINES: "{lines}", EXIT: "{exit_code}"}}
         restart: {{max_restarts: 0}}
@@ -130,11 +138,14 @@ def summary_paths(stderr: str) -> tuple[Path, Path]:
 
 
 def assert_clean_end(done: subprocess.CompletedProcess[str], expected: int) -> dict[str, object]:
-    """The exit code is the workers'; no internal error, no traceback; report.json is where the summary says."""
+    """The exit code is the workers'; no internal error, no traceback of runner's own; report.json is where the
+    summary says. (A failed worker's own traceback is its root cause: the summary quotes it, indented.)"""
     tail = done.stderr[-4000:]
     assert done.returncode == expected, tail
+    own = "\n".join(line for line in done.stderr.splitlines()  # not the workers' echoed output nor its quotes
+                     if not line.startswith(("runner:    ", "[")) and '"stderr_tail"' not in line)
     for bad in ("internal error", "Traceback", "Exception in callback", "Exception ignored"):
-        assert bad not in done.stderr, tail
+        assert bad not in own, tail
     _, report_path = summary_paths(done.stderr)
     assert report_path.is_file(), tail
     report = json.loads(report_path.read_text())
@@ -176,6 +187,49 @@ def test_a_logs_dir_full_before_the_start(job, tmpfs, tmp_path, size, tee, exit_
     assert stdout_log.read_bytes().count(b"\n") == 50  # stopped early when rank 1 fails): its whole log is there
 
 
+# A user's script as it is written: plain print() on both streams, no guard against a failing write; rank 1 raises
+# when $EXIT is not 0. Each rank marks in $OUT (not on the logs disk) that it printed everything.
+SCRIPT = """
+import os, sys
+rank = os.environ["RANK"]
+for i in range(int(os.environ["LINES"])):
+    print("o" * 99)
+    print("e" * 99, file=sys.stderr)
+open(os.path.join(os.environ["OUT"], "done-" + rank), "w").close()
+if rank == "1" and os.environ["EXIT"] != "0":
+    raise RuntimeError("rank 1 failed on purpose")
+"""
+
+
+@pytest.mark.parametrize("exit_code", [0, 1], ids=["workers-succeed", "worker-fails"])
+@pytest.mark.parametrize("tee", [True, False], ids=["tee", "no-tee"])
+def test_a_logs_dir_filling_under_the_default_spec_never_fails_a_workers_print(job, tmpfs, tmp_path, tee, exit_code):
+    """The product's defaults (a script entrypoint, forked from the warm fork server, preload [torch]): workers
+    that print() to a 1 MiB logs disk they fill finish their work; the job's result is theirs, and a failed rank's
+    root cause (its traceback, kept in the agent's memory) is in report.json although the disk lost it."""
+    logs = tmpfs("logs", "1m")
+    (tmp_path / "w.py").write_text(SCRIPT)
+    j = job(f"""
+        version: 1
+        name: diskdefault
+        entrypoint: {{script: "{tmp_path / 'w.py'}"}}
+        nproc_per_node: 2
+        env: {{LINES: "8000", EXIT: "{exit_code}", OUT: "{tmp_path}"}}
+        restart: {{max_restarts: 1, backoff: {{initial: 0s}}}}
+        logs: {{dir: "{logs}", tee: {json.dumps(tee)}}}
+    """)
+    env = {**j.env(), "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "runner", str(j.spec)], cwd=j.tmp, env=env, capture_output=True,
+                          text=True, timeout=180, check=False)
+    report = assert_clean_end(done, exit_code)
+    assert report["standby"]["handed_off"] >= 2, report["standby"]  # the default path: workers forked warm
+    assert (tmp_path / "done-1").exists()  # every print of rank 1 returned (rank 0 may be stopped when it fails)
+    assert exit_code or (tmp_path / "done-0").exists()
+    assert report["attempts"] == (2 if exit_code else 1)  # a failing rank 1 is its own failure, retried once
+    if exit_code:
+        assert "RuntimeError: rank 1 failed on purpose" in json.dumps(report["failures"][0]), report["failures"][0]
+
+
 def test_a_logs_dir_out_of_inodes_cannot_hold_a_run_dir_and_the_job_runs(job, tmpfs, tmp_path):
     """Not even a folder can be made in logs.dir (no inode left): the run dir goes to the temp dir."""
     logs = tmpfs("logs", "1m", "nr_inodes=64")
@@ -186,10 +240,12 @@ def test_a_logs_dir_out_of_inodes_cannot_hold_a_run_dir_and_the_job_runs(job, tm
     assert run_dir.is_relative_to(tmp_path / "runner-logs")
 
 
-def test_a_read_only_logs_dir_is_refused_before_any_worker_starts(job, tmpfs, tmp_path):
-    """A logs.dir nobody may write is a mistake in the spec: exit 2 with the field named, nothing started."""
+@pytest.mark.parametrize("entry", ["command", "script"])
+def test_a_read_only_logs_dir_is_refused_before_any_worker_starts(job, tmpfs, tmp_path, entry):
+    """A logs.dir nobody may write is a mistake in the spec: exit 2 with the field named, nothing started (no fork
+    server either: the default script entrypoint)."""
     logs = tmpfs("logs", "64k", "ro")
-    done, state = run_job(job, logs, tee=True, lines=10, exit_code=0, tmpdir=tmp_path)
+    done, state = run_job(job, logs, tee=True, lines=10, exit_code=0, tmpdir=tmp_path, entry=entry)
     assert done.returncode == 2, done.stderr
     assert "logs.dir" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "runner-logs").exists() and not (state / "runner" / "runs.jsonl").exists()
@@ -238,3 +294,6 @@ def test_a_full_logs_disk_does_not_kill_the_hosted_lighthouse(tmpfs, tmp_path: P
     _, err = j.proc.communicate(timeout=120)
     assert j.proc.returncode == 0, err[-3000:]
     assert "lighthouse_gone" not in err and "lighthouse_restarting" in err, err[-3000:]
+    _, report = summary_paths(err)  # the replica job's summary names where report.json went (the disk is full)
+    assert report.is_file(), err[-3000:]
+    assert json.loads(report.read_text())["outcome"] == "succeeded"

@@ -33,7 +33,7 @@ FT = pytest.mark.skipif(importlib.util.find_spec("torchft") is None or
 STEPS = 300
 
 
-def spec(endpoint: str, extra_args: str = "") -> str:
+def spec(endpoint: str, extra_args: str = "", standby: str = "true") -> str:
     """Two groups of one node and one worker each, on the test's etcd."""
     return f"""
 version: 1
@@ -46,7 +46,7 @@ rendezvous: {{backend: etcd, endpoints: ["{endpoint}"], last_call: 0s, lease_ttl
 replica_groups: {{count: 2, nproc_per_node: 1, nodes_per_group: 1, min_active: 1,
                   lighthouse: {{heartbeat_timeout: 1s}}}}
 env: {{OMP_NUM_THREADS: "1"}}
-restart: {{max_restarts: 3, backoff: {{initial: 0s}}}}
+restart: {{max_restarts: 3, backoff: {{initial: 0s}}, standby: {standby}}}
 shutdown: {{grace_period: 5s}}
 logs: {{dir: "${{LOGS}}"}}
 """
@@ -100,7 +100,9 @@ def stepping_together(log: Path) -> bool:
 @pytest.mark.integration
 @FT
 def test_a_killed_group_restarts_alone_on_its_node_while_the_other_node_steps(cluster: Cluster) -> None:
-    cluster.write(spec(cluster.endpoint))
+    # standby false: a warm restart is back within TorchFT's heartbeat (1 s), before group 0 could step alone; a
+    # cold one (its worker imports torch) keeps group 1 down long enough to watch group 0 step on alone.
+    cluster.write(spec(cluster.endpoint, standby="false"))
     cluster.start("a")
     cluster.start("b")
     groups = both_seated(cluster, ("a", "b"))

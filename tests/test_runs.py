@@ -141,8 +141,14 @@ def test_status_watch_follows_a_real_job_to_its_end(tmp_path: Path) -> None:
         index = runs_index.index_path({"XDG_STATE_HOME": str(tmp_path / "state")})
         wait_for(lambda: any(r.job == "watched" for r in runs_index.read(index)), what="the run in the index")
         run_dir = Path(runs_index.read(index)[-1].run_dir)
-        wait_for(lambda: '"RUNNING"' in (run_dir / "status.json").read_text() if (run_dir / "status.json").exists()
-                 else False, what="RUNNING")
+        def running() -> bool:  # RUNNING with its workers started (first the fork server imports the preload)
+            try:
+                status = json.loads((run_dir / "status.json").read_text())
+            except (OSError, ValueError):
+                return False
+            return status["state"] == "RUNNING" and len(status.get("workers", [])) == 2
+
+        wait_for(running, what="RUNNING with both workers")
         watch = subprocess.Popen([sys.executable, "-m", "runner", "status", "--watch", "watched", "--interval", "0.2"],
                                  cwd=tmp_path, env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)

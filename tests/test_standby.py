@@ -7,6 +7,7 @@ must match except for what a standby changes on purpose (torch already imported)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -316,3 +317,126 @@ def test_a_machine_without_standbys_starts_the_first_attempt_cold(job: Any) -> N
         assert info["preloaded"] is False
         assert info["gc_frozen"] == 0
         assert info["cmdline"][:2] == ["-u", str(PROBE)]
+
+
+def test_a_crash_at_once_in_a_crash_loop_finds_a_warm_worker_every_time(job: Any) -> None:
+    """Rank 1 crashes at its first statements on attempts 0-2 (no wait for anything): every attempt's workers are
+    forked from the warm server, none starts cold."""
+    scope = "group"
+    j = standby_job(job, crash=3, restarts=3)
+    # crash_loop 0: the same exception three times is a crash loop the policy would stop early, on purpose here
+    j.spec.write_text(j.spec.read_text().replace("restart:\n", f"restart:\n  scope: {scope}\n  crash_loop: 0\n", 1))
+    (j.out / "go").touch()  # crash at once
+    res = j.run()
+    assert res.returncode == 0, res.stderr[-3000:]
+    for attempt in range(4):
+        assert j.worker_info(1, attempt)["preloaded"] is True
+    if scope == "group":
+        assert all(j.worker_info(0, a)["preloaded"] for a in range(4))
+    rep = report(j)["standby"]
+    assert rep["cold_starts"] == [], rep
+    assert rep["handed_off"] == (8 if scope == "group" else 5), rep
+
+
+THREADED = """
+import threading, time
+threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
+"""
+
+
+def test_a_preload_that_starts_a_thread_is_never_forked_and_workers_start_cold(job: Any) -> None:
+    """A thread may hold a lock a forked child would inherit held: the server refuses to fork, one warning says
+    why, the workers start cold and the job is unaffected."""
+    j = standby_job(job, preload="[threaded_preload]")
+    (j.tmp / "threaded_preload.py").write_text(THREADED)
+    script = j.tmp / "standby_probe.py"
+    script.write_text(PROBE.read_text())
+    j.spec.write_text(j.spec.read_text().replace(f"script: {PROBE}", f"script: {script}"))
+    res = j.run()
+    assert res.returncode == 0, res.stderr[-3000:]
+    offs = [json.loads(line) for line in _agent_log(j) if '"standby_off"' in line]
+    assert len(offs) == 1
+    assert "thread" in offs[0]["why"], offs
+    assert "thread" in report(j)["standby"]["off"]
+    assert j.worker_info(0)["preloaded"] is False
+    assert j.worker_info(1)["preloaded"] is False
+
+
+def test_a_sigkilled_fork_server_is_replaced_and_the_job_goes_on(job: Any) -> None:
+    """The server dies (SIGKILL) while the job runs: a warning, a new server, and the next attempt still starts
+    warm (the standbys forked before stay the agent's children, and the new server forks the rest)."""
+    j = standby_job(job, crash=1, preload="[json]")
+    proc = j.start()
+    try:
+        wait_for(lambda: all(ready_lines(j, r) >= 2 for r in (0, 1)), timeout=60, what="waiting standbys")
+        servers = [pid for pid in _pids() if _is_standby(pid, j) and b".f0.0." in _environ(pid)]
+        assert len(servers) == 1
+        fd = os.pidfd_open(servers[0])
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        os.close(fd)
+        wait_for(lambda: any('"fork_server_lost"' in line for line in _agent_log(j)), timeout=30,
+                 what="the agent to see its server die")
+        (j.out / "go").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        j.stop()
+    assert proc.returncode == 0, out + err
+    assert j.worker_info(0, 1)["preloaded"] is False  # preload [json]: the probe's own marker is torch
+    assert report(j)["standby"]["cold_starts"] == []
+    assert report(j)["standby"]["handed_off"] == 4
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_a_thread_pool_that_stops_at_fork_does_not_keep_the_server_from_forking(job: Any) -> None:
+    """One rank, so OMP_NUM_THREADS is not set: numpy's OpenBLAS starts its thread pool at import. The pool joins
+    its threads at fork (pthread_atfork): the server's probe fork shows it, and the workers are forked warm."""
+    j = standby_job(job, crash=1, preload="[numpy, torch]")
+    j.spec.write_text(j.spec.read_text().replace("nproc_per_node: 2", "nproc_per_node: 1"))
+    (j.out / "go").touch()
+    res = j.run()
+    assert res.returncode == 0, res.stderr[-3000:]
+    rep = report(j)["standby"]
+    assert "off" not in rep, rep
+    assert rep["handed_off"] == 2, rep
+    assert j.worker_info(0, 1)["preloaded"] is True
+
+
+def test_a_pidfd_is_adopted_only_from_a_child_and_signalled_only_when_its_tag_proves_it_ours(tmp_path: Path) -> None:
+    """What a forked standby sends is checked: a process that is not this process's child is never adopted, and a
+    foreign one (no tag of ours) is never signalled, whatever pidfd arrives on the socket."""
+    import subprocess
+
+    from runner.workers.standby import proven_ours, standby_pid
+
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)  # our child, no tag
+    tag = "0123456789abcdef.s1.0."
+    tagged = subprocess.Popen(["sleep", "60"], env={**os.environ, "RUNNER_WORKER_TAG": tag + "~~~~"})
+    grandchild = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True)
+    assert grandchild.stdout is not None
+    foreign = int(grandchild.stdout.readline())  # not our child
+    fds = {name: os.pidfd_open(p.pid) for name, p in (("stranger", stranger), ("tagged", tagged))}
+    fds["foreign"] = os.pidfd_open(foreign)
+    try:
+        assert standby_pid(b"ready\n", fds["stranger"]) == stranger.pid  # a child of ours
+        assert standby_pid(b"hello\n", fds["stranger"]) is None  # it did not say ready
+        assert standby_pid(b"ready\n", fds["foreign"]) is None  # not our child: never adopted
+        assert proven_ours(fds["tagged"], tag)
+        assert not proven_ours(fds["stranger"], tag)
+        assert not proven_ours(fds["foreign"], tag)
+        tagged.kill()
+        tagged.wait()
+        assert not proven_ours(fds["tagged"], tag)  # gone (reaped): its pid proves nothing any more
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+        for p in (stranger, tagged, grandchild):
+            p.kill()
+            p.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(foreign, signal.SIGKILL)

@@ -114,6 +114,8 @@ class ReplicaJob:
         lines.append(f"runner: logs: {self.run_dir}")
         if self.report_path is None:
             lines.append("runner: warning: report.json could not be written")
+        elif self.report_path.parent != self.run_dir:  # as a single group's summary: where it went instead
+            lines.append(f"runner: report: {self.report_path} (the run dir could not take it)")
         return lines
 
 

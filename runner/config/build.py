@@ -383,10 +383,14 @@ class Builder:
         )
 
     def watchdog(self, raw: dict[str, Any]) -> Watchdog:
-        """Durations in seconds; null stays None (off)."""
+        """Durations in seconds; null stays None (off).
+
+        `enabled` unwritten follows heartbeat_timeout: a timeout asks for hang detection, which needs the watchdog
+        (an explicit `enabled: false` beside it is refused in checks.py). max_run_time needs no watchdog.
+        """
         default, here = Watchdog(), ("watchdog",)
         return Watchdog(
-            enabled=raw.get("enabled", default.enabled),
+            enabled=raw.get("enabled", raw.get("heartbeat_timeout") is not None),
             check_interval=self.duration(raw.get("check_interval", default.check_interval),
                                          (*here, "check_interval")),
             capture_stacks=raw.get("capture_stacks", default.capture_stacks),

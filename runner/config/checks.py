@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import cast
+from typing import Any, cast
 
 from runner.config.limits import MAX_ARG_BYTES, MAX_WORLD_SIZE
-from runner.config.spec import JobSpec, ReplicaGroups
+from runner.config.spec import JobSpec, ReplicaGroups, Watchdog
 from runner.config.yaml_source import Document, Path
 from runner.errors import SpecProblem
 
 Found = tuple[Path | tuple[Path, ...], str, str]  # where (or candidates, first written wins), message, fix
 Check = Callable[[JobSpec], Iterator[Found]]
+DocCheck = Callable[[JobSpec, Document], Iterator[Found]]  # also reads the data: what the user wrote, not defaults
 
 
 def _nodes(spec: JobSpec) -> Iterator[Found]:
@@ -92,6 +93,26 @@ def _positive(spec: JobSpec) -> Iterator[Found]:
                "etcd leases count whole seconds; use 1s or more")
 
 
+def _watchdog_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
+    """An explicit `enabled: false` beside a field that only the running watchdog reads: that field would do nothing.
+
+    (heartbeat_timeout with `enabled` unwritten turns the watchdog on, see build.py; max_run_time needs no watchdog.)
+    """
+    watchdog, default = spec.watchdog, Watchdog()
+    if watchdog.enabled or not _written(doc, ("watchdog", "enabled")):
+        return
+    unused = (
+        ("heartbeat_timeout", watchdog.heartbeat_timeout is not None, "no worker would ever be found hung"),
+        ("check_interval", watchdog.check_interval != default.check_interval, "it paces the watchdog's file timer"),
+        ("capture_stacks", watchdog.capture_stacks != default.capture_stacks,
+         "it applies when the watchdog kills a hung worker"),
+    )
+    for key, changed, why in unused:
+        if changed:
+            yield (("watchdog", key), f"does nothing while watchdog.enabled is false ({why})",
+                   f"remove watchdog.{key}, or set watchdog.enabled: true")
+
+
 def _health(spec: JobSpec) -> Iterator[Found]:
     health, here = spec.health, ("health",)
     for key, value in (("timeout", health.timeout), ("retry_interval", health.retry_interval)):
@@ -163,11 +184,27 @@ def _replica_nodes(spec: JobSpec, groups: ReplicaGroups) -> Iterator[Found]:
 CHECKS: tuple[Check, ...] = (
     _nodes, _entrypoint, _backoff, _security, _hosted, _positive, _health, _os_limits, _replica_groups,
 )
+DOC_CHECKS: tuple[DocCheck, ...] = (_watchdog_off,)
 
 
 def semantic_problems(spec: JobSpec, doc: Document) -> list[SpecProblem]:
     """Every cross-field problem, located in `doc`."""
-    return [doc.problem(_pick(where, doc), message, fix) for check in CHECKS for where, message, fix in check(spec)]
+    found = [item for check in CHECKS for item in check(spec)]
+    found += [item for doc_check in DOC_CHECKS for item in doc_check(spec, doc)]
+    return [doc.problem(_pick(where, doc), message, fix) for where, message, fix in found]
+
+
+def _written(doc: Document, path: Path) -> bool:
+    """Whether the data holds the mapping key at `path` (written, or brought by a merge key), not a default.
+
+    The data, not doc.values: salvage checks a copy of the data with the wrong parts dropped (salvage.py).
+    """
+    value: Any = doc.data
+    for part in path:
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True
 
 
 def _pick(where: Path | tuple[Path, ...], doc: Document) -> Path:

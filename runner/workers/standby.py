@@ -98,6 +98,23 @@ def fits(env: Mapping[str, str], python: str, wp: WorkerPlan) -> str:
     return ""
 
 
+def standby_pid(said: bytes, pidfd: int) -> int | None:
+    """The pid behind `pidfd` if it said `ready` and is this process's child (unreaped: its pid is ours), else None."""
+    if said != b"ready\n" or pidfd < 0:
+        return None
+    pid = procs.pidfd_pid(pidfd)
+    st = procs.read_stat(pid) if pid is not None else None
+    if st is None or st.ppid != os.getpid() or not procs.exists(pidfd):
+        return None
+    return pid
+
+
+def proven_ours(pidfd: int, tag: str) -> bool:
+    """True when the live process behind `pidfd` carries `tag` (read, then confirmed alive: the read was about it)."""
+    pid = procs.pidfd_pid(pidfd)
+    return pid is not None and procs.environ_has(pid, procs.tag_entry(tag)) and procs.exists(pidfd)
+
+
 @dataclass
 class Standby:
     """One forked, waiting standby; `pid`, `pidfd`, `tag` and `cgroup` become the worker's at hand-off."""
@@ -306,24 +323,15 @@ class StandbyPool:
         if self.pending.get(pending.local_rank) is pending:
             del self.pending[pending.local_rank]
         pidfd = fds[0] if fds else -1
-        pid = procs.pidfd_pid(pidfd) if pidfd >= 0 else None
-        st = procs.read_stat(pid) if pid is not None else None
         if not data and self.server is not None:
             self._on_server_message()  # the server may have said why before it exited (failed, unsafe)
         server = self.server
         if not data and (self.off or server is None or server.ready_after is None):
             pending.sock.close()  # never forked: the server's end (what it said, its exit) tells why
             return
-        if data != b"ready\n" or pid is None or st is None or st.ppid != os.getpid():
-            # Not a standby of ours after all (it died before it was ready, or never became our child).
-            if pidfd >= 0:
-                procs.send(pidfd, signal.SIGKILL)
-                os.close(pidfd)
-            pending.sock.close()
-            if pending.cgroup is not None:
-                JobCgroup.kill(pending.cgroup)
-                JobCgroup.remove_child(pending.cgroup)
-            self._lost(pending.local_rank, f"a standby ended before it was ready ({data[:40]!r})")
+        pid = standby_pid(data, pidfd)
+        if pid is None:  # it died before it was ready, or never became our child
+            self._not_adopted(pending, pidfd, data)
             return
         self.shepherd.watch(pid)
         server = self.server
@@ -336,6 +344,18 @@ class StandbyPool:
         loop.add_reader(pidfd, self._on_exit, standby)
         self.log.info("standby_ready", local_rank=standby.local_rank, pid=pid)
         self._signal()
+
+    def _not_adopted(self, pending: Pending, pidfd: int, said: bytes) -> None:
+        """A standby that never became ours to run a worker: killed only if its tag proves it the job's; a loss."""
+        if pidfd >= 0:
+            if proven_ours(pidfd, pending.tag):  # never adopted, but still the job's
+                procs.send(pidfd, signal.SIGKILL)
+            os.close(pidfd)
+        pending.sock.close()
+        if pending.cgroup is not None:
+            JobCgroup.kill(pending.cgroup)
+            JobCgroup.remove_child(pending.cgroup)
+        self._lost(pending.local_rank, f"a standby ended before it was ready ({said[:40]!r})")
 
     def take(self, wp: WorkerPlan) -> Standby | None:
         """The standby that will run `wp` (no longer the pool's), or None: start it cold (the reason is kept)."""

@@ -12,8 +12,9 @@ nothing of the agent's.
 2. Each request on the control socket (one JSON message: the standby's tag, cgroup and the agent's pid, with the
    standby's own socket attached) is served by a double fork: the intermediate child forks the standby and exits
    at once, so the standby is reparented to the agent (the child subreaper) and is the agent's child like any
-   worker. Before every fork the server checks it is safe to fork: no thread besides the main one, CUDA not
-   initialised; otherwise it says `unsafe <why>` and exits (the agent starts workers cold).
+   worker. Before every fork the server checks it is safe to fork: no thread besides the main one (a thread pool
+   that stops itself at fork, as OpenBLAS's does, is fine), CUDA not initialised; otherwise it says `unsafe <why>`
+   and exits (the agent starts workers cold).
 3. The standby starts its own session, moves into its cgroup, writes its tag over the server's in its initial
    environment (what /proc/<pid>/environ shows), waits until the agent is its parent, sends the agent a pidfd of
    itself with `ready`, and waits for its orders: one length-prefixed JSON message {"argv", "env", "cwd"} with the
@@ -108,17 +109,6 @@ def rss_kb() -> int:
 
 def unsafe_to_fork() -> str:
     """Why forking this interpreter now could hand a child a held lock or a CUDA context ('' when it cannot)."""
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError as e:
-        return f"cannot list this process's threads: {e}"
-    if len(tasks) > 1:
-        names = []
-        for tid in tasks:
-            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
-                names.append(f.read().strip())
-        return (f"the preload started {len(tasks) - 1} thread(s) besides the main one ({', '.join(names)}); "
-                "a thread may hold a lock a forked child would inherit held")
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     if cuda is not None:
@@ -128,6 +118,25 @@ def unsafe_to_fork() -> str:
             return f"cannot tell whether CUDA is initialised: {type(e).__name__}: {e}"
         if initialised:
             return "the preload initialised CUDA: a CUDA context cannot be used in a forked child"
+    try:
+        tasks = os.listdir("/proc/self/task")
+        if len(tasks) > 1:
+            # A pool that stops itself at fork (pthread_atfork, as OpenBLAS's does: numpy starts it at import)
+            # is harmless: fork a probe that exits at once, and count again once its handlers ran.
+            probe = os.fork()
+            if probe == 0:
+                os._exit(0)
+            os.waitpid(probe, 0)
+            tasks = os.listdir("/proc/self/task")
+    except OSError as e:
+        return f"cannot count this process's threads: {e}"
+    if len(tasks) > 1:
+        names = []
+        for tid in tasks:
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as f:
+                names.append(f.read().strip())
+        return (f"the preload started {len(tasks) - 1} thread(s) besides the main one that live on across a fork "
+                f"({', '.join(names)}); a thread may hold a lock a forked child would inherit held")
     return ""
 
 

@@ -81,8 +81,9 @@ def main() -> None:
     with open(os.path.join(out, f"rank{rank}.attempt{attempt}.json"), "w") as f:
         json.dump(info, f)
     print(f"probe rank {rank} attempt {attempt}", flush=True)
-    if attempt < int(os.environ.get("PROBE_CRASH_ATTEMPTS", "0")):  # rank 1 crashes once told; the others wait
-        while rank != 1 or not os.path.exists(os.path.join(out, "go")):
+    crasher = min(1, int(os.environ["WORLD_SIZE"]) - 1)  # rank 1 (rank 0 when alone)
+    if attempt < int(os.environ.get("PROBE_CRASH_ATTEMPTS", "0")):  # it crashes once told; the others wait
+        while rank != crasher or not os.path.exists(os.path.join(out, "go")):
             time.sleep(0.05)
         raise ValueError("probe crash")
     end = os.environ.get("PROBE_END", "exit:0")
