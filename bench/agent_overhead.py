@@ -186,7 +186,9 @@ def report(cmds: dict[str, list[str]], res: dict[str, list[Run]], workers: str) 
         "\nmedian (min-max); ratios are taken pair by pair (run i of runner / run i of torchrun)."
     )
     print(
-        f"runner helper processes (shepherd), peak RSS: {Stat.of(helpers).fmt(digits=1)} MiB (not in the table)"
+        f"runner helper processes (guard; fork server and spare standbys when on), summed peak RSS: "
+        f"{Stat.of(helpers).fmt(digits=1)} MiB (not in the table: RSS counts the pages a forked standby shares "
+        "with its server once per process; the whole tree's PSS above counts them once)"
     )
     if starts and exits:
         print(

@@ -63,28 +63,26 @@ class Measured:
     peak_tree_pss_kib: int = 0  # the whole process tree (launcher and every descendant): peak of the summed PSS
 
 
-def pss_kib(pid: int) -> int:
-    """Proportional set size of `pid` in KiB (shared pages split among their sharers), 0 once gone."""
+def proc_kib(pid: int, file: str, key: str) -> int | None:
+    """The `key:` line of /proc/<pid>/<file> in KiB, or None once the process is gone (or a zombie)."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+        with open(f"/proc/{pid}/{file}", encoding="ascii") as f:
             for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return 0
-    return 0
-
-
-def vm_hwm_kib(pid: int) -> int | None:
-    """VmHWM (peak resident set) of `pid` in KiB, or None once it is gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1])
     except (OSError, ValueError):
         return None
     return None
+
+
+def pss_kib(pid: int) -> int:
+    """Proportional set size of `pid` in KiB (shared pages split among their sharers), 0 once gone."""
+    return proc_kib(pid, "smaps_rollup", "Pss") or 0
+
+
+def vm_hwm_kib(pid: int) -> int | None:
+    """VmHWM (peak resident set) of `pid` in KiB, or None once it is gone or a zombie."""
+    return proc_kib(pid, "status", "VmHWM")
 
 
 def children(pid: int) -> list[int]:
