@@ -287,3 +287,41 @@ def test_a_fixed_master_port_is_the_rounds_port_on_the_local_backend():
     free = LocalRendezvous("n0", 2, "127.0.0.1")
     first, second = (run(free.next_round(a)).master_port for a in (0, 1))
     assert first != second  # a fresh port every attempt otherwise
+
+
+class ExitedWorker(FakeWorker):
+    """A worker whose exit the group has already seen (its future is done)."""
+
+    def __init__(self, pid: int, local_rank: int, code: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(pid, local_rank)
+        self.exited = loop.create_future()
+        self.exited.set_result(code)
+
+
+class ExitedGroup:
+    """Both workers exited at the same moment: rank 0 with 0, rank 1 with 3 (its event not processed yet)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.workers = {0: ExitedWorker(1000, 0, 0, loop), 1: ExitedWorker(1001, 1, 3, loop)}
+
+    def running(self) -> list[ExitedWorker]:
+        return []
+
+    def stderr_tail(self, _local_rank: int) -> str:
+        return ""
+
+
+def test_a_success_seen_first_does_not_hide_a_failure_that_exited_at_the_same_moment(tmp_path):
+    """Both exits are in before RUNNING handles the first (rank 0: 0): that is no success; rank 1's exit decides."""
+    ctx = make_ctx(tmp_path)
+
+    async def both() -> tuple[object, object]:
+        ctx.run.group = ExitedGroup(asyncio.get_running_loop())
+        first = await running.on_event(ctx, WorkerExited(local_rank=0, rank=0, pid=1000, exit_code=0, attempt=0))
+        second = await running.on_event(ctx, WorkerExited(local_rank=1, rank=1, pid=1001, exit_code=3, attempt=0))
+        return first, second
+
+    first, second = asyncio.run(both())
+    assert first is None
+    assert second.trigger is Trigger.worker_failed
+    assert ctx.run.failure.rank == 1

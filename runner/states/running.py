@@ -124,7 +124,7 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
     assert ctx.run.group is not None  # is_stale() is False, so the worker is one of the group's
     worker = ctx.run.group.workers[event.local_rank]
     ctx.log.info("worker_exited", rank=event.rank, pid=event.pid, exit_code=event.exit_code)
-    if event.exit_code < 0 and code_ended(worker.plan.log_dir):
+    if event.exit_code < 0 and ended_well(event.exit_code, worker.plan.log_dir):
         ctx.warnings.warn("worker_died_in_teardown", rank=event.rank, exit_code=event.exit_code,
                           detail="its code and atexit handlers had ended cleanly: counted as exit 0")
         event = dataclasses.replace(event, exit_code=0)
@@ -133,6 +133,8 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
                                          worker.plan.log_dir, ctx.run.group.stderr_tail(event.local_rank))
         return Step(Trigger.worker_failed, ctx.run.failure.reason)
     if not ctx.run.group.running():
+        if not all(ended_well(w.exited.result(), w.plan.log_dir) for w in ctx.run.group.workers.values()):
+            return None  # one exited at the same moment and failed: its own exit, queued behind this one, decides
         return Step(
             Trigger.workers_succeeded,
             f"all {len(ctx.run.group.workers)} worker(s) exited with code 0",
@@ -141,6 +143,11 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
         )
     await ctx.status.publish()  # the exit code for `runner status` (an exit that ends the attempt is published with it)
     return None
+
+
+def ended_well(exit_code: int, log_dir: str) -> bool:
+    """Exit 0, or a death by signal after the worker said its code and atexit handlers ended cleanly."""
+    return exit_code == 0 or (exit_code < 0 and code_ended(log_dir))
 
 
 def code_ended(log_dir: str) -> bool:
