@@ -19,6 +19,7 @@ entrypoint:
   args: ["--dir", "${{OUT}}"]
 nproc_per_node: 2
 logs: {{dir: "${{LOGS}}"}}
+restart: {{preload: []}}  # the probe imports nothing: preload nothing (docs/standby.md); still forked warm from the fork server
 health:
 {health}
 """

@@ -32,6 +32,7 @@ def spec_text(endpoint: str, *, name: str = "mn", nodes: str = "2", nproc: int =
               args: str = "", restart: str = "max_restarts: 2", extra: str = "") -> str:
     """A multi-node job spec on `endpoint`; logs go to ${LOGS} (set per node), probe output to ${OUT}."""
     arglist = f"args: [{args}]" if args else "args: []"
+    preload = "preload: []  # the probe imports nothing: preload nothing (docs/standby.md); still forked warm from the fork server" if script == PROBE else ""
     return textwrap.dedent(f"""\
         version: 1
         name: {name}
@@ -51,6 +52,7 @@ def spec_text(endpoint: str, *, name: str = "mn", nodes: str = "2", nproc: int =
         restart:
           {restart}
           backoff: {{initial: 0.1s}}
+          {preload}
         shutdown: {{grace_period: 5s}}
         logs: {{dir: "${{LOGS}}", format: json}}
         """) + textwrap.dedent(extra)

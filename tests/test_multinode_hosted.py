@@ -61,6 +61,7 @@ def hosted_spec(port: int, *, nodes: str = "2", args: str = "", restart: str = "
         restart:
           {restart}
           backoff: {{initial: 0.1s}}
+          preload: []  # the probe imports nothing: preload nothing (docs/standby.md); still forked warm from the fork server
         shutdown: {{grace_period: 3s}}
         logs: {{dir: "${{LOGS}}", format: json}}
         """)

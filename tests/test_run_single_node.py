@@ -26,6 +26,7 @@ restart:
   backoff: {{initial: 0.1s, max: 0.2s}}
   non_retryable_exit_codes: [{non_retryable}]
   scope: {scope}
+  preload: []  # the probe imports nothing: preload nothing (docs/standby.md); still forked warm from the fork server
 shutdown: {{grace_period: {grace}}}
 """
 
