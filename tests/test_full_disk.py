@@ -226,6 +226,8 @@ def test_a_logs_dir_filling_under_the_default_spec_never_fails_a_workers_print(j
     assert (tmp_path / "done-1").exists()  # every print of rank 1 returned (rank 0 may be stopped when it fails)
     assert exit_code or (tmp_path / "done-0").exists()
     assert report["attempts"] == (2 if exit_code else 1)  # a failing rank 1 is its own failure, retried once
+    lost = report["output_lost_bytes"]
+    assert sum(lost.values()) > 0, lost  # 2 ranks x 1.6 MB onto 1 MiB: counted, by rank
     if exit_code:
         assert "RuntimeError: rank 1 failed on purpose" in json.dumps(report["failures"][0]), report["failures"][0]
 

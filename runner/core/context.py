@@ -92,6 +92,15 @@ class GroupRun:
     charge: Charge | None = None  # this failure's restart charge, once the policy needed it
     health: list[dict[str, object]] = field(default_factory=list)  # failed tries of the health checks (the last 20)
     unhealthy: dict[str, object] | None = None  # the last try, while the node stays out of a round for its health
+    output_lost: dict[int, int] = field(default_factory=dict)  # by rank: worker output the logs disk refused
+
+    def keep_lost_output(self) -> None:
+        """Add what the current group's log files refused to the run's count (before the group is dropped)."""
+        if self.group is None:
+            return
+        for rank, size in self.group.lost_bytes.items():
+            self.output_lost[rank] = self.output_lost.get(rank, 0) + size
+        self.group.lost_bytes.clear()
 
     def is_stale(self, event: Event) -> bool:
         """True for a worker exit or timer expiry of a process that is not one of the current workers."""

@@ -27,6 +27,7 @@ async def handle(ctx: Context) -> Step:
         await ctx.run.group.stop_one(failure.local_rank, spec.shutdown.signal, spec.shutdown.grace_period)
     elif ctx.run.group is not None:
         await ctx.run.group.stop(spec.shutdown.signal, spec.shutdown.grace_period, ctx.hurry)
+        ctx.run.keep_lost_output()
         ctx.run.group = None
         if ctx.timer is not None:
             ctx.timer.clear()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -104,6 +105,7 @@ class WorkerGroup:
         self.unkillable: list[dict[str, object]] = []
         self.first_failed: int | None = None  # rank that failed first while nobody stopped us: the root cause
         self.stopping = False  # stop() began: exits from now on are ours, not failures of their own
+        self.lost_bytes: dict[int, int] = {}  # by rank: output the logs disk refused (full, read-only, gone)
 
     def start(self, plan: LaunchPlan) -> None:
         """Spawn every worker of `plan`."""
@@ -136,7 +138,8 @@ class WorkerGroup:
         label = self.prefix.format(node=plan.node, rank=wp.rank, local_rank=wp.local_rank, attempt=plan.attempt)
         for pipe, path, console, echo in zip(pipes, (wp.stdout_path, wp.stderr_path), (sys.stdout, sys.stderr),
                                              echoed, strict=True):
-            worker.tees.append(Tee(pipe, path, console if echo else None, label))
+            worker.tees.append(Tee(pipe, path, console if echo else None, label,
+                                   functools.partial(self._count_lost, wp.rank)))
         loop.add_reader(pidfd, self._on_exit, worker)
         self.workers[wp.local_rank] = worker
         self.log.info("worker_started", rank=wp.rank, local_rank=wp.local_rank, pid=pid,
@@ -198,6 +201,9 @@ class WorkerGroup:
         self.events.put_nowait(
             WorkerExited(worker.plan.local_rank, worker.plan.rank, worker.pid, code, worker.attempt)
         )
+
+    def _count_lost(self, rank: int, size: int) -> None:
+        self.lost_bytes[rank] = self.lost_bytes.get(rank, 0) + size
 
     def stderr_tail(self, local_rank: int) -> str:
         """The last lines the worker of `local_rank` wrote on stderr, from memory (the disk may have lost them)."""

@@ -21,6 +21,7 @@ import contextlib
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -129,8 +130,10 @@ class Console:
 class Tee:
     """Reads `pipe` whenever it is readable; never blocks the agent's loop, never fails because of the console."""
 
-    def __init__(self, pipe: IO[bytes], log_path: str, console: IO[str] | None, label: str) -> None:
+    def __init__(self, pipe: IO[bytes], log_path: str, console: IO[str] | None, label: str,
+                 on_lost: Callable[[int], None] | None = None) -> None:
         self.fd = pipe.fileno()
+        self._on_lost = on_lost  # told how many bytes the log file refused (the run's count of lost output)
         self._pipe = pipe
         os.set_blocking(self.fd, False)
         self._log_path = log_path
@@ -178,15 +181,22 @@ class Tee:
         Never raises: the worker, its pipe and the console go on whatever the disk does (a warning once per run).
         """
         if self._file is None:
+            self._count_lost(len(data))
             return
         if self.lost and not self._say_lost():
             self.lost += len(data)
+            self._count_lost(len(data))
             return
         written, error = write_all(self._file, data)
         if error is not None:
             self.lost += len(data) - written
+            self._count_lost(len(data) - written)
             self._lost_why = describe(error)
             warn_once("worker_log_write_failed", self._log_path, error)
+
+    def _count_lost(self, size: int) -> None:
+        if self._on_lost is not None and size > 0:
+            self._on_lost(size)
 
     def _say_lost(self) -> bool:
         """Write where output went missing (the disk takes bytes again); True when the note was written."""
