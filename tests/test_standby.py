@@ -440,3 +440,49 @@ def test_a_pidfd_is_adopted_only_from_a_child_and_signalled_only_when_its_tag_pr
             p.wait()
         with contextlib.suppress(ProcessLookupError):
             os.kill(foreign, signal.SIGKILL)
+
+
+HANGING_POOL = """
+import asyncio, sys
+import structlog
+from pathlib import Path
+from runner.config import load_spec
+from runner.system.shepherd import Shepherd
+from runner.workers.standby import StandbyPool
+
+async def main():
+    spec = load_spec(sys.argv[1])
+    shepherd = Shepherd(agent=True)  # this process is the subreaper, as the agent is
+    pool = StandbyPool(spec, shepherd, nproc=1, run_dir=Path(sys.argv[2]), base_env={}, log=structlog.get_logger())
+    pool.fill()
+    await pool.warm(timeout=2.0)
+    print("OFF:" + pool.off, flush=True)
+    pool.close()
+    shepherd.close()
+
+asyncio.run(main())
+"""
+
+
+def test_a_fork_server_whose_imports_hang_is_given_up_after_the_wait(tmp_path: Path) -> None:
+    """A preload that never returns: RUNNING's bounded wait ends, the pool turns off (no later attempt waits for it
+    again) and the hung server is killed with everything of it."""
+    import subprocess
+
+    (tmp_path / "hangs.py").write_text("import time\ntime.sleep(3600)\n")
+    (tmp_path / "w.py").write_text("")
+    (tmp_path / "job.yaml").write_text(
+        f"version: 1\nname: hang\nentrypoint: {{script: {tmp_path / 'w.py'}}}\nrestart: {{preload: [hangs]}}\n")
+    done = subprocess.run([sys.executable, "-c", HANGING_POOL, str(tmp_path / "job.yaml"), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "OFF:the fork server was not ready after 2 s" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert not [pid for pid in _pids() if _runs_hanging_preload(pid, tmp_path)], "the hung server outlived its pool"
+
+
+def _runs_hanging_preload(pid: int, tmp_path: Path) -> bool:
+    try:
+        return b"standby_main.py" in Path(f"/proc/{pid}/cmdline").read_bytes() and \
+            os.readlink(f"/proc/{pid}/cwd") == str(tmp_path)
+    except OSError:
+        return False

@@ -386,8 +386,11 @@ class StandbyPool:
         while not self.off and self.server is not None and len(self.waiting) < self.nproc:
             left = deadline - loop.time()
             if left <= 0:
+                if self.server.ready_after is None:  # its imports hang: no later attempt should wait for it again
+                    self.turn_off(f"the fork server was not ready after {timeout:g} s")
+                    return
                 self.log.warning("standby_not_warm", after_s=timeout, ready=sorted(self.waiting),
-                                 detail="the fork server was not ready in time: workers without a standby start cold")
+                                 detail="workers without a standby start cold")
                 return
             changed = self._changed = self._changed or asyncio.Event()
             changed.clear()
