@@ -8,6 +8,7 @@ group 0's live weights: both end at the same step with equal parameters (sha256 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -93,8 +94,11 @@ def test_a_killed_group_restarts_alone_and_rejoins_with_the_survivors_weights(tm
     back = committed(back_log)
     assert back, back_log.read_text()[-3000:]
     t_back = back[0][1]
-    alone = [(s, n) for s, t, n in committed(log0) if t_kill < t < t_back]
-    assert len(alone) >= 5 and {n for _, n in alone} == {1}, alone  # group 0 stepped on, alone, meanwhile
+    after_kill = [(s, n) for s, t, n in committed(log0) if t_kill < t < t_back]
+    # a step whose quorum both groups had joined before the kill may still commit with 2 (group 1's gradients were in)
+    in_flight = list(itertools.takewhile(lambda sn: sn[1] == 2, after_kill))
+    alone = after_kill[len(in_flight):]
+    assert len(in_flight) <= 1 and len(alone) >= 5 and {n for _, n in alone} == {1}, after_kill  # group 0 went on
     assert not (run() / "group_0" / "attempt_1").exists()  # and was never restarted
     killed_at = max(s for s, _, _ in committed(log1))
     assert back[0][0] > killed_at, (killed_at, back[:3])  # rejoined at the live step, not from scratch

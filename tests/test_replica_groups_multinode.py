@@ -11,6 +11,7 @@ lighthouse. Real agents on loopback, a real etcd, real TorchFT training (example
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import signal
@@ -120,8 +121,11 @@ def test_a_killed_group_restarts_alone_on_its_node_while_the_other_node_steps(cl
     assert codes == {"a": 0, "b": 0}, survivor.output()[-2000:] + victim.output()[-2000:]
     back = committed(log_of(victim, 1))
     assert back, log_of(victim, 1).read_text()[-2000:]
-    alone = [(s, n) for s, t, n in committed(log_of(survivor, 0)) if t_kill < t < back[0][1]]
-    assert len(alone) >= 3 and {n for _, n in alone} == {1}, alone  # the other node's group stepped on, alone
+    after_kill = [(s, n) for s, t, n in committed(log_of(survivor, 0)) if t_kill < t < back[0][1]]
+    # a step whose quorum both groups had joined before the kill may still commit with 2 (group 1's gradients were in)
+    in_flight = list(itertools.takewhile(lambda sn: sn[1] == 2, after_kill))
+    alone = after_kill[len(in_flight):]
+    assert len(in_flight) <= 1 and len(alone) >= 3 and {n for _, n in alone} == {1}, after_kill  # stepped on alone
     assert not (survivor.run_dir() / "group_0" / "attempt_1").exists()  # and was never restarted
     final0, final1 = records(log_of(survivor, 0), "final"), records(log_of(victim, 1), "final")
     assert final0 and final1 and final0[0]["step"] == final1[0]["step"] == str(STEPS)
