@@ -95,12 +95,17 @@ class GroupRun:
     output_lost: dict[int, int] = field(default_factory=dict)  # by rank: worker output the logs disk refused
 
     def keep_lost_output(self) -> None:
-        """Add what the current group's log files refused to the run's count (before the group is dropped)."""
-        if self.group is None:
-            return
-        for rank, size in self.group.lost_bytes.items():
-            self.output_lost[rank] = self.output_lost.get(rank, 0) + size
-        self.group.lost_bytes.clear()
+        """Keep what the current group's log files refused in the run's count (before the group is dropped)."""
+        self.output_lost = self.lost_output()
+        if self.group is not None:
+            self.group.lost_bytes.clear()
+
+    def lost_output(self) -> dict[int, int]:
+        """By rank, the worker output the log files refused in this run: earlier groups' and the current one's."""
+        total = dict(self.output_lost)
+        for rank, size in (self.group.lost_bytes.items() if self.group is not None else ()):
+            total[rank] = total.get(rank, 0) + size
+        return total
 
     def is_stale(self, event: Event) -> bool:
         """True for a worker exit or timer expiry of a process that is not one of the current workers."""

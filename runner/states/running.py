@@ -124,7 +124,7 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
     assert ctx.run.group is not None  # is_stale() is False, so the worker is one of the group's
     worker = ctx.run.group.workers[event.local_rank]
     ctx.log.info("worker_exited", rank=event.rank, pid=event.pid, exit_code=event.exit_code)
-    if event.exit_code < 0 and ended_well(event.exit_code, worker.plan.log_dir):
+    if event.exit_code < 0 and code_ended(worker.plan.log_dir):
         ctx.warnings.warn("worker_died_in_teardown", rank=event.rank, exit_code=event.exit_code,
                           detail="its code and atexit handlers had ended cleanly: counted as exit 0")
         event = dataclasses.replace(event, exit_code=0)

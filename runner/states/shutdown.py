@@ -62,7 +62,6 @@ def forwarded_signal(ctx: Context) -> str:
 
 def report(ctx: Context) -> dict[str, Any]:
     """report.json's content: outcome, exit code, attempts, every failure's root cause, side-failure warnings."""
-    ctx.run.keep_lost_output()
     return {
         "job": ctx.spec.name,
         "node": ctx.inputs.node,
@@ -78,7 +77,7 @@ def report(ctx: Context) -> dict[str, Any]:
         "warnings": [*ctx.warnings.seen, *(k for k in soft_io.failures() if k not in ctx.warnings.seen)],
         # bytes of each rank's output its log files refused (the workers never saw a failed write; the last
         # lines of stderr were kept in memory for the root cause)
-        "output_lost_bytes": {str(rank): size for rank, size in sorted(ctx.run.output_lost.items())},
+        "output_lost_bytes": {str(rank): size for rank, size in sorted(ctx.run.lost_output().items())},
         "run_dir": str(ctx.inputs.run_dir),
     }
 

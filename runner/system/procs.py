@@ -231,23 +231,24 @@ def tagged(tag: str) -> Callable[[int], bool]:
 
 def set_child_subreaper() -> bool:
     """Make this process the child subreaper: orphaned descendants reparent to it, not to init. True if set."""
-    import ctypes  # here: only the agent calls this, the guard imports this module too
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
-        return False
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def is_child_subreaper() -> bool:
     """True if this process is the child subreaper (orphaned descendants reparent to it)."""
     import ctypes
 
+    flag = ctypes.c_int(0)
+    return _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) and flag.value != 0
+
+
+def _prctl(option: int, arg: object) -> bool:
+    """prctl(option, arg, 0, 0, 0); True when it succeeded (False too when libc has no prctl)."""
+    import ctypes  # here: only the agent calls this, the guard imports this module too
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        flag = ctypes.c_int(0)
-        return int(libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0)) == 0 and flag.value != 0
+        return int(libc.prctl(option, arg, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 

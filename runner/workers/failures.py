@@ -216,7 +216,7 @@ def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
             data = f.read()
     except OSError:
         return ""
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+    return last_lines(data.decode(errors="replace"), lines)
 
 
 def peer_reported(failure: Failure) -> bool:

@@ -83,10 +83,7 @@ def main() -> None:
     # interpreter's teardown (0.55 -> 0.12 s for torch here, from a crashed worker's last statement to its exit).
     # Objects the worker makes are collected as ever.
     gc.freeze()
-    why = unsafe_to_fork()
-    if why:
-        note(f"runner fork server: not forking: {why}")
-        say(ctl, f"unsafe {why}")
+    if refused(ctl):
         raise SystemExit(0)
     took = time.monotonic() - began
     note(f"runner fork server: ready, imported {modules} in {took:.2f} s")
@@ -105,6 +102,15 @@ def rss_kb() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+def refused(ctl: socket.socket) -> bool:
+    """True, once said to the agent and in the log, when forking is unsafe now (the server then exits)."""
+    why = unsafe_to_fork()
+    if why:
+        note(f"runner fork server: not forking: {why}")
+        say(ctl, f"unsafe {why}")
+    return bool(why)
 
 
 def unsafe_to_fork() -> str:
@@ -170,10 +176,7 @@ def serve(ctl: socket.socket) -> tuple[Request, socket.socket] | None:
         if got is None:
             return None
         request, chan = got
-        why = unsafe_to_fork()
-        if why:
-            note(f"runner fork server: not forking: {why}")
-            say(ctl, f"unsafe {why}")
+        if refused(ctl):
             chan.close()
             return None
         if request is None:
@@ -248,16 +251,10 @@ def retag(tag: str) -> None:
     """
     import ctypes
 
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[47]), int(fields[48])  # env_start and env_end: fields 50 and 51 of stat
-        with open("/proc/self/environ", "rb") as f:
-            current = f.read()
-    except (OSError, ValueError, IndexError):
+    area = own_area(47, "environ")  # env_start and env_end: fields 50 and 51 of stat
+    if area is None:
         return
-    if end - start != len(current):
-        return
+    start, current = area
     key = f"{TAG_VAR}=".encode()
     at = current.find(b"\0" + key)
     at = 0 if current.startswith(key) else (at + 1 if at >= 0 else -1)
@@ -352,6 +349,25 @@ class CleanEnd:
                 f.write("ended\n")
 
 
+def own_area(first: int, name: str) -> tuple[int, bytes] | None:
+    """(start address, bytes) of the memory the kernel shows as /proc/self/`name`, or None.
+
+    The area lies between the stat fields at index `first` and `first + 1` (the list starts at field 3); None unless
+    the file's length proves it is that very area.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[first]), int(fields[first + 1])
+        with open(f"/proc/self/{name}", "rb") as f:
+            current = f.read()
+    except (OSError, ValueError, IndexError):
+        return None
+    if end - start <= 0 or end - start != len(current):
+        return None
+    return start, current
+
+
 def retitle(argv: list[str]) -> None:
     """Make /proc/self/cmdline (ps, top, pkill -f) show the worker's argv, as setproctitle does.
 
@@ -361,16 +377,12 @@ def retitle(argv: list[str]) -> None:
     """
     import ctypes
 
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # fields 48 and 49 of stat; the list starts at field 3
-        with open("/proc/self/cmdline", "rb") as f:
-            current = f.read()
-    except (OSError, ValueError, IndexError):
+    area = own_area(45, "cmdline")  # arg_start and arg_end: fields 48 and 49 of stat
+    if area is None:
         return
-    size = end - start
-    if size <= 0 or len(current) != size or not current.endswith(b"\0"):
+    start, current = area
+    size = len(current)
+    if not current.endswith(b"\0"):
         return
     title = b"\0".join(a.encode(errors="surrogateescape") for a in argv)[: size - 1]
     ctypes.memmove(start, title.ljust(size, b"\0"), size)

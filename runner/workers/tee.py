@@ -208,9 +208,10 @@ class Tee:
         self.lost = 0
         return True
 
-    def tail(self, lines: int = 50) -> str:
-        """The last `lines` lines of output (from memory, whatever the log file could take)."""
-        return "\n".join(self._recent.decode(errors="replace").splitlines()[-lines:])
+    def tail(self, lines: int | None = None) -> str:
+        """The last `lines` lines of output (all that is kept when None), from memory, whatever the file took."""
+        text = self._recent.decode(errors="replace")
+        return text if lines is None else "\n".join(text.splitlines()[-lines:])
 
     def fold(self, failed: str) -> None:
         """From now on count lines instead of echoing them: collateral output after `failed` (e.g. 'rank 0') failed.
