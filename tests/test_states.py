@@ -325,3 +325,30 @@ def test_a_success_seen_first_does_not_hide_a_failure_that_exited_at_the_same_mo
     assert first is None
     assert second.trigger is Trigger.worker_failed
     assert ctx.run.failure.rank == 1
+
+
+class BothOk(ExitedGroup):
+    """Both workers exited 0 at the same moment."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.workers = {0: ExitedWorker(1000, 0, 0, loop), 1: ExitedWorker(1001, 1, 0, loop)}
+
+
+def test_a_success_logs_the_exits_still_queued_behind_it(tmp_path):
+    """Both exits are in when RUNNING handles the first: the attempt succeeds on it, and the second worker's exit,
+    which RUNNING will never handle, is logged all the same (runner report shows it ok, not stopped)."""
+    ctx = make_ctx(tmp_path)
+    other = StopRequested(2, graceful=True)
+
+    async def both() -> object:
+        ctx.run.group = BothOk(asyncio.get_running_loop())
+        ctx.events.put_nowait(WorkerExited(local_rank=1, rank=1, pid=1001, exit_code=0, attempt=0))
+        ctx.events.put_nowait(WorkerExited(local_rank=0, rank=0, pid=999, exit_code=1, attempt=0))  # stale
+        ctx.events.put_nowait(other)
+        return await running.on_event(ctx, WorkerExited(local_rank=0, rank=0, pid=1000, exit_code=0, attempt=0))
+
+    step = asyncio.run(both())
+    assert step.trigger is Trigger.workers_succeeded
+    exits = [kw for _, event, kw in ctx.log.lines if event == "worker_exited"]
+    assert exits == [{"rank": 0, "pid": 1000, "exit_code": 0}, {"rank": 1, "pid": 1001, "exit_code": 0}]
+    assert ctx.events.qsize() == 2  # the stale exit and the stop request stay for the states after

@@ -135,6 +135,7 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
     if not ctx.run.group.running():
         if not all(ended_well(w.exited.result(), w.plan.log_dir) for w in ctx.run.group.workers.values()):
             return None  # one exited at the same moment and failed: its own exit, queued behind this one, decides
+        log_queued_exits(ctx)
         return Step(
             Trigger.workers_succeeded,
             f"all {len(ctx.run.group.workers)} worker(s) exited with code 0",
@@ -143,6 +144,23 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
         )
     await ctx.status.publish()  # the exit code for `runner status` (an exit that ends the attempt is published with it)
     return None
+
+
+def log_queued_exits(ctx: Context) -> None:
+    """Log the exits of the attempt's workers still queued behind the one it succeeded on; keep the other events.
+
+    They exited at the same moment, and RUNNING will not handle them: each worker's end is recorded all the same
+    (`runner report` reads them).
+    """
+    kept: list[Event] = []
+    while not ctx.events.empty():
+        event = ctx.events.get_nowait()
+        if isinstance(event, WorkerExited) and not ctx.run.is_stale(event):
+            ctx.log.info("worker_exited", rank=event.rank, pid=event.pid, exit_code=event.exit_code)
+        else:
+            kept.append(event)
+    for event in kept:
+        ctx.events.put_nowait(event)
 
 
 def ended_well(exit_code: int, log_dir: str) -> bool:
