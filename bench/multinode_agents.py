@@ -42,7 +42,7 @@ from bench.common import (
     table,
     torchrun_nodes,
 )
-from tests.etcd_server import EtcdServer, free_port
+from runner.testing.etcd_server import EtcdServer, free_port
 
 WORKER = ROOT / "bench" / "workers" / "start_stamp.py"
 TIMEOUT_S = 180.0

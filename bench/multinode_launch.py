@@ -39,7 +39,7 @@ from bench.common import (
     table,
     torchrun_nodes,
 )
-from tests.etcd_server import EtcdServer, free_port
+from runner.testing.etcd_server import EtcdServer, free_port
 
 WORKER = ROOT / "bench" / "workers" / "init_stamp.py"
 TIMEOUT_S = 120.0

@@ -44,7 +44,7 @@ from bench.common import (
     reproduce_line,
     table,
 )
-from tests.etcd_server import EtcdServer, free_port
+from runner.testing.etcd_server import EtcdServer, free_port
 
 WORKER = ROOT / "bench" / "workers" / "gloo_loop.py"
 NODES = ("n0", "n1", "n2")

@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runner.config.spec import Entrypoint, JobSpec, Nodes, Rendezvous
 from runner.rendezvous.etcd.backend import EtcdRendezvous
-from tests.etcd_server import EtcdServer, etcd_server, free_port
+from runner.testing.etcd_server import EtcdServer, etcd_server, free_port
 
 SIZES = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 FIELDS = ["nodes", "runner_etcd_s", "torch_c10d_s", "bench_cpu_s", "etcd_cpu_s", "watch_events", "events_per_node",

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.etcd_server import etcd_server
+from runner.testing.etcd_server import etcd_server
 
 SPEC = """\
 version: 1

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from etcd_server import EtcdServer, etcd_server
+
+from runner.testing.etcd_server import EtcdServer, etcd_server
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "workers" / "worker_probe.py"
@@ -141,6 +142,6 @@ def cgroup_here() -> bool:
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """A real etcd (tests/etcd_server.py) on free loopback ports, killed and reaped after the test."""
+    """A real etcd (runner/testing/etcd_server.py) on free loopback ports, killed and reaped after the test."""
     with etcd_server(tmp_path / "etcd") as server:
         yield server

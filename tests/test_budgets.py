@@ -20,7 +20,7 @@ from runner.errors import SpecError
 from runner.outcomes import FailureClass
 from runner.rendezvous.etcd.keys import JobKeys
 from runner.rendezvous.local import LocalRendezvous
-from tests.etcd_server import EtcdServer
+from runner.testing.etcd_server import EtcdServer
 
 CLASSES = [c.value for c in FailureClass]
 WORDS = st.text(alphabet=st.characters(categories=("L", "N")), min_size=1, max_size=10)  # YAML itself is tested elsewhere

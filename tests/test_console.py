@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from runner.observe.console import ConsoleRenderer, ConsoleWriter, LevelFilter, countdown, level_number, wait_text
 from runner.observe.live_line import LiveLine
 from runner.observe.progress import step_intervals
-from tests.etcd_server import etcd_server
+from runner.testing.etcd_server import etcd_server
 
 STAMP = "2026-01-02T03:04:05.000001Z"
 LOCAL = dt.datetime.fromisoformat(STAMP).astimezone().strftime("%H:%M:%S")

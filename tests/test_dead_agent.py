@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from runner.rendezvous.etcd.lease_revoke import GatewayEndpoint, RevokeError, RevokeTicket, revoke, revoke_grpc
 from runner.system.cgroup import JobCgroup
-from tests.etcd_server import EtcdServer, etcd_server
+from runner.testing.etcd_server import EtcdServer, etcd_server
 from tests.test_multinode import Cluster, Node, cluster, probe_args, spec_text
 
 __all__ = ["cluster"]  # the fixture used below (`etcd` comes from conftest)

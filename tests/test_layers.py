@@ -35,6 +35,7 @@ LAYERS = (
     "runner.agent",  # wires it all and runs one job on a node
     "runner.report",  # `runner report`'s page
     "runner.cli",  # the command line
+    "runner.testing",  # helpers for tests and benchmarks (a real etcd); nothing of the runner imports them
 )
 
 

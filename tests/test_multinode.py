@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import EXAMPLES, PROBE, alive, wait_for
 
-from tests.etcd_server import EtcdServer
+from runner.testing.etcd_server import EtcdServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.etcd_server import EtcdServer, etcd_server, free_port
+from runner.testing.etcd_server import EtcdServer, etcd_server, free_port
 from tests.test_multinode import Cluster, cluster, probe_args, spec_text, wait_for
 
 __all__ = ["cluster"]  # the fixture used by the tests below (`etcd` comes from conftest)

@@ -17,7 +17,7 @@ from runner.events import PeerLost
 from runner.rendezvous.etcd.admin import read_status
 from runner.rendezvous.etcd.identity import ClusterIdentity
 from runner.rendezvous.etcd.keys import JobKeys
-from tests.etcd_server import EtcdServer
+from runner.testing.etcd_server import EtcdServer
 from tests.test_rdzv_etcd import Node, close_all, make_spec, open_nodes, rounds, run
 
 pytestmark = pytest.mark.integration

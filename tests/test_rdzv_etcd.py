@@ -17,7 +17,7 @@ from runner.rendezvous.etcd.admin import read_status, request_stop
 from runner.rendezvous.etcd.backend import EtcdRendezvous
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.etcd.monitor import RoundMonitor
-from tests.etcd_server import EtcdServer, etcd_server, free_port
+from runner.testing.etcd_server import EtcdServer, etcd_server, free_port
 
 pytestmark = pytest.mark.integration
 WAIT_S = 30.0

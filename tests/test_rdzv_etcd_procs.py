@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runner.events import PeerLost
-from tests.etcd_server import EtcdServer
+from runner.testing.etcd_server import EtcdServer
 from tests.test_rdzv_etcd import Node, make_spec, run
 
 pytestmark = pytest.mark.integration

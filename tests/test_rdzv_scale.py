@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from runner.events import PeerLost
 from runner.rendezvous.etcd.keys import JobKeys, decode_closed, encode_closed
 from runner.rendezvous.etcd.watch import Watch
-from tests.etcd_server import EtcdServer
+from runner.testing.etcd_server import EtcdServer
 from tests.test_rdzv_etcd import WAIT_S, Node, close_all, make_spec, open_nodes, rounds, run
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ from runner.errors import RendezvousError
 from runner.rendezvous.etcd.client import prefix_range
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.spec_check import SECRET_DIGEST_PREFIX, shared_tree
-from tests.etcd_server import EtcdServer
+from runner.testing.etcd_server import EtcdServer
 from tests.test_rdzv_etcd import Node, close_all, make_spec, open_nodes, rounds, run
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import alive, wait_for
 
-from tests.etcd_server import etcd_server
+from runner.testing.etcd_server import etcd_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from conftest import Job, wait_for
-from etcd_server import EtcdServer, etcd_server
 
 from runner.rendezvous.ports import free_port
+from runner.testing.etcd_server import EtcdServer, etcd_server
 
 pytestmark = pytest.mark.integration
 

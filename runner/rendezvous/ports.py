@@ -1,7 +1,7 @@
 """The one free-port lookup of the project: a TCP port the kernel says is free right now.
 
 Import it from here (`from runner.rendezvous.ports import free_port`): the local and etcd backends use it
-for each round's MASTER_PORT candidate, and tests/etcd_server.py for etcd's own ports.
+for each round's MASTER_PORT candidate, and runner/testing/etcd_server.py for etcd's own ports.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""A real etcd server for tests: free loopback ports, a temporary data dir, always reaped.
+"""A real etcd server for tests and benchmarks: free loopback ports, a temporary data dir, always reaped.
+
+For tests/ and bench/ only (the runner never imports it). `extra_client_hosts` makes it listen on more addresses
+(the chaos soak's network namespace reaches it through a veth pair's address).
 
 TLS certificates are generated with the `openssl` command-line tool (a throwaway CA, a server
 certificate for 127.0.0.1 and a client certificate). Auth is enabled with `etcdctl`
@@ -74,9 +77,10 @@ def make_certs(folder: Path) -> Certs:
 class EtcdServer:
     """One etcd process; stop()/restart() keep the data dir and ports, so leases and keys survive."""
 
-    def __init__(self, data_dir: Path, *, certs: Certs | None = None) -> None:
+    def __init__(self, data_dir: Path, *, certs: Certs | None = None, extra_client_hosts: tuple[str, ...] = ()) -> None:
         self.data_dir = data_dir
         self.certs = certs
+        self.extra_client_hosts = extra_client_hosts
         self.client_port = free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -92,11 +96,18 @@ class EtcdServer:
         """host:port clients connect to."""
         return f"127.0.0.1:{self.client_port}"
 
-    def _argv(self) -> list[str]:
+    @property
+    def up(self) -> bool:
+        """Started and not exited."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def argv(self) -> list[str]:
+        """The command line that starts this etcd."""
         client_url = f"{self.scheme}://{self.endpoint}"
+        listen = ",".join([client_url, *(f"{self.scheme}://{h}:{self.client_port}" for h in self.extra_client_hosts)])
         peer_url = f"http://127.0.0.1:{self.peer_port}"
         argv = [etcd_binary(), "--name", "test", "--data-dir", str(self.data_dir),
-                "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                "--listen-client-urls", listen, "--advertise-client-urls", client_url,
                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
                 "--initial-cluster", f"test={peer_url}", "--log-level", "warn"]
         if self.certs:
@@ -107,7 +118,7 @@ class EtcdServer:
     def start(self) -> None:
         """Start etcd and wait until it answers its health endpoint."""
         with self._log.open("ab") as log:
-            self.proc = subprocess.Popen(self._argv(), stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT)
         self._wait_healthy()
 
     def _wait_healthy(self) -> None:
