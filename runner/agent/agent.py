@@ -201,6 +201,7 @@ class TransitionLog:
     def time_recovery(self, src: JobState, dst: JobState, edge: Edge) -> None:
         """A failure (or membership change) starts a recovery; FAILED's end classes it (and counts it)."""
         ctx, run = self.ctx, self.ctx.run
+        ctx.recovery.state_changed(src, dst)  # the ETTR ledger's marks (docs/goodput.md)
         if dst is JobState.FAILED or (src is JobState.RUNNING and dst is JobState.RESTARTING):
             ctx.recovery.attempt_failed(edge.trigger.value, run.failure)  # a recovery starts if the policy restarts
         elif src is JobState.FAILED and run.failure is not None:

@@ -9,10 +9,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runner.core.machine import JobState
 from runner.errors import RendezvousError
+from runner.observe.ledger import Ledger, StepReport
 from runner.observe.recovery import Recoveries
+from runner.outcomes import FailureKind
 from runner.system.private_files import write_private
 from runner.watchdog.readiness import Readiness
+from runner.watchdog.steps import StepWatch
 from runner.workers.group import Worker, WorkerGroup
 
 if TYPE_CHECKING:
@@ -20,7 +24,6 @@ if TYPE_CHECKING:
 
     from runner.config.spec import JobSpec
     from runner.core.context import Context, Warnings
-    from runner.core.machine import JobState
     from runner.events import Event
     from runner.rendezvous.base import Rendezvous
     from runner.system.shepherd import Shepherd
@@ -110,6 +113,8 @@ class RecoveryTimer:
         self.recoveries = recoveries
         self._publisher, self._timer, self._log, self._running = publisher, timer, log, running
         self._readiness: Readiness | None = None  # made at the first spawn
+        self.ledger = Ledger(recoveries.launched_at)  # the ETTR ledger (docs/goodput.md)
+        self._steps: StepWatch | None = None  # the steps the workers report (made at the first spawn)
 
     @staticmethod
     def _now() -> float:
@@ -124,10 +129,44 @@ class RecoveryTimer:
         self.recoveries.failed(self._now(), trigger, failure.to_dict() if failure is not None else None)
         if self._readiness is not None:
             self._readiness.clear()
+        pending = self.recoveries.pending
+        learnt = pending.since if pending is not None else self._now()
+        if self._steps is not None:
+            self._steps.poll()  # the last step reported before the failure
+        self.ledger.failed(learnt, self.detection(failure, learnt), trigger,
+                           failure.to_dict() if failure is not None else None)
+
+    def detection(self, failure: Failure | None, learnt: float) -> float | None:
+        """Seconds from the failure's cause to `learnt` (None where the agent cannot know: a peer lost, ...).
+
+        0 for an exit (its pidfd tells at once) or a membership change; for a watchdog expiry, since the rank's
+        last sign of life (its heartbeat file's last change, or its last timer request).
+        """
+        if failure is None or failure.kind is FailureKind.WORKER:
+            return 0.0
+        if failure.kind is not FailureKind.WATCHDOG or failure.local_rank is None:
+            return None
+        timer = self._timer()
+        signs = [self._steps.last_touch(failure.local_rank) if self._steps is not None else None,
+                 timer.server.last_activity(failure.local_rank) if timer is not None else None]
+        known = [s for s in signs if s is not None]
+        return max(0.0, learnt - max(known)) if known else None
+
+    def state_changed(self, src: JobState, dst: JobState) -> None:
+        """The ledger's marks between a failure and the next attempt: teardown done, the round complete."""
+        if src is JobState.RENDEZVOUS and dst is JobState.RUNNING:
+            self.ledger.entered_running(self._now())
+        elif src is JobState.RESTARTING and dst is JobState.RENDEZVOUS:
+            self.ledger.torn_down(self._now())
+
+    def step_reported(self, report: StepReport) -> None:
+        """A worker of the current attempt reported a step (its heartbeat file's content)."""
+        self.ledger.step(report)
 
     def failure_classed(self, failure: Failure) -> None:
         """FAILED is done with the failure (classed on its evidence): the recovery, if one follows, shows that."""
         self.recoveries.classed(failure.to_dict())
+        self.ledger.classed(failure.to_dict())
 
     def workers_spawned(self, attempt: int, workers: Sequence[Worker], *, scope: str = "job") -> None:
         """Every worker of this attempt (`workers`) is spawned: "running"; watch each until it says it is ready."""
@@ -138,6 +177,10 @@ class RecoveryTimer:
         if timer is not None:
             timer.on_first_request = self._readiness.request
         self._readiness.watch({w.plan.local_rank: Path(w.plan.heartbeat_file) for w in workers})
+        self.ledger.spawned(self._now(), attempt, scope)
+        if self._steps is None:
+            self._steps = StepWatch(self.step_reported)
+        self._steps.watch({w.plan.local_rank: Path(w.plan.heartbeat_file) for w in workers}, replace=scope != "worker")
 
     def worker_ready(self, local_rank: int, at: float, source: str) -> None:
         """A worker of this attempt said it is ready; once all have, publish it (status.json, etcd)."""
@@ -145,15 +188,25 @@ class RecoveryTimer:
         if rec is not None:
             self._log.info("workers_ready", attempt=rec.attempt, scope=rec.scope, running_s=rec.running_s,
                            ready_s=rec.ready_s)
+            if rec.ready_at is not None:
+                self.ledger.ready(rec.ready_at)
             self._publisher.publish_soon(only_in=self._running)
 
     def status(self) -> dict[str, object]:
         """The launch and the last recovery, for status.json."""
-        return dict(self.recoveries.status())
+        return {**self.recoveries.status(), "ledger": self.ledger.status(self._now())}
 
     def report(self) -> dict[str, object]:
         """Every recovery, for report.json."""
-        return dict(self.recoveries.report())
+        if self._steps is not None:
+            self._steps.poll()  # the last report before the end
+            self._steps.clear()
+        return {**self.recoveries.report(), "ledger": self.ledger.report(self._now())}
+
+    def figures(self) -> tuple[float | None, float]:
+        """ETTR and the seconds lost to failures so far (the metrics' gauges)."""
+        r = self.ledger.status(self._now())
+        return r["ettr"], r["lost_s"] or 0.0
 
     def line(self) -> str:
         """The summary's line on recoveries ("" when there was none)."""

@@ -154,6 +154,10 @@ class RecoveryClock(Protocol):
         """Every worker of `attempt` in `workers` is spawned; watch each until it says it is ready."""
         ...
 
+    def state_changed(self, src: JobState, dst: JobState) -> None:
+        """A transition: the ETTR ledger marks the teardown's end and the round's (observe/ledger.py)."""
+        ...
+
     def status(self) -> dict[str, object]:
         """The launch and the last recovery, for status.json."""
         ...

@@ -145,6 +145,16 @@ class Recoveries:
             self.observe(phase, seconds)
 
     @property
+    def launched_at(self) -> float:
+        """Monotonic: the agent's start (the launch's origin)."""
+        return self._launched[0]
+
+    @property
+    def pending(self) -> Recovery | None:
+        """The failure that ended the current attempt, while no attempt was started after it."""
+        return self._pending
+
+    @property
     def last(self) -> Recovery | None:
         """The latest recovery (None before the first restart)."""
         return self.restarts[-1] if self.restarts else None
