@@ -91,6 +91,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     on_transition = TransitionLog(ctx, transitions, metrics)
     try:
         if metrics is not None:
+            metrics.ledger = ctx.recovery.figures  # runner_ettr, runner_lost_seconds
             metrics.start()
         await drive(model, HANDLERS, ctx, on_transition, settle)
     finally:

@@ -32,6 +32,7 @@ from runner.core.machine import JobState, Model, build_machine, drive
 from runner.core.restart_policy import GUARDS, settle
 from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_STOPPED_BASE, EXIT_WORKERS_FAILED, RunnerError
 from runner.events import StopRequested
+from runner.observe.ledger import job_ledger
 from runner.observe.logs import JsonLines
 from runner.outcomes import Outcome
 from runner.rendezvous.local import LocalRendezvous
@@ -84,6 +85,7 @@ class Group:
             "restarts": self.ctx.run.restarts,
             "step": self.step,
             "outcome": self.ctx.outcome.value if self.ctx.outcome is not None else None,
+            "ledger": self.ctx.recovery.status().get("ledger"),  # its ETTR so far (docs/goodput.md)
         }
 
 
@@ -208,6 +210,7 @@ class Supervisor:
         from runner.observe.group_metrics import GroupMetrics
 
         self.metrics = GroupMetrics(self.spec, self.node, groups)
+        self.metrics.ledgers = lambda: {g.index: g.ctx.recovery.figures() for g in self.groups}  # ETTR gauges
         self.metrics.start(lambda: self.lighthouse.restarts if self.lighthouse is not None else 0)
 
     async def take_place(self) -> tuple[list[int], str]:
@@ -455,6 +458,7 @@ class Supervisor:
             "workers": [],
             "outcome": self.outcome.value if self.outcome is not None else None,
             "groups": [g.status() for g in self.groups],
+            "ledger": job_ledger([dict(g.ctx.recovery.figures(), group=g.index) for g in self.groups]),
             "lighthouse": self.lighthouse_status(),
         }
 
@@ -483,6 +487,7 @@ class Supervisor:
                                "lighthouse": self.lighthouse_status()},
             "groups": groups, "run_dir": str(self.run_dir),
             "warnings": sorted({w for g in self.groups for w in g.ctx.warnings.seen} | set(soft_io.failures())),
+            "ledger": job_ledger([e["ledger"] | {"group": e["group"]} for e in groups]),  # docs/goodput.md
         }
         warned: set[str] = set()
 

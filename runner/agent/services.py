@@ -203,10 +203,9 @@ class RecoveryTimer:
             self._steps.clear()
         return {**self.recoveries.report(), "ledger": self.ledger.report(self._now())}
 
-    def figures(self) -> tuple[float | None, float]:
-        """ETTR and the seconds lost to failures so far (the metrics' gauges)."""
-        r = self.ledger.status(self._now())
-        return r["ettr"], r["lost_s"] or 0.0
+    def figures(self) -> dict[str, object]:
+        """The ledger so far, callable from any thread (the metrics' gauges): the loop's clock is time.monotonic."""
+        return self.ledger.report(time.monotonic())
 
     def line(self) -> str:
         """The summary's line on recoveries ("" when there was none)."""

@@ -158,6 +158,10 @@ class RecoveryClock(Protocol):
         """A transition: the ETTR ledger marks the teardown's end and the round's (observe/ledger.py)."""
         ...
 
+    def figures(self) -> dict[str, object]:
+        """The ETTR ledger so far (report.json's `ledger` as of now), from any thread: the metrics' gauges."""
+        ...
+
     def status(self) -> dict[str, object]:
         """The launch and the last recovery, for status.json."""
         ...

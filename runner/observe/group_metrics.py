@@ -2,7 +2,8 @@
 
 One endpoint per node, as for any job (metrics.host:metrics.port), with each group this node runs: its state,
 attempt, restarts, the step it committed last (what its rank 0 reported), its transitions and failures by class,
-and the hosted lighthouse's restarts. prometheus_client is imported only by `start()`.
+and the hosted lighthouse's restarts; each group's ETTR and lost seconds, and the job's ETTR (docs/goodput.md).
+prometheus_client is imported only by `start()`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from runner.config.spec import JobSpec
 from runner.errors import RunnerError
+from runner.observe.ledger import gauge_values, job_ledger
 from runner.observe.metrics import STATES, Endpoint
 
 
@@ -24,6 +26,7 @@ class GroupMetrics:
         self.port: int | None = None
         self._endpoint: Endpoint | None = None
         self._m: dict[str, Any] = {}
+        self.ledgers: Callable[[], dict[int, dict[str, Any]]] | None = None  # each group's ETTR ledger so far
 
     def start(self, lighthouse_restarts: Callable[[], int]) -> int:
         """Create the series and serve them; the bound port."""
@@ -50,13 +53,22 @@ class GroupMetrics:
                                      ["group", "class"], registry=reg),
             "lighthouse": prom.Gauge("runner_lighthouse_restarts", "Times the hosted lighthouse was restarted",
                                      registry=reg),
+            "ettr": prom.Gauge("runner_group_ettr", "Each group's productive time / wall time so far", by_group,
+                               registry=reg),
+            "lost": prom.Gauge("runner_group_lost_seconds", "Seconds each group lost to failures so far", by_group,
+                               registry=reg),
+            "job_ettr": prom.Gauge("runner_ettr", "The job's productive time (any group stepping) / wall time",
+                                   registry=reg),
         }
+        self._m["job_ettr"].set_function(lambda: gauge_values(self.job_ledger)[0])
         self._m["info"].info({"job": self.spec.name, "node": self.node})
         self._m["lighthouse"].set_function(lighthouse_restarts)
         for k in self.groups:
             self._m["state"].labels(str(k)).state("INIT")
             self._m["attempt"].labels(str(k)).set(0)
             self._m["restarts"].labels(str(k)).set(0)
+            self._m["ettr"].labels(str(k)).set_function(lambda k=k: gauge_values(lambda: self.group_ledger(k))[0])
+            self._m["lost"].labels(str(k)).set_function(lambda k=k: gauge_values(lambda: self.group_ledger(k))[1])
         self._endpoint = Endpoint(self.spec, reg)
         self.port = self._endpoint.port
         return self.port
@@ -79,6 +91,14 @@ class GroupMetrics:
         """Count a failed attempt of group `k` under its class."""
         if self._m:
             self._m["failures"].labels(str(k), failure_class).inc()
+
+    def group_ledger(self, k: int) -> dict[str, Any]:
+        """Group `k`'s ledger so far ({} before the group exists)."""
+        return self.ledgers().get(k, {}) if self.ledgers is not None else {}
+
+    def job_ledger(self) -> dict[str, Any]:
+        """The job's ledger so far, from the groups' (the union of their productive spans)."""
+        return job_ledger(list(self.ledgers().values()) if self.ledgers is not None else [])
 
     def on_step(self, k: int, step: int) -> None:
         """Group `k`'s rank 0 reported `step` committed."""

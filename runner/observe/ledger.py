@@ -24,6 +24,8 @@ Memory is bounded: one record per attempt and per failure, and attempts are boun
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,12 +272,14 @@ class Ledger:
         return {k: r[k] for k in ("basis", "wall_s", "productive_s", "launch_s", "lost_s", "ettr", "failure_count")}
 
 
-def job_ledger(groups: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
-    """Replica groups: the job's ledger from its groups' (report.json `ledger` of each).
+def job_ledger(groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """Replica groups: the job's ledger from its groups' (report.json `ledger` of each, with its `group`).
 
     The job progresses while ANY group steps (docs/goodput.md), so its productive time is the union of the groups'
-    productive spans (seconds from the common start) within [0, wall_s].
+    productive spans (seconds from the common start, the supervisor's) within [0, wall_s]; wall_s is the longest
+    group's (the supervisor's own wind-down after the last group ended is no part of it).
     """
+    wall_s = max((float(g.get("wall_s") or 0.0) for g in groups), default=0.0)
     spans = sorted((float(a), float(b)) for g in groups for a, b in g.get("productive_spans", []))
     productive, reach = 0.0, 0.0
     first: float | None = None
@@ -294,3 +298,17 @@ def job_ledger(groups: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
         "groups": [{"group": g.get("group"), "ettr": g.get("ettr"), "lost_s": g.get("lost_s"),
                     "failure_count": g.get("failure_count")} for g in groups],
     }
+
+
+def gauge_values(ledger: Callable[[], dict[str, Any]] | None) -> tuple[float, float]:
+    """(ETTR, lost seconds) of a ledger's report for the metrics' gauges; NaN where unknown.
+
+    The gauges are read on the metrics server's thread: a report that fails mid-update is a NaN for one scrape,
+    never a failed scrape.
+    """
+    try:
+        report = ledger() if ledger is not None else {}
+        ettr, lost = report.get("ettr"), report.get("lost_s")
+        return (float(ettr) if ettr is not None else math.nan, float(lost) if lost is not None else math.nan)
+    except Exception:  # a gauge's callback must never fail the scrape
+        return math.nan, math.nan

@@ -7,12 +7,14 @@ has its own registry (no process-global state), served by prometheus_client's th
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 from runner.config.spec import JobSpec
 from runner.errors import RunnerError
+from runner.observe.ledger import gauge_values
 from runner.observe.recovery import PHASES
 
 STATES = ("INIT", "RENDEZVOUS", "RUNNING", "FAILED", "RESTARTING", "SHUTDOWN")
@@ -57,6 +59,7 @@ class AgentMetrics:
         self._m: dict[str, Any] = {}
         self._last = time.monotonic()
         self._rdzv_since: float | None = None
+        self.ledger: Callable[[], dict[str, Any]] | None = None  # the ETTR ledger so far (runner_ettr, lost seconds)
 
     def start(self) -> int:
         """Create the metrics and serve them on metrics.host:metrics.port; returns the bound port."""
@@ -85,7 +88,12 @@ class AgentMetrics:
             "recover": prom.Histogram("runner_time_to_recover_seconds",
                                       "Failure -> every worker of the next attempt running / ready", ["phase"],
                                       buckets=RECOVER_BUCKETS, registry=reg),
+            "ettr": prom.Gauge("runner_ettr", "Productive time / wall time so far (docs/goodput.md)", registry=reg),
+            "lost": prom.Gauge("runner_lost_seconds", "Seconds lost to failures so far (docs/goodput.md)",
+                               registry=reg),
         }
+        self._m["ettr"].set_function(lambda: gauge_values(self.ledger)[0])
+        self._m["lost"].set_function(lambda: gauge_values(self.ledger)[1])
         self._m["info"].info({"job": self.spec.name, "node": self.node})
         self._m["state"].state("INIT")
         self._m["budget"].set(self.spec.restart.max_restarts)

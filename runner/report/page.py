@@ -6,6 +6,7 @@ import html
 import time
 from typing import Any
 
+from runner.report.ledger_page import ledger_section
 from runner.report.story import NodeStory, Story
 
 WIDTH = 1180  # px of the timeline
@@ -75,6 +76,8 @@ def render(story: Story) -> str:
         attempts_table(story),
         "<h2>Restarts</h2>",
         restarts_table(story),
+        "<h2>Time ledger (ETTR)</h2>",  # docs/goodput.md
+        ledger_section(story),
         "<h2>Failures</h2>",
         failures_section(story),
         "<h2>Transitions</h2>",

@@ -179,7 +179,7 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
     if status.get("backend") == "etcd":
         title += f" · round {status.get('round')} · world {status.get('world_size')}"
         title += f" · restarts {status.get('restarts')}"
-    head = ("NODE", "STATE", "ATTEMPT", "RESTARTS", "FAILURE", "RANKS", "UPTIME", "RECOVERY", "LAST EVENT")
+    head = ("NODE", "STATE", "ATTEMPT", "RESTARTS", "FAILURE", "RANKS", "UPTIME", "RECOVERY", "ETTR", "LAST EVENT")
     rows: list[tuple[str, ...]] = [head]
     for node in status.get("nodes") or []:
         name = str(node.get("node"))
@@ -193,7 +193,7 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
         restarts = node.get("restarts", status.get("restarts", "-"))
         rows.append((name, str(node.get("state") or "-"), str(node.get("attempt", "-")), str(restarts),
                      failure_class(node), ranks(node.get("workers")), duration(up),
-                     recovery(node.get("recovery")), (event + ago) if event else "-"))
+                     recovery(node.get("recovery")), ettr(node.get("ledger")), (event + ago) if event else "-"))
     lines = [title, *aligned(rows)]
     for node in status.get("nodes") or []:
         lines += groups_table(node.get("groups"))
@@ -211,8 +211,9 @@ def groups_table(groups: object) -> list[str]:
     if not isinstance(groups, list) or not groups:
         return []
     keys = ("group", "state", "attempt", "restarts", "step", "outcome")
-    rows: list[tuple[str, ...]] = [tuple(k.upper() for k in keys)]
-    rows.extend(tuple(str(g[k]) if g.get(k) is not None else "-" for k in keys) for g in groups if isinstance(g, dict))
+    rows: list[tuple[str, ...]] = [(*(k.upper() for k in keys), "ETTR")]
+    rows.extend((*(str(g[k]) if g.get(k) is not None else "-" for k in keys), ettr(g.get("ledger")))
+                for g in groups if isinstance(g, dict))
     return ["", *aligned(rows)]
 
 
@@ -257,6 +258,18 @@ def recovery(rec: object) -> str:
         shown = f"{value:.2f}s" if known else "?"
         parts.append(f"{shown} {phase}")
     return " → ".join(parts)
+
+
+def ettr(ledger: object) -> str:
+    """A run's ETTR so far and the seconds its failures cost (docs/goodput.md): `0.93 (lost 3.1s)`; '-' without."""
+    if not isinstance(ledger, dict):
+        return "-"
+    value, lost = ledger.get("ettr"), ledger.get("lost_s")
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
+        return "?"
+    if isinstance(lost, (int, float)) and not isinstance(lost, bool) and 0 < lost < MAX_SHOWN_S:
+        return f"{value:.2f} (lost {lost:.1f}s)"
+    return f"{value:.2f}"
 
 
 def fmt_clock(now: float) -> str:
