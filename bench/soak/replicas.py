@@ -8,7 +8,7 @@ examples/jobs/ft_train.py uses it: a quorum every step, gradients averaged over 
 no checkpoint file: a restarted group copies the live weights from the other) that writes its start and done
 markers, and one line per step with the committed step and the groups that took part, on the soak's own disk.
 
-Faults, drawn by bench/chaos.py's seeded schedule (random.Random("SEED:JOB"), about every --failure-every s while
+Faults, drawn by the base soak's seeded schedule (random.Random("SEED:JOB"), about every --failure-every s while
 the job's window is open; `--first-job N` replays job N alone):
 
 | class | what |
@@ -21,7 +21,7 @@ the job's window is open; `--first-job N` replays job N alone):
 | kill_agent | SIGKILL the agent (its guards must kill the lighthouse and every worker); requeued 2-10 s later |
 | disk_full | fill the tmpfs logs.dir is on for 3-30 s |
 
-Invariants, on top of bench/chaos.py's that apply to one node without etcd (report_written, nothing_survives,
+Invariants, on top of the base soak's that apply to one node without etcd (report_written, nothing_survives,
 no_internal_error, hang_detected, guard_replaced, stop_honoured, job_completes):
 - outcome_matches_workers: the exit code is the report's; `succeeded` exactly when it is 0; a group reported
   `succeeded` only if its last attempt's worker wrote its done marker, and one whose worker did is `succeeded`; the
@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import itertools
 import math
 import os
 import random
@@ -63,7 +64,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.chaos import (
+from bench.common import ROOT, argv_of
+from bench.soak.bounds import (
     GONE_BOUND_S,
     GRACE_S,
     HANG_BOUND_S,
@@ -72,41 +74,43 @@ from bench.chaos import (
     MEASURED,
     RACE_S,
     STEP_TIME_S,
-    Agent,
-    Job,
+)
+from bench.soak.infra import mount_tmpfs
+from bench.soak.model import Agent, Job, Violation, console_transitions, jsonl, read_text, tail
+from bench.soak.procs import (
     Proc,
-    Soak,
-    Violation,
     children_of,
-    console_transitions,
     describe,
     ident,
-    jsonl,
-    mount_tmpfs,
     port_listening,
-    read_text,
     reap_orphans,
     running,
     set_subreaper,
     signal_proven,
     stat,
-    tail,
 )
-from bench.common import ROOT, argv_of, table
+from bench.soak.soak import Soak
 
 WORKER = ROOT / "bench" / "workers" / "chaos_ft.py"
 GROUPS = 2
 MIN_ACTIVE = 1
 LOGS_MIB = 64
 LIGHTHOUSE_HEARTBEAT_S = 1.0  # replica_groups.lighthouse.heartbeat_timeout: a silent group leaves the quorum
+LIGHTHOUSE_JOIN_S = 1.0  # replica_groups.lighthouse.join_timeout: a quorum waits this long for stragglers
+LIGHTHOUSE_TICK_S = 0.1  # replica_groups.lighthouse.quorum_tick
 WORKER_TIMEOUT_S = 5.0  # the worker's collectives, store and Manager RPCs (chaos_ft.py --timeout)
 QUORUM_TIMEOUT_S = 10.0  # the worker's Manager quorum_timeout (chaos_ft.py --quorum-timeout)
 LIGHTHOUSE_KILLS = 3  # per run: the agent restarts its lighthouse 5 times at most (runner/agent/lighthouse.py)
 LIGHTHOUSE_BOUND_S = 20.0
 ACTIVE_S = 3.0  # the other group "was stepping": it committed a step this recently before the fault
-# How long the other group may take to commit alone: a SIGKILLed peer leaves the quorum once the lighthouse misses its
-# heartbeat (1 s), then join_timeout (1 s); a stopped one first holds the step's allreduce until its timeout (5 s).
-SURVIVOR_BOUND_S = {"kill": LIGHTHOUSE_HEARTBEAT_S + 1.0 + 4.0, "hang": WORKER_TIMEOUT_S + LIGHTHOUSE_HEARTBEAT_S + 4.0}
+# When a group's worker is gone, the lighthouse drops it from the quorum after heartbeat_timeout, and a waiting quorum
+# is issued within join_timeout and one tick; a stopped worker first holds the step's allreduce until the worker's
+# collective timeout. Only then can the other group commit alone: the group is down *for the quorum* from there.
+DETECT_S = {"kill": LIGHTHOUSE_HEARTBEAT_S + LIGHTHOUSE_JOIN_S + LIGHTHOUSE_TICK_S,
+            "hang": WORKER_TIMEOUT_S + LIGHTHOUSE_HEARTBEAT_S + LIGHTHOUSE_JOIN_S + LIGHTHOUSE_TICK_S}
+SLACK_S = 0.5  # scheduling on a loaded machine (2 CPUs shared by the soak, the agent, the lighthouse, 2 workers)
+NORMAL_STEPS = 2  # survivor_advanced applies once the group is down for the quorum longer than this many steps
+
 
 CLASSES = ("kill_worker", "stop_worker", "kill_lighthouse", "kill_guard", "signal_agent", "kill_agent", "disk_full")
 RG_LOST = {k: v for k, v in LOST.items() if k not in ("documented", "etcd_keys_expire")}
@@ -162,7 +166,7 @@ class Line:
 
 
 class ReplicaSoak(Soak):
-    """bench/chaos.py's soak with single-node replica-group jobs: its loop, schedule, process faults and checks, with
+    """the base soak's soak with single-node replica-group jobs: its loop, schedule, process faults and checks, with
     the faults and invariants of replica groups."""
 
     classes = CLASSES
@@ -178,7 +182,6 @@ class ReplicaSoak(Soak):
         self.lighthouses: dict[Proc, set[Proc]] = {}  # agent -> every lighthouse process seen under it
         self.lh_seen: dict[Proc, float] = {}  # agent -> monotonic time its lighthouse was last seen running
         self.lh_ports: dict[int, set[int]] = {}  # job index -> the lighthouses' ports
-        self.survivor: dict[str, int] = {"held": 0}  # survivor_advanced: held, or why it did not apply
 
     # ------------------------------------------------------------------ output
 
@@ -199,37 +202,31 @@ class ReplicaSoak(Soak):
             line += " --no-standby"
         return line
 
-    def extra_tables(self) -> list[str]:
-        held = self.survivor["held"]
-        rows = [["the other group committed alone while the killed one was down (held)", str(held)]]
-        rows += [[f"not applicable: {why}", str(n)] for why, n in sorted(self.survivor.items()) if why != "held"]
-        return [table(["survivor_advanced: a group's worker killed or left stopped", "count"], rows)]
-
     # ------------------------------------------------------------------ setup
+
+    def select_classes(self) -> None:
+        """As the base soak's; and no late node (one node)."""
+        super().select_classes()
+        self.disabled["late_join"] = "one node"  # (not in this soak's table; keeps start_nodes from drawing it)
 
     def setup(self) -> None:
         """Subreaper and the logs tmpfs; no etcd, no network namespace (one node)."""
         set_subreaper()
-        wanted = set(self.args.classes.split(",")) if self.args.classes else set(self.all_classes)
-        for cls in self.all_classes:
-            if cls not in wanted:
-                self.disabled[cls] = "not in --classes"
-        self.disabled["late_join"] = "one node"  # (not in this soak's table; keeps start_nodes from drawing it)
+        self.select_classes()
         why = mount_tmpfs(self.logs_root, LOGS_MIB)
         if why is None:
             self.mounted = True
             self.say(f"logs.dir on a {LOGS_MIB} MiB tmpfs at {self.logs_root}")
         else:
             self.disabled.setdefault("disk_full", f"cannot mount a tmpfs for logs.dir ({why})")
-        for cls, why in sorted(self.disabled.items()):
-            if cls in self.all_classes and why != "not in --classes":
-                self.say(f"class {cls} skipped: {why}")
+        for cls, why in sorted(self.tally.skipped().items()):
+            self.say(f"class {cls} skipped: {why}")
 
     # ------------------------------------------------------------------ jobs
 
     def spec_text(self, job: Job, _endpoint: str) -> str:
         return textwrap.dedent(f"""\
-            # chaos soak job {job.index} (seed {self.args.seed}, replica groups); generated by bench/chaos_replicas.py
+            # chaos soak job {job.index} (seed {self.args.seed}, replica groups); generated by bench/soak/replicas.py
             version: 1
             name: {job.name}
             entrypoint:
@@ -240,7 +237,8 @@ class ReplicaSoak(Soak):
               count: {GROUPS}
               nproc_per_node: 1
               min_active: {MIN_ACTIVE}
-              lighthouse: {{hosted: true, heartbeat_timeout: {LIGHTHOUSE_HEARTBEAT_S:g}s}}
+              lighthouse: {{hosted: true, heartbeat_timeout: {LIGHTHOUSE_HEARTBEAT_S:g}s, join_timeout: {LIGHTHOUSE_JOIN_S:g}s,
+                           quorum_tick: {LIGHTHOUSE_TICK_S:g}s}}
             env: {{OMP_NUM_THREADS: "1"}}
             restart:
               max_restarts: 10000
@@ -255,7 +253,7 @@ class ReplicaSoak(Soak):
             """)
 
     def new_job(self) -> Job:
-        """Folders and spec of the next job, drawing from its own generator (seed, job number) as bench/chaos.py's."""
+        """Folders and spec of the next job, drawing from its own generator (seed, job number) as the base soak's."""
         index = self.args.first_job + len(self.jobs)
         self.rng = random.Random(f"{self.args.seed}:{index}")
         name = f"chaos-rg-{self.args.seed}-{index}"
@@ -285,7 +283,7 @@ class ReplicaSoak(Soak):
         return None
 
     def scan_output(self, job: Job, a: Agent) -> None:
-        """bench/chaos.py's scan for internal errors; also every lighthouse seen under the agent, and its port; and
+        """the base soak's scan for internal errors; also every lighthouse seen under the agent, and its port; and
         the lighthouse is never gone for long while the agent runs (whatever took it away)."""
         super().scan_output(job, a)
         now = time.monotonic()
@@ -306,7 +304,7 @@ class ReplicaSoak(Soak):
                             + self.lighthouse_events(a) + tail(read_text(a.out), 4))
 
     def workers(self, job: Job, *, live_only: bool = True) -> list[tuple[dict[str, Any], Proc]]:
-        """bench/chaos.py's, ordered by group and attempt (the seeded pick does not depend on pids)."""
+        """the base soak's, ordered by group and attempt (the seeded pick does not depend on pids)."""
         found = super().workers(job, live_only=live_only)
         return sorted(found, key=lambda x: (x[0].get("group", 0), x[0]["attempt"], x[1].pid))
 
@@ -485,6 +483,7 @@ class ReplicaSoak(Soak):
         if int(light.get("restarts", 0)) < kills:
             raise Violation("lighthouse_restarted", f"{where}: the soak killed its lighthouse {kills} time(s); "
                             f"report.json counts {light.get('restarts')} restart(s)")
+        self.tally.held("group_restarts_reported")
 
     def check_group(self, job: Job, a: Agent, k: int, g: dict[str, Any], starts: list[dict[str, Any]],
                     lines: list[Line], where: str, *, warned: bool, full: bool) -> None:
@@ -571,6 +570,8 @@ class ReplicaSoak(Soak):
             raise Violation("nothing_survives", f"lighthouse(s) of job {job.index} outlived it: " + "; ".join(alive))
         if ports := sorted(p for p in self.lh_ports[job.index] if port_listening(p)):
             raise Violation("nothing_survives", f"the lighthouse port(s) {ports} of job {job.index} still listen")
+        self.tally.held("nothing_survives")
+        self.tally.held("lighthouse_up")  # (checked as the agent ran: no gap longer than its bound)
         while job.expects:  # e.g. a hang's deadline still pending
             self.check_expects(job)
             if job.expects:
@@ -580,11 +581,18 @@ class ReplicaSoak(Soak):
         self.check_completed(job)
 
     def check_survivor(self, job: Job, d: Down) -> None:
-        """While the killed (or hung) group was down, the other group committed steps alone."""
+        """While the killed (or hung) group was down for the quorum longer than two of the other group's normal
+        steps, the other group committed a step alone: a survivor that waits for the dead group breaks it, however
+        soon the dead group is back. The window ends when the killed group's new worker has taken part in a quorum
+        (the end of its first step, committed or not), or at a fault on the other group, the lighthouse or the agent;
+        a window too short for the lighthouse to drop the group and two steps to follow does not apply, and says
+        so."""
+        cls = "kill_worker" if d.kind == "kill" else "stop_worker"
         lines = self.lines(job, d.run_dir)
-        back = next((x.time for x in lines[d.group] if x.attempt > d.attempt and x.commit), math.inf)
-        if back < math.inf:
-            self.timings.setdefault("group_back", []).append(back - d.wall)
+        committed = next((x.time for x in lines[d.group] if x.attempt > d.attempt and x.commit), math.inf)
+        if committed < math.inf:
+            self.timings.setdefault("group_back", []).append(committed - d.wall)
+        back = next((x.time for x in lines[d.group] if x.attempt > d.attempt), math.inf)
         for j in range(GROUPS):
             if j == d.group:
                 continue
@@ -595,40 +603,49 @@ class ReplicaSoak(Soak):
             if d.agent.ended:
                 cuts.append(d.agent.ended)
             final = next((x.time for x in lines[j] if x.commit and x.step >= self.args.steps), math.inf)
-            end = min([back, *cuts])
             before = max((w for w in mine if w < d.wall), default=0.0)
             recent = [x for x in lines[j] if x.commit and before < x.time <= d.wall]
             if final <= d.wall or not recent or d.wall - recent[-1].time > ACTIVE_S:
-                self.not_applicable("the other group was not stepping (no commit within 3 s before, after its last "
-                                    "fault; or it had finished)")
+                self.tally.moot("survivor_advanced", "the other group was not stepping (no commit within 3 s "
+                                "before, after its last fault; or it had finished)", cls)
                 continue
             s0 = recent[-1].step
+            end = min([back, *cuts])
             alone = next((x for x in lines[j] if d.wall < x.time < end and x.commit and x.step > s0
                           and x.groups < GROUPS), None)
             if alone is not None:
-                self.survivor["held"] += 1
+                self.tally.held("survivor_advanced", cls)
                 self.timings.setdefault("survivor_advanced", []).append(alone.time - d.wall)
                 self.say(f"job {job.index}: group {j} committed step {alone.step} alone {alone.time - d.wall:.2f} s "
                          f"after the {d.kind} of group {d.group}'s worker {d.pid} (from step {s0})")
                 continue
             if final < end:
-                self.not_applicable("the other group finished its training in the window, never alone")
+                self.tally.moot("survivor_advanced", "the other group finished its training in the window", cls)
                 continue
-            if end - d.wall >= SURVIVOR_BOUND_S[d.kind]:
-                after = [f"{x.step}/{int(x.commit)}/{x.groups}@{x.time - d.wall:+.2f}" for x in lines[j]
-                         if d.wall - 2 < x.time < end][:30]
-                raise Violation("survivor_advanced", f"job {job.index}, {d.agent.label}: group {d.group}'s worker "
-                                f"{d.pid} (attempt {d.attempt}) got a {d.kind} at step {s0} of group {j}; group "
-                                f"{d.group} was down for {min(back, end) - d.wall:.1f} s (bound "
-                                f"{SURVIVOR_BOUND_S[d.kind]:g} s, no fault on group {j} or the lighthouse meanwhile), "
-                                f"yet group {j} committed no step alone in it. Its lines (step/commit/groups@s "
-                                f"from the fault): {after}")
-            self.not_applicable(f"a window shorter than the bound ({SURVIVOR_BOUND_S['kill']:g} s after a kill, "
-                                f"{SURVIVOR_BOUND_S['hang']:g} s after a hang) with no step alone in it")
+            step = normal_step(lines[j], d.wall)
+            bound = DETECT_S[d.kind] + SLACK_S + NORMAL_STEPS * step
+            if end - d.wall <= bound:
+                why = "the killed group was back" if end == back else "a fault on the other group, the lighthouse or the agent came"
+                self.tally.moot("survivor_advanced", f"{why} before the quorum could drop it and two normal steps "
+                                "passed", cls)
+                continue
+            after = [f"{x.step}/{int(x.commit)}/{x.groups}@{x.time - d.wall:+.2f}" for x in lines[j]
+                     if d.wall - 2 < x.time < end][:30]
+            self.tally.broke("survivor_advanced", cls)
+            raise Violation("survivor_advanced", f"job {job.index}, {d.agent.label}: group {d.group}'s worker {d.pid} "
+                            f"(attempt {d.attempt}) got a {d.kind} at step {s0} of group {j}; group {d.group} was "
+                            f"down for {end - d.wall:.1f} s ({'until it committed again' if end == back else 'until a fault cut the window'}), "
+                            f"longer than the lighthouse's detection ({DETECT_S[d.kind]:g} s) + {SLACK_S:g} s + "
+                            f"{NORMAL_STEPS} normal steps of group {j} ({step:.2f} s each, measured), yet group {j} "
+                            f"committed no step alone in it. Its lines (step/commit/groups@s from the fault): {after}")
 
-    def not_applicable(self, why: str) -> None:
-        """Count a survivor_advanced check that did not apply, by reason."""
-        self.survivor[why] = self.survivor.get(why, 0) + 1
+
+def normal_step(lines: list[Line], before: float) -> float:
+    """The group's normal step time before `before`: the median gap between its consecutive commits (gaps over 2 s,
+    a failure's, left out); STEP_TIME_S when it has too few."""
+    times = [x.time for x in lines if x.commit and x.time <= before]
+    gaps = sorted(b - a for a, b in itertools.pairwise(times) if 0 < b - a <= 2.0)
+    return gaps[len(gaps) // 2] if len(gaps) >= 3 else STEP_TIME_S
 
 
 def bind_port(argv: list[str]) -> int | None:

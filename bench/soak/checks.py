@@ -1,0 +1,260 @@
+"""The invariants checked as an agent exits, as expectations come due, and at a job's end."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.soak.bounds import EVIDENCE, FINAL_TTL_S, GONE_BOUND_S, INTERNAL_ERRORS, LEASE_TTL_S, RACE_S
+from bench.soak.model import Agent, Job, Violation, console_transitions, context, excerpt, read_text, tail
+from bench.soak.procs import port_listening, reap_orphans
+from bench.soak.verdict import MOOT_WHY
+
+
+class Checks:
+    """Check the invariants (a part of Soak); the first broken one raises Violation."""
+
+    # ------------------------------------------------------------------ invariants
+
+    def scan_output(self, job: Job, a: Agent) -> None:
+        """The agent's output so far holds none of INTERNAL_ERRORS (read from where the last scan stopped)."""
+        try:
+            with a.out.open("rb") as f:
+                f.seek(max(0, a.scanned - 200))
+                chunk = f.read().decode(errors="replace")
+                a.scanned = f.tell()
+        except OSError:
+            return
+        for needle in INTERNAL_ERRORS:
+            if needle in chunk:
+                text = read_text(a.out)
+                crash = "".join(read_text(p) for p in job.tmp.glob("runner-crash-*"))
+                raise Violation("no_internal_error", f"{a.label} (exit {a.code}): {excerpt(text, needle)}\n"
+                                f"{crash[-3000:] or context(text, needle)}")
+
+    def check_agent_end(self, job: Job, a: Agent) -> None:
+        """Right after an agent exits: no internal error, its report, its outcome against its workers, its
+        transitions."""
+        a.checked = True
+        self.scan_output(job, a)
+        text = read_text(a.out)
+        self.tally.held("no_internal_error")
+        if a.fate == "killed":
+            self.lost["killed"] += 1
+            for name in ("report_written", "outcome_matches_workers", "attempts_recorded"):
+                self.tally.moot(name, "the agent was SIGKILLed by the soak")
+            return
+        if a.code is not None and a.code < 0:  # died of a signal: only a stop signal the spec does not handle
+            raise Violation("report_written", f"{a.label} died of signal {-a.code} ({a.fate or 'no fault sent'}): "
+                            f"no report\n{tail(text)}")
+        rd = self.run_dir(job, a)
+        report_path = self.report_path(a, rd)
+        if report_path is None:
+            raise Violation("report_written", f"{a.label} (exit {a.code}) wrote no report.json (run dir {rd}, "
+                            f"no fallback named)\n{tail(text)}")
+        try:
+            report = json.loads(report_path.read_text())
+        except (OSError, ValueError) as e:
+            raise Violation("report_written", f"{a.label}: {report_path} unreadable: {e}") from e
+        self.tally.held("report_written")
+        self.check_outcome(job, a, report, text)
+        self.tally.held("outcome_matches_workers")
+        self.check_transitions(job, a, report)
+        if any("transition_write_failed" in str(w) for w in report.get("warnings", [])):
+            self.tally.moot("attempts_recorded", "the report warns transition_write_failed (a full disk)")
+        else:
+            self.tally.held("attempts_recorded")
+
+    def report_path(self, a: Agent, rd: Path | None) -> Path | None:
+        """report.json in the run dir, else the fallback the console names."""
+        if rd is not None and (rd / "report.json").is_file():
+            return rd / "report.json"
+        for line in read_text(a.out).splitlines():
+            if line.startswith("runner: report: "):
+                path = Path(line.removeprefix("runner: report: ").split(" (")[0])
+                if path.is_file():
+                    return path
+        return None
+
+    def check_outcome(self, job: Job, a: Agent, report: dict[str, Any], text: str) -> None:
+        """Exit code, report and the workers' own markers agree."""
+        outcome, code = report.get("outcome"), report.get("exit_code")
+        where = f"{a.label}: exit {a.code}, report outcome {outcome} exit_code {code}"
+        if code != a.code:
+            raise Violation("outcome_matches_workers", f"{where}: the report's exit code is not the process's")
+        if (outcome == "succeeded") != (a.code == 0):
+            raise Violation("outcome_matches_workers", f"{where}: succeeded iff exit code 0")
+        rd = self.run_dir(job, a)
+        last = int(report.get("attempts", 1)) - 1
+        mine = [m for m in job.markers("start") if rd and m["run_dir"] == str(rd)]
+        done = {m["pid"]: m for m in job.markers("done") if rd and m["run_dir"] == str(rd)}
+        last_workers = [m for m in mine if m["attempt"] == last]
+        all_done = bool(last_workers) and all(m["pid"] in done for m in last_workers)
+        if outcome == "succeeded" and not all_done:
+            raise Violation("outcome_matches_workers", f"{where}: succeeded, but the workers of its last attempt "
+                            f"({last}) did not all finish: started {[m['pid'] for m in last_workers]}, "
+                            f"done {sorted(done)}")
+        if all_done and outcome != "succeeded":
+            finished = max(done[m["pid"]]["time"] for m in last_workers)
+            excused = a.fate and a.fate_at < finished + RACE_S
+            if not excused and self.fault_near(job, a, finished):
+                excused = True
+            if not excused:
+                raise Violation("outcome_matches_workers", f"{where}: every worker of its last attempt ({last}) "
+                                f"finished all {self.args.steps} steps, yet the outcome is {outcome}\n{tail(text)}")
+        ended = next((t.get("time", 0.0) for t in console_transitions(a) if t.get("dst") == "SHUTDOWN"), None)
+        if a.fate and a.fate != "killed" and outcome != "succeeded" and (ended is None or ended >= a.fate_at):
+            sig = signal.Signals[a.fate]  # (an agent already in SHUTDOWN when the signal came keeps its outcome)
+            if outcome != "stopped" or a.code != 128 + sig:
+                raise Violation("stop_honoured", f"{where}: {a.fate} must end it with outcome stopped and exit code "
+                                f"{128 + sig}\n{tail(text)}")
+
+    def fault_near(self, job: Job, a: Agent, when: float) -> bool:
+        """A fault hit etcd, the network or this agent within RACE_S of `when` (time.time())."""
+        return any(abs(f.wall - when) < RACE_S for f in job.faults
+                   if f.cls in ("etcd_stop", "etcd_restart", "etcd_wipe", "partition") or f.target == a.label)
+
+    def check_transitions(self, job: Job, a: Agent, report: dict[str, Any]) -> None:
+        """Every attempt of the run (and every attempt a worker of it started in) is in transitions.jsonl, and the
+        last transition is the end the report tells; a full disk excuses it only when the report says so."""
+        lines, torn = self.transitions(job, a)
+        warned = any("transition_write_failed" in str(w) for w in report.get("warnings", []))
+        if warned:
+            return
+        where = f"{a.label} ({self.run_dir(job, a)})"
+        if torn:
+            raise Violation("attempts_recorded", f"{where}: {torn} torn line(s) in transitions.jsonl and no "
+                            "transition_write_failed warning in the report")
+        seen = {t.get("attempt") for t in lines}
+        rd = str(self.run_dir(job, a))
+        wanted = set(range(int(report.get("attempts", 1)))) | {
+            m["attempt"] for m in job.markers("start") if m["run_dir"] == rd}
+        if missing := sorted(wanted - seen):
+            raise Violation("attempts_recorded", f"{where}: attempt(s) {missing} not in transitions.jsonl "
+                            f"(attempts {report.get('attempts')}, recorded {sorted(x for x in seen if x is not None)})")
+        end = lines[-1] if lines else {}
+        if end.get("dst") != "SHUTDOWN" or end.get("outcome") != report.get("outcome"):
+            raise Violation("attempts_recorded", f"{where}: the last transition {end} is not the report's end "
+                            f"({report.get('outcome')})")
+
+    def check_expects(self, job: Job) -> None:
+        """Expectations met (or moot) are dropped; one past its deadline is a violation."""
+        now = time.monotonic()
+        keep = []
+        for e in job.expects:
+            state = e.check()
+            if state and e.met:
+                self.say(f"job {job.index}: {e.met} after {now - e.since:.2f} s")
+                self.timings.setdefault(e.invariant, []).append(now - e.since)
+            if state:
+                self.tally.held(e.invariant, e.cls)
+                continue
+            if state is None:
+                self.tally.moot(e.invariant, MOOT_WHY.get(e.invariant, "moot when checked"), e.cls)
+                continue
+            if now >= e.deadline:
+                self.tally.invariant(e.invariant, e.cls)  # (the run counts the broken check once it stops)
+                raise Violation(e.invariant, e.detail())
+            keep.append(e)
+        job.expects = keep
+
+    def check_job_end(self, job: Job) -> None:
+        """Once every agent of the job exited: nothing of it survives, its etcd keys expire, it completed."""
+        deadline = time.monotonic() + GONE_BOUND_S
+        while (left := self.job_processes(job)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            reap_orphans(self.own_pids())
+        if left:
+            raise Violation("nothing_survives", f"{len(left)} process(es) of job {job.index} outlived it by "
+                            f"{GONE_BOUND_S:g} s: " + "; ".join(d for _, d in left))
+        while job.expects:  # e.g. a lease revoke still pending: wait out its deadline
+            self.check_expects(job)
+            if job.expects:
+                time.sleep(0.2)
+        if self.args.hosted:
+            port = int(job.endpoint.rpartition(":")[2])
+            if port_listening(port):
+                raise Violation("nothing_survives", f"the hosted etcd's port {port} still listens after the job")
+            self.tally.moot("etcd_keys_expire", "--hosted: the hosted etcd ends with its job (its leases with it)")
+        else:
+            self.check_keys(job)
+            self.tally.held("etcd_keys_expire")
+        self.tally.held("nothing_survives")
+        self.check_completed(job)
+
+    def check_keys(self, job: Job) -> None:
+        """After the last agent's end plus lease_ttl: no key of the job on a live lease, but the final states (on
+        their own lease, at most an hour)."""
+        last_end = max((a.ended for a in job.agents), default=time.time())
+        time.sleep(max(0.0, last_end + LEASE_TTL_S + 2 - time.time()))
+        if self.etcd is not None and not self.etcd.up:
+            self.etcd_start()
+        keys = self.etcd_keys(job)
+        if keys is None:
+            raise Violation("etcd_keys_expire", "cannot read the job's keys from etcd")
+        leases: dict[int, int | None] = {}
+        for key, lease in keys:
+            if not lease:
+                continue  # the job's record (spec, control, rounds): kept until `runner reset`, by design
+            if lease not in leases:
+                leases[lease] = self.lease_ttl(job, lease)
+            ttl = leases[lease]
+            if ttl is None or ttl < 0:
+                continue
+            if "/final/" in key and ttl <= FINAL_TTL_S:
+                continue
+            raise Violation("etcd_keys_expire", f"{key} is still on lease {lease:x} (ttl {ttl} s) "
+                            f"{time.time() - last_end:.1f} s after the job's last agent ended")
+
+    def check_completed(self, job: Job) -> None:
+        """The job's training completed, or the job ended in one of the documented ways; every agent left alone
+        succeeded or found the job closed."""
+        summary = ", ".join(f"{a.label}={a.code}{'/' + a.fate if a.fate else ''}" for a in job.agents)
+        if job.loss:  # any ending is allowed then (each agent's own invariants were checked as it exited)
+            if job.trained():
+                self.say(f"job {job.index}: finished its training despite {job.loss}; agents {summary}")
+                job.loss = ""
+                self.tally.held("job_completes")
+            else:
+                self.lost["documented"] += 1
+                self.say(f"job {job.index}: documented loss ({job.loss}); agents {summary}")
+                self.tally.moot("job_completes", "a documented loss (the hosting node lost or stopped)")
+            return
+        if not job.trained():
+            raise Violation("job_completes", f"job {job.index} ended without finishing its training, and no "
+                            f"documented loss explains it; agents {summary}\n" + self.evidence(job)
+                            + self.tails(job))
+        for a in job.agents:
+            if a.fate:
+                continue
+            text = read_text(a.out)
+            if a.code == 0 or (a.code == 3 and "is closed" in text):
+                continue
+            if a.code == 3 and a.cut_off and self.args.hosted and "did not answer" in text:
+                # Cut off while the others finished: the hosted etcd ended with its host (after its bounded wait
+                # for this node), so the restart this node had to charge found no etcd: exit 3, as documented.
+                continue
+            raise Violation("job_completes", f"{a.label} ended with exit code {a.code} in a job that completed "
+                            f"(only 0, or 3 'job is closed' for a node that joined too late, are expected); "
+                            f"agents {summary}\n{self.evidence(job)}--- {a.label}\n{tail(text)}")
+        self.tally.held("job_completes")
+
+    def evidence(self, job: Job) -> str:
+        """The agents' events that explain a lost rendezvous (hosted etcd restarts, etcd data loss, give-ups)."""
+        out = []
+        for a in job.agents:
+            for line in read_text(a.out).splitlines():
+                if any(k in line for k in EVIDENCE):
+                    with contextlib.suppress(ValueError):
+                        event = json.loads(line)
+                        what = {k: v for k, v in event.items() if k not in ("event", "job", "node", "level")}
+                        out.append(f"{a.label}: {event.get('event')} {json.dumps(what)[:400]}")
+        return "".join(f"{line}\n" for line in out[-12:])
+
+    def tails(self, job: Job) -> str:
+        """The last lines of every agent's output."""
+        return "\n".join(f"--- {a.label} (exit {a.code})\n{tail(read_text(a.out))}" for a in job.agents)

@@ -1,0 +1,117 @@
+"""The chaos soak's command line (bench/chaos.py runs it). Seeded chaos soak: real agents, real etcd, a real training job, and a random schedule of faults; invariants after each.
+
+    python bench/chaos.py --seed N --duration SECONDS [--hosted] [--nodes K] [--failure-every S]
+                          [--steps N] [--job-window S] [--classes a,b,...] [--no-standby] [--first-job N] [--keep]
+    python bench/chaos.py --replica-groups --seed N --duration SECONDS [...]
+
+--replica-groups soaks single-node replica-group jobs (2 TorchFT groups, the hosted lighthouse) instead, with faults
+and invariants of their own: bench/soak/replicas.py.
+
+Every job of the soak: K agents (`python -m runner run job.yaml --node nK`, each in its own session and folder, as
+the bench/ multinode benchmarks start them) on this machine, elastic `nodes: "2:K"`, one gloo DDP worker each
+(bench/workers/chaos_train.py: a few steps per second, a checkpoint every 5 steps, resumed by every attempt, exit 0
+after --steps steps). The rendezvous is a real etcd (runner/testing/etcd_server.py: temp data dir, loopback ports) or, with
+--hosted, the etcd one of the agents hosts (`rendezvous.hosted: true`). The spec turns the watchdog's heartbeat on
+(8 s), so a stopped worker is a hang the agent must kill.
+
+Faults, their classes dealt from a seeded deck (every enabled class once per round: bench/soak/schedule.py), their
+parameters drawn from random.Random("SEED:JOB"), about every --failure-every seconds while a job runs (for at most
+--job-window seconds per job; then the job must finish, and the next one starts until --duration is spent; job N's
+schedule does not depend on the jobs before it, so `--first-job N` replays it alone):
+
+| class | what |
+|---|---|
+| kill_worker | SIGKILL one worker |
+| stop_worker | SIGSTOP one worker: SIGCONT 0.5-3 s later (a pause), or never (a hang the watchdog must kill) |
+| kill_agent | SIGKILL one agent; a new agent of that node is started 2-10 s later (a scheduler's requeue) |
+| kill_guard | SIGKILL one of an agent's guards (the shepherd: cmdline has runner.system.shepherd_main) |
+| signal_agent | SIGTERM, SIGINT or SIGHUP to one agent; requeued 2-10 s later (not the hosting node: it stops the job) |
+| etcd_stop | etcd down for 1-12 s (SIGTERM, start again on the same data); hosted: etcd frozen (SIGSTOP/SIGCONT) |
+| etcd_restart | SIGKILL etcd and start it again at once; hosted: SIGKILL the hosted etcd (its agent restarts it) |
+| etcd_wipe | SIGKILL etcd, delete its data dir, start it fresh on the same ports; hosted: the same to the hosted etcd |
+| disk_full | fill the tmpfs every node's logs.dir is on (mounted by the soak) for 3-30 s |
+| partition | cut the network of the node that runs in its own network namespace (veth pair) for 1-15 s |
+| late_join | (drawn per job) one node starts 3-18 s after the others |
+
+A fault only ever reaches a process the soak started or proved to be the job's: agents are its own children (never
+reaped before it signals them); workers, guards and a hosted etcd are signalled through a pidfd after /proc shows
+the same start time and the job's mark (its token in the environment, or the agent as parent).
+
+Invariants (the first violation ends the soak with exit code 1, the seed, the invariant, the evidence and the replay
+command): report_written, outcome_matches_workers, attempts_recorded, nothing_survives, no_internal_error,
+etcd_keys_expire, hang_detected, guard_replaced, lease_revoked, stop_honoured, etcd_restarted, late_join_admitted,
+job_completes: see docs/faults.md "Chaos soak". The run also fails (exit code 1) when it did not try: an enabled class
+that never fired with a real target, or an invariant a fired class brings that held fewer than its minimum times
+(bench/soak/verdict.py); per invariant it prints how many checks held, broke and did not apply. A class the machine
+cannot run (no root for the tmpfs, no network namespace) is skipped and printed with the reason. Exit code 2: the soak
+itself failed (or was interrupted), not the runner.
+
+The code: bench/soak/ (cli.py this command line, soak.py the loop, schedule.py the deck, faults.py the classes,
+checks.py the invariants, verdict.py the tally and verdict, processes.py a job's processes, procs.py /proc,
+infra.py etcd / network namespace / tmpfs, etcd_reads.py keys and leases, model.py the records, bounds.py the bounds,
+replicas.py the replica-group mode); bench/chaos.py is only its entry.
+
+Everything is bounded: every wait has a timeout, and on exit every process started is killed and reaped, the tmpfs
+unmounted, the network namespace deleted and etcd stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import signal
+import sys
+
+from bench.soak.soak import Soak
+from runner.testing.etcd_server import etcd_binary
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python bench/chaos.py", description="Seeded chaos soak: real agents, real etcd, a real training job, random faults; invariants after each.")
+    p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
+    p.add_argument("--duration", type=float, default=300.0, help="seconds of faults in all (jobs end after it)")
+    p.add_argument("--hosted", action="store_true", help="rendezvous.hosted: one agent hosts etcd")
+    p.add_argument("--nodes", type=int, default=3, help="agents per job (nodes: 2:K)")
+    p.add_argument("--failure-every", type=float, default=10.0, help="mean seconds between faults")
+    p.add_argument("--steps", type=int, default=200, help="training steps per job (0.1 s each)")
+    p.add_argument("--job-window", type=float, default=60.0, help="seconds of faults per job, then it must end")
+    p.add_argument("--classes", default="", help="comma-separated fault classes to draw from (default: all)")
+    p.add_argument("--no-standby", dest="standby", action="store_false",
+                   help="restart.standby false (cold workers); the default is the product's: warm workers forked "
+                        "from the fork server")
+    p.add_argument("--first-job", type=int, default=1, help="number of the first job (replays job N's schedule)")
+    p.add_argument("--keep", action="store_true", help="keep every log (a failing run keeps them anyway)")
+    p.add_argument("--replica-groups", action="store_true",
+                   help="single-node replica-group jobs (2 groups, hosted TorchFT lighthouse): bench/soak/replicas.py")
+    args = p.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 10**6)
+    soak: type[Soak] = Soak
+    if args.replica_groups:
+        from bench.soak.replicas import ReplicaSoak, missing_torchft
+
+        if args.hosted:
+            p.error("--replica-groups runs one node with no etcd: --hosted does not apply")
+        if why := missing_torchft():
+            print(f"chaos soak: {why}", file=sys.stderr)
+            return 2
+        soak = ReplicaSoak
+    elif args.nodes < 2:
+        p.error("--nodes must be at least 2")
+    unknown = set(filter(None, args.classes.split(","))) - set(soak.all_classes)
+    if unknown:
+        p.error(f"unknown classes {sorted(unknown)}; known: {', '.join(soak.all_classes)}")
+    print(f"chaos soak: seed {args.seed}", flush=True)
+
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, stop)
+    if soak is Soak:
+        shutil.which("etcd") or etcd_binary()  # fails early, with the fix, when etcd is not installed
+    return soak(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""A job's keys and leases, read with etcdctl from the etcd the job uses.
+
+That is the soak's own etcd, or with --hosted the etcd one of the agents hosts, at the job's endpoint (the agents'
+`rendezvous.endpoints`; the soak reaches it from its own network namespace). A read that fails (etcd stopped,
+frozen, restarting, or gone with its host) is None: the check that asked does not apply then, and says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+
+from runner.testing.etcd_server import etcd_binary
+
+READ_TIMEOUT_S = 10.0
+
+
+class EtcdReader:
+    """etcdctl against one endpoint (host:port, plain http as the soak's etcds are)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def etcdctl(self, *args: str) -> str | None:
+        """etcdctl's output, None when it failed or took too long."""
+        argv = [etcd_binary("etcdctl"), f"--endpoints=http://{self.endpoint}", "--dial-timeout=2s",
+                "--command-timeout=3s", *args]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=READ_TIMEOUT_S, check=False,
+                                  env={**os.environ, "ETCDCTL_API": "3"})
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    def keys(self, prefix: str) -> list[tuple[str, int]] | None:
+        """(key, lease) of every key under `prefix`; None when etcd cannot be read."""
+        out = self.etcdctl("get", "--prefix", prefix, "-w", "json")
+        if out is None:
+            return None
+        try:
+            kvs = json.loads(out).get("kvs", [])
+            return [(base64.b64decode(kv["key"]).decode(errors="replace"), int(kv.get("lease", 0))) for kv in kvs]
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def lease_ttl(self, lease: int) -> int | None:
+        """Remaining TTL of a lease (-1: gone); None when etcd cannot be read."""
+        out = self.etcdctl("lease", "timetolive", f"{lease:x}", "-w", "json")
+        if out is None:
+            return None
+        try:
+            return int(json.loads(out).get("ttl", -1))
+        except (ValueError, TypeError):
+            return None

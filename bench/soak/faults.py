@@ -1,0 +1,290 @@
+"""The fault classes: each finds a target, injects the fault, records it and what must follow."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import argv_of
+from bench.soak.bounds import (
+    ETCD_BACK_BOUND_S,
+    GONE_BOUND_S,
+    GUARD_BOUND_S,
+    HANG_BOUND_S,
+    HEARTBEAT_TIMEOUT_S,
+    HOSTED_ETCD_KILLS,
+    HOSTED_STOP_BOUND_S,
+    LEASE_TTL_S,
+    PREFIX,
+    REVOKE_BOUND_S,
+    STOP_BOUND_S,
+    STOP_SIGNALS,
+)
+from bench.soak.infra import fill
+from bench.soak.model import Agent, Job, console_transitions
+from bench.soak.procs import descendants_of, describe, ident, running, signal_proven, stat
+
+
+class Faults:
+    """Inject one fault of a class (a part of Soak)."""
+
+    # ------------------------------------------------------------------ the faults
+
+    def targets(self, job: Job) -> list[Agent]:
+        """Agents a process fault may hit: live, left alone so far, and the training not finished (a fault after
+        the first worker said done would race with the job's own end)."""
+        if job.trained():
+            return []
+        return sorted((a for a in job.live() if not a.fate), key=lambda a: (a.node, a.serial))
+
+    def pick(self, items: list[Any], u: float) -> Any:
+        """items[u * len] (u from the seeded draw)."""
+        return items[min(int(u * len(items)), len(items) - 1)] if items else None
+
+    def requeue(self, job: Job, node: str, delay: float) -> None:
+        """Start the node again `delay` s from now (a scheduler's requeue), unless the job is over by then; never
+        while an agent of that node still runs (a stopped agent may take a while to leave): then 1 s later."""
+        def start() -> None:
+            if job.trained() or job.host_stopped or (job.loss and not job.live()):
+                self.say(f"job {job.index}: requeue of {node} skipped (the job is over)")
+                return
+            if any(a.node == node for a in job.live()):
+                self.at(job, 1.0, f"requeue {node}", start)
+                return
+            agent = self.start_agent(job, node)
+            self.say(f"job {job.index}: {node} started again (pid {agent.proc.pid})")
+        self.at(job, delay, f"requeue {node}", start)
+
+    def fault_kill_worker(self, job: Job, u: list[float], sig: int = signal.SIGKILL) -> bool:
+        dirs = {str(rd) for a in self.targets(job) if (rd := self.run_dir(job, a))}
+        cands = [(m, p) for m, p in self.workers(job) if m["run_dir"] in dirs
+                 and (sig == signal.SIGKILL or (stat(p.pid) or ("T",))[0] != "T")]  # a stopped one: not again
+        if not cands:
+            return False
+        m, p = self.pick(cands, u[0])
+        if not signal_proven(p, sig, lambda pid: self.marked(job, pid)):
+            return False
+        who = f"{m['node']} rank {m['rank']} pid {p.pid} (attempt {m['attempt']})"
+        if sig == signal.SIGKILL:
+            self.record(job, "kill_worker", who, "SIGKILL")
+            self.expect(job, "nothing_survives", GONE_BOUND_S, lambda: not running(p), lambda: describe(p))
+            return True
+        if u[1] < 0.5:
+            pause = 0.5 + u[2] * 2.5
+            self.record(job, "stop_worker", who, f"SIGSTOP, SIGCONT in {pause:.1f} s")
+            self.at(job, pause, f"SIGCONT {p.pid}",
+                    lambda: signal_proven(p, signal.SIGCONT, lambda pid: self.marked(job, pid)))
+        else:
+            self.record(job, "stop_worker", who, f"SIGSTOP, left stopped (heartbeat_timeout {HEARTBEAT_TIMEOUT_S:g} s)")
+            self.expect(job, "hang_detected", HANG_BOUND_S, lambda: not running(p),
+                        lambda: f"the stopped worker still exists {HANG_BOUND_S:g} s later: {describe(p)}",
+                        met=f"stopped worker {p.pid} gone")
+        return True
+
+    def fault_stop_worker(self, job: Job, u: list[float]) -> bool:
+        return self.fault_kill_worker(job, u, signal.SIGSTOP)
+
+    def fault_kill_agent(self, job: Job, u: list[float]) -> bool:
+        agent = self.pick(self.targets(job), u[0])
+        if agent is None:
+            return False
+        tree = [p for pid in descendants_of(agent.proc.pid) if (p := ident(pid))]
+        hosting = self.args.hosted and self.hosted_etcd(agent) is not None
+        lease = 0 if hosting else self.node_lease(job, agent.node)  # (a hosted etcd dies with its host, leases too)
+        agent.proc.send_signal(signal.SIGKILL)
+        agent.fate, agent.fate_at = "killed", time.time()
+        detail = f"SIGKILL pid {agent.proc.pid}; {len(tree)} processes under it"
+        if hosting:
+            job.loss = "the hosting node's agent was SIGKILLed: its etcd died with it (docs/multinode.md §8)"
+            detail += "; it hosts the etcd"
+        self.record(job, "kill_agent", agent.label, detail)
+        self.expect(job, "nothing_survives", GONE_BOUND_S, lambda: not any(running(p) for p in tree),
+                    lambda: "processes of a SIGKILLed agent still run: "
+                    + "; ".join(describe(p) for p in tree if running(p)),
+                    met=f"the {len(tree)} processes under {agent.label} gone" if tree else "")
+        if lease:
+            self.expect(job, "lease_revoked", REVOKE_BOUND_S, lambda: self.lease_gone(job, lease),
+                        lambda: f"the SIGKILLed agent's lease {lease:x} is still granted (ttl {self.lease_ttl(job, lease)})",
+                        met=f"{agent.label}'s lease revoked")
+        self.requeue(job, agent.node, 2 + u[1] * 8)
+        return True
+
+    def node_lease(self, job: Job, node: str) -> int:
+        """The lease of the node's live state key (0: none, or etcd unreadable)."""
+        for key, lease in self.etcd_keys(job) or []:
+            if key == f"{PREFIX}/{job.name}/nodes/{node}":
+                return lease
+        return 0
+
+    def lease_gone(self, job: Job, lease: int) -> bool | None:
+        """True once the lease is gone; None (moot) while etcd cannot be read."""
+        ttl = self.lease_ttl(job, lease)
+        return None if ttl is None else ttl < 0
+
+    def fault_kill_guard(self, job: Job, u: list[float]) -> bool:
+        cands = [(a, g) for a in self.targets(job) for g in self.guards(a)]
+        if not cands:
+            return False
+        agent, guard = self.pick(cands, u[0])
+        before = len(self.guards(agent))
+
+        def proof(pid: int) -> bool:
+            st = stat(pid)
+            return st is not None and st[1] == agent.proc.pid and any(
+                "runner.system.shepherd_main" in a for a in argv_of(pid))
+
+        if not signal_proven(guard, signal.SIGKILL, proof):
+            return False
+        self.record(job, "kill_guard", agent.label, f"SIGKILL guard pid {guard.pid} (the agent had {before})")
+
+        def replaced() -> bool | None:
+            if agent.proc.poll() is not None:
+                return None
+            now = self.guards(agent)
+            return guard not in now and len(now) >= before
+
+        self.expect(job, "guard_replaced", GUARD_BOUND_S, replaced,
+                    lambda: f"{agent.label} has guards {[g.pid for g in self.guards(agent)]}, had {before} before "
+                    f"the kill of {guard.pid}", met=f"{agent.label}'s guard replaced")
+        return True
+
+    def fault_signal_agent(self, job: Job, u: list[float]) -> bool:
+        cands = [a for a in self.targets(job) if console_transitions(a) or time.time() - a.started > 10]
+        agent = self.pick(cands, u[0])
+        if agent is None:
+            return False
+        sig = STOP_SIGNALS[min(int(u[1] * 3), 2)]
+        hosting = self.args.hosted and self.hosted_etcd(agent) is not None
+        agent.proc.send_signal(sig)
+        agent.fate, agent.fate_at = sig.name, time.time()
+        detail = sig.name
+        others = [a for a in job.live() if a is not agent]
+        if hosting:
+            job.host_stopped = True
+            job.loss = "the hosting node was stopped by a signal: every node stops (docs/multinode.md §8)"
+            detail += "; it hosts the etcd: every node must stop"
+            self.expect(job, "stop_honoured", HOSTED_STOP_BOUND_S, lambda: all(a.code is not None for a in others),
+                        lambda: "nodes still running after the hosting node was stopped: "
+                        + ", ".join(a.label for a in others if a.code is None))
+        self.record(job, "signal_agent", agent.label, detail)
+        self.expect(job, "stop_honoured", STOP_BOUND_S, lambda: agent.code is not None,
+                    lambda: f"{agent.label} still runs {STOP_BOUND_S:g} s after {sig.name}")
+        if not hosting:
+            self.requeue(job, agent.node, 2 + u[2] * 8)
+        return True
+
+    def fault_etcd(self, job: Job, cls: str, u: list[float]) -> bool:
+        if self.args.hosted:
+            return self.fault_hosted_etcd(job, cls, u)
+        etcd = self.etcd
+        if etcd is None or not etcd.up or job.trained():
+            return False
+        if cls == "etcd_stop":
+            down = 1 + u[0] * 11
+            etcd.stop()
+            self.record(job, cls, "etcd", f"SIGTERM, started again in {down:.1f} s")
+            self.at(job, down, "etcd start", self.etcd_start)
+        elif cls == "etcd_restart":
+            etcd.kill()
+            etcd.start()
+            self.record(job, cls, "etcd", "SIGKILL, started again at once")
+        else:
+            etcd.wipe()
+            self.record(job, cls, "etcd", "SIGKILL, data dir deleted, started fresh on the same ports")
+        return True
+
+    def etcd_start(self) -> None:
+        """Start our etcd again (same data, same ports) if it is down."""
+        if self.etcd is not None and not self.etcd.up:
+            self.etcd.start()
+            self.say("etcd started again")
+
+    def fault_hosted_etcd(self, job: Job, cls: str, u: list[float]) -> bool:
+        host = self.host(job)
+        etcd = self.hosted_etcd(host) if host is not None and not host.fate and not job.trained() else None
+        if host is None or etcd is None:
+            return False
+        argv = argv_of(etcd.pid)
+
+        def proof(pid: int) -> bool:
+            return pid in descendants_of(host.proc.pid) and argv_of(pid) == argv
+
+        target = f"hosted etcd of {host.label}"
+        if cls == "etcd_stop":
+            down = 1 + u[0] * 11
+            if not signal_proven(etcd, signal.SIGSTOP, proof):
+                return False
+            self.record(job, cls, target, f"SIGSTOP pid {etcd.pid}, SIGCONT in {down:.1f} s")
+            self.at(job, down, "hosted etcd SIGCONT", lambda: signal_proven(etcd, signal.SIGCONT, proof))
+            return True
+        data = argv[argv.index("--data-dir") + 1] if "--data-dir" in argv else ""
+        # Wipe only a data dir proven the job's: the hosted etcd keeps it in the job's TMPDIR (runner-etcd-*/data).
+        ours = data and Path(data).parent.name.startswith("runner-etcd-") and Path(data).is_relative_to(job.tmp)
+        if self.hosted_kills.get(host.proc.pid, 0) >= HOSTED_ETCD_KILLS or (cls == "etcd_wipe" and not ours):
+            return False
+        if cls == "etcd_wipe":
+            shutil.rmtree(data, ignore_errors=True)
+        if not signal_proven(etcd, signal.SIGKILL, proof):
+            return False
+        self.hosted_kills[host.proc.pid] = self.hosted_kills.get(host.proc.pid, 0) + 1
+        what = "data dir deleted, SIGKILL" if cls == "etcd_wipe" else "SIGKILL"
+        self.record(job, cls, target, f"{what} pid {etcd.pid} (its agent restarts it)")
+
+        def back() -> bool | None:
+            if host.proc.poll() is not None:
+                return None
+            now = self.hosted_etcd(host)
+            return now is not None and now != etcd
+
+        self.expect(job, "etcd_restarted", ETCD_BACK_BOUND_S, back,
+                    lambda: f"{host.label} did not start its etcd again within {ETCD_BACK_BOUND_S:g} s\n"
+                    + self.evidence(job), met=f"{host.label}'s etcd started again")
+        return True
+
+    def fault_disk_full(self, job: Job, u: list[float]) -> bool:
+        if self.filled or not self.mounted:
+            return False
+        size = fill(self.logs_root)
+        self.filled = True
+        hold = 3 + u[0] * 27
+        self.record(job, "disk_full", "logs tmpfs", f"filled ({size >> 20} MiB), freed in {hold:.1f} s")
+        self.at(job, hold, "free the logs disk", self.free_disk)
+        return True
+
+    def free_disk(self) -> None:
+        """Delete the filler."""
+        if self.filled:
+            (self.logs_root / ".chaos-filler").unlink(missing_ok=True)
+            self.filled = False
+            self.say("logs disk freed")
+
+    def fault_partition(self, job: Job, u: list[float]) -> bool:
+        net = self.net
+        node = job.nodes[-1]
+        if net is None or net.cut or not any(a.node == node for a in self.targets(job)):
+            return False
+        cut = 1 + u[0] * 14
+        net.down()
+        for a in job.live():
+            if a.node == node:
+                a.cut_off = True
+        self.record(job, "partition", node, f"link down for {cut:.1f} s (lease_ttl {LEASE_TTL_S:g} s)")
+        self.at(job, cut, "heal the partition", self.heal)
+        return True
+
+    def heal(self) -> None:
+        """Bring the namespace's link back up."""
+        if self.net is not None and self.net.cut:
+            self.net.up()
+            self.say("partition healed")
+
+    def inject_fault(self, job: Job, cls: str, u: list[float]) -> bool:
+        """Inject one fault of `cls` with the draws `u`; False when the class has no target right now."""
+        if cls in ("etcd_stop", "etcd_restart", "etcd_wipe"):
+            return self.fault_etcd(job, cls, u)
+        method: Callable[[Job, list[float]], bool] = getattr(self, f"fault_{cls}")
+        return method(job, u)

@@ -1,0 +1,122 @@
+"""The soak's infrastructure: its etcd, the network namespace a node runs in, the logs tmpfs."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from runner.testing.etcd_server import EtcdServer
+
+
+class ChaosEtcd(EtcdServer):
+    """runner/testing/etcd_server.py's etcd, also listening on `extra_host` (the veth address a namespaced node
+    reaches)."""
+
+    def __init__(self, data_dir: Path, extra_host: str | None) -> None:
+        super().__init__(data_dir, extra_client_hosts=(extra_host,) if extra_host else ())
+
+    def wipe(self) -> None:
+        """SIGKILL, delete the data dir, start fresh on the same ports."""
+        self.kill()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.start()
+
+
+class Netns:
+    """A network namespace joined to this one by a veth pair; one node runs in it; `down()` is the partition.
+
+    Host side: <veth>h with 10.213.X.1/30 (stays reachable from this namespace when the link is down: a local
+    address); namespace side: <veth>n with 10.213.X.2/30, default route through the host side.
+    """
+
+    def __init__(self) -> None:
+        tag = os.getpid() % 10_000_000
+        self.name, self.vh, self.vn = f"chaos{tag}", f"chv{tag}h", f"chv{tag}n"
+        used = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, timeout=10, check=True).stdout
+        start = os.getpid() % 256  # two soaks at once start their search apart
+        free = [x for x in (*range(start, 256), *range(start)) if f"10.213.{x}." not in used]
+        if not free:
+            raise OSError("no free 10.213.X.0/30 subnet")
+        self.host_addr, self.ns_addr = f"10.213.{free[0]}.1", f"10.213.{free[0]}.2"
+        self.made = False
+        self.cut = False
+
+    def _ip(self, *args: str) -> None:
+        done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10, check=False)
+        if done.returncode:
+            raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+    def setup(self) -> None:
+        """Create the namespace and the veth pair (root only); raises OSError with the reason."""
+        self._ip("netns", "add", self.name)
+        self.made = True
+        self._ip("link", "add", self.vh, "type", "veth", "peer", "name", self.vn)
+        self._ip("link", "set", self.vn, "netns", self.name)
+        self._ip("addr", "add", f"{self.host_addr}/30", "dev", self.vh)
+        self._ip("link", "set", self.vh, "up")
+        self._ip("-n", self.name, "addr", "add", f"{self.ns_addr}/30", "dev", self.vn)
+        self._ip("-n", self.name, "link", "set", self.vn, "up")
+        self._ip("-n", self.name, "link", "set", "lo", "up")
+        self._ip("-n", self.name, "route", "add", "default", "via", self.host_addr)
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """argv run inside the namespace (nsenter execs it: the pid stays the one Popen returns)."""
+        return ["nsenter", f"--net=/var/run/netns/{self.name}", *argv]
+
+    def down(self) -> None:
+        """Partition: the host side of the link goes down (the namespace's packets go nowhere)."""
+        self._ip("link", "set", self.vh, "down")
+        self.cut = True
+
+    def up(self) -> None:
+        """Heal the partition."""
+        self._ip("link", "set", self.vh, "up")
+        self.cut = False
+
+    def teardown(self) -> None:
+        """Delete the pair and the namespace (never raises)."""
+        if not self.made:
+            return
+        for args in (("link", "del", self.vh), ("netns", "del", self.name)):
+            with contextlib.suppress(OSError):
+                self._ip(*args)
+        self.made = False
+
+
+def mount_tmpfs(path: Path, mib: int) -> str | None:
+    """Mount a tmpfs of `mib` MiB at `path`; None, or why it could not."""
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,mode=0755", "chaos-logs", str(path)],
+                              capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return None if done.returncode == 0 else (done.stderr.strip() or f"mount exited {done.returncode}")
+
+
+def umount(path: Path) -> None:
+    """Unmount (lazily if busy); never raises."""
+    for args in (["umount", str(path)], ["umount", "-l", str(path)]):
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            if subprocess.run(args, capture_output=True, timeout=20, check=False).returncode == 0:
+                return
+
+
+def fill(folder: Path) -> int:
+    """Write one file into `folder` until its file system is full; the bytes written."""
+    path, size = folder / ".chaos-filler", 0
+    chunk = b"\0" * (1 << 20)
+    with path.open("wb", buffering=0) as f:
+        for piece in (chunk, chunk[:4096]):
+            while True:
+                try:
+                    size += f.write(piece)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    break
+    return size

@@ -1,0 +1,563 @@
+"""The soak: setup, jobs one after another, the loop that injects faults and checks invariants, teardown."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.common import machine_line, table
+from bench.soak.bounds import (
+    ALL_CLASSES,
+    CLASSES,
+    CONNECT_TIMEOUT_S,
+    GRACE_S,
+    HEARTBEAT_TIMEOUT_S,
+    JOIN_TIMEOUT_S,
+    LAST_CALL_S,
+    LATE_ADMIT_BOUND_S,
+    LEASE_TTL_S,
+    LOST,
+    MEASURED,
+    PREFIX,
+    STEP_TIME_S,
+    TICK_S,
+    WORKER,
+)
+from bench.soak.checks import Checks
+from bench.soak.etcd_reads import EtcdReader
+from bench.soak.faults import Faults
+from bench.soak.infra import ChaosEtcd, Netns, mount_tmpfs, umount
+from bench.soak.model import Agent, Expect, Fault, Job, Violation, console_transitions
+from bench.soak.processes import JobProcesses
+from bench.soak.procs import Proc, ident, reap_orphans, set_subreaper, signal_proven
+from bench.soak.schedule import Deck
+from bench.soak.verdict import NOT_IN_CLASSES, Tally
+from runner.testing.etcd_server import free_port
+
+
+class Soak(JobProcesses, Faults, Checks):
+    """The whole soak: infrastructure, jobs, faults, invariants, the final table."""
+
+    # What this soak draws and reports (bench/soak/replicas.py's soak has its own).
+    classes: tuple[str, ...] = CLASSES  # drawn by the seeded schedule
+    all_classes: tuple[str, ...] = ALL_CLASSES  # in the table (late_join is drawn per job)
+    lost_rows: dict[str, str] = LOST
+    measured: dict[str, str] = MEASURED
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)  # replaced by each job's own (seed, job number) generator
+        self.t0 = time.monotonic()
+        self.base = Path(tempfile.mkdtemp(prefix=f"chaos-{args.seed}-"))
+        self.logs_root = self.base / "logsfs"
+        self.mounted = False
+        self.etcd: ChaosEtcd | None = None
+        self.net: Netns | None = None
+        self.tally = Tally(self.all_classes)
+        self.disabled = self.tally.disabled  # class -> why it is not enabled (the tally's own dict)
+        self.firing = ""  # the class of the fault being injected: the expectations it sets up are that class's
+        self.lost: dict[str, int] = dict.fromkeys(self.lost_rows, 0)
+        self.jobs: list[Job] = []
+        self.job: Job | None = None
+        self.filled = False
+        self.hosted_kills: dict[int, int] = {}  # hosting agent pid -> hosted etcd kills
+        self.outcomes: list[str] = []
+        self.next_scan = 0.0
+        self.timings: dict[str, list[float]] = {}  # invariant -> seconds its expectations took to be met
+        self.next_fault = 0.0
+        self.pending: tuple[str, list[float], int] | None = None  # a drawn fault waiting for a target
+        self.deck = Deck(self.rng, ())  # the job's classes, dealt in seeded rounds (replaced per job)
+
+    # ------------------------------------------------------------------ output
+
+    def say(self, text: str) -> None:
+        """One line of the soak's log, with the time since the start."""
+        print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
+
+    def replay(self, job: int | None = None) -> str:
+        """The command that replays this seed (only job `job`, when given)."""
+        a = self.args
+        duration = a.job_window if job is not None else a.duration
+        line = f"python bench/chaos.py --seed {a.seed} --duration {duration:g} --nodes {a.nodes}"
+        if job is not None or a.first_job != 1:
+            line += f" --first-job {job if job is not None else a.first_job}"
+        line += f" --failure-every {a.failure_every:g} --steps {a.steps} --job-window {a.job_window:g}"
+        if a.hosted:
+            line += " --hosted"
+        if a.classes:
+            line += f" --classes {a.classes}"
+        if not a.standby:
+            line += " --no-standby"
+        return line
+
+    # ------------------------------------------------------------------ setup / teardown
+
+    def setup(self) -> None:
+        """Subreaper, tmpfs for the logs, the network namespace, etcd."""
+        set_subreaper()
+        self.select_classes()
+        size = 512 if self.args.hosted else 64  # a hosted etcd preallocates a 64 MB WAL in the run dir
+        why = mount_tmpfs(self.logs_root, size)
+        if why is None:
+            self.mounted = True
+            self.say(f"logs.dir on a {size} MiB tmpfs at {self.logs_root}")
+        else:
+            self.disabled.setdefault("disk_full", f"cannot mount a tmpfs for logs.dir ({why})")
+        if "partition" not in self.disabled:
+            self.setup_netns()
+        if not self.args.hosted:
+            self.etcd = ChaosEtcd(self.base / "etcd-data", self.net.host_addr if self.net else None)
+            self.etcd.start()
+            self.say(f"etcd at {self.etcd.endpoint} (data {self.etcd.data_dir})")
+        for cls, why in sorted(self.tally.skipped().items()):
+            self.say(f"class {cls} skipped: {why}")
+
+    def select_classes(self) -> None:
+        """The classes --classes leaves out, and those the soak's own settings rule out, are not enabled."""
+        wanted = set(self.args.classes.split(",")) if self.args.classes else set(self.all_classes)
+        for cls in self.all_classes:
+            if cls not in wanted:
+                self.tally.disable(cls, NOT_IN_CLASSES)
+        if self.args.nodes < 3:
+            self.tally.disable("late_join", "needs --nodes 3 or more (a late node of nodes 2:K, K > 2)")
+
+    def setup_netns(self) -> None:
+        """The namespace the last node runs in, or the partition class skipped with the reason."""
+        try:
+            self.net = Netns()
+            self.net.setup()
+            self.say(f"node n{self.args.nodes - 1} runs in network namespace {self.net.name} "
+                     f"({self.net.ns_addr}, the others {self.net.host_addr})")
+        except (OSError, subprocess.SubprocessError) as e:
+            if self.net is not None:
+                self.net.teardown()
+            self.net = None
+            self.disabled["partition"] = f"no network namespace with a veth pair here ({e})"
+
+    def teardown(self, keep: bool) -> None:
+        """Kill and reap everything started, unmount, delete the namespace, stop etcd. Bounded; never raises."""
+        for job in self.jobs:
+            with contextlib.suppress(Exception):
+                self.kill_job(job)
+        if self.net is not None:
+            with contextlib.suppress(Exception):
+                if self.net.cut:
+                    self.net.up()
+            self.net.teardown()
+        if self.etcd is not None:
+            with contextlib.suppress(Exception):
+                self.etcd.kill()
+        if self.mounted:
+            if keep:
+                with contextlib.suppress(OSError):
+                    shutil.copytree(self.logs_root, self.base / "logs", symlinks=True, dirs_exist_ok=True,
+                                    ignore=shutil.ignore_patterns(".chaos-filler"))
+            umount(self.logs_root)
+            self.mounted = False
+        reap_orphans(self.own_pids())
+        if keep:
+            print(f"kept: {self.base}", flush=True)
+        else:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def own_pids(self) -> set[int]:
+        """Children this process waits for itself (Popen): every agent, and our etcd. Not for reap_orphans."""
+        pids = {a.proc.pid for j in self.jobs for a in j.agents}
+        if self.etcd is not None and self.etcd.proc is not None:
+            pids.add(self.etcd.proc.pid)
+        return pids
+
+    def kill_job(self, job: Job) -> None:
+        """SIGKILL the job's agents (ours: Popen) and every process carrying the job's mark; reap them."""
+        for a in job.agents:
+            if a.proc.poll() is None:
+                a.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                a.proc.wait(10)
+        for _ in range(3):
+            found = self.job_processes(job)
+            for p, _why in found:
+                signal_proven(p, signal.SIGKILL, lambda pid: self.marked(job, pid))
+            if not found:
+                break
+            time.sleep(0.5)
+        reap_orphans(self.own_pids())
+
+
+    # ------------------------------------------------------------------ etcd reads
+
+    def etcd_reader(self, job: Job) -> EtcdReader | None:
+        """The etcd the job uses: ours (None while it is down), or the hosted one at the job's endpoint."""
+        if self.args.hosted:
+            return EtcdReader(job.endpoint)
+        if self.etcd is None or not self.etcd.up:
+            return None
+        return EtcdReader(job.endpoint)
+
+    def etcd_keys(self, job: Job) -> list[tuple[str, int]] | None:
+        """(key, lease) of every key of the job; None when etcd cannot be read."""
+        reader = self.etcd_reader(job)
+        return reader.keys(f"{PREFIX}/{job.name}/") if reader else None
+
+    def lease_ttl(self, job: Job, lease: int) -> int | None:
+        """Remaining TTL of a lease (-1: gone); None when etcd cannot be read."""
+        reader = self.etcd_reader(job)
+        return reader.lease_ttl(lease) if reader else None
+
+    # ------------------------------------------------------------------ jobs
+
+    def spec_text(self, job: Job, endpoint: str) -> str:
+        """The job's spec (the same file for every node; per-node values come from each agent's environment)."""
+        k = self.args.nodes
+        return textwrap.dedent(f"""\
+            # chaos soak job {job.index} (seed {self.args.seed}); generated by bench/chaos.py
+            version: 1
+            name: {job.name}
+            entrypoint:
+              script: {WORKER}
+              args: ["--steps", "{self.args.steps}", "--ckpt", "{job.dir / 'ckpt'}", "--out", "{job.out}",
+                     "--step-time", "{STEP_TIME_S}"]
+            nodes: "{min(2, k)}:{k}"
+            nproc_per_node: 1
+            env: {{OMP_NUM_THREADS: "1"}}
+            rendezvous:
+              backend: etcd
+              hosted: {str(self.args.hosted).lower()}
+              endpoints: ["{endpoint}"]
+              last_call: {LAST_CALL_S}s
+              lease_ttl: {LEASE_TTL_S}s
+              join_timeout: {JOIN_TIMEOUT_S}s
+              connect_timeout: {CONNECT_TIMEOUT_S}s
+            restart:
+              max_restarts: 10000
+              crash_loop: 0          # the soak repeats the same fault on purpose: no crash-loop stop
+              standby: {str(self.args.standby).lower()}  # the product's default unless --no-standby
+              backoff: {{initial: 0.5s, max: 2s}}
+            watchdog:
+              enabled: true
+              heartbeat_timeout: {HEARTBEAT_TIMEOUT_S}s
+            shutdown: {{grace_period: {GRACE_S}s}}
+            logs: {{dir: "${{CHAOS_LOGS}}", format: json, tee: false}}
+            """)
+
+    def new_job(self) -> Job:
+        """Folders, spec; nodes are started by run_job(). Each job draws from its own generator, seeded with the
+        soak's seed and the job's number: job N's schedule is the same whatever happened to jobs 1..N-1, and
+        `--first-job N` replays it alone."""
+        index = self.args.first_job + len(self.jobs)
+        self.rng = random.Random(f"{self.args.seed}:{index}")
+        name = f"chaos-{self.args.seed}-{index}"
+        d = self.base / f"job{index}"
+        logs = (self.logs_root if self.mounted else self.base / "logs") / f"job{index}"
+        if self.args.hosted:
+            host = self.net.host_addr if self.net else "127.0.0.1"
+            endpoint = f"{host}:{free_port()}"
+        else:
+            assert self.etcd is not None
+            endpoint = f"{self.net.host_addr}:{self.etcd.client_port}" if self.net else self.etcd.endpoint
+        job = Job(index, name, os.urandom(8).hex(), d, logs, d / "job.yaml",
+                  [f"n{i}" for i in range(self.args.nodes)], endpoint)
+        for sub in (d, job.out, job.tmp, job.state, d / "ckpt", logs):
+            sub.mkdir(parents=True, exist_ok=True)
+        job.spec.write_text(self.spec_text(job, endpoint))
+        env = {**os.environ, "CHAOS_LOGS": str(logs)}
+        done = subprocess.run([sys.executable, "-m", "runner", "validate", str(job.spec)], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode:
+            raise RuntimeError(f"the soak's own spec is refused:\n{done.stdout}{done.stderr}")
+        self.jobs.append(job)
+        return job
+
+    def start_agent(self, job: Job, node: str) -> Agent:
+        """Start one agent of `node` (a new one after a fault), in its own session, output to a file."""
+        home = job.dir / "nodes" / node
+        home.mkdir(parents=True, exist_ok=True)
+        serial = sum(1 for a in job.agents if a.node == node)
+        out = home / f"agent{serial}.log"
+        in_ns = self.net is not None and node == job.nodes[-1]
+        addr = (self.net.ns_addr if in_ns else self.net.host_addr) if self.net else "127.0.0.1"
+        env = {**os.environ, "CHAOS_TOKEN": job.token, "CHAOS_NODE": node, "TMPDIR": str(job.tmp),
+               "XDG_STATE_HOME": str(job.state), "CHAOS_LOGS": str(job.logs / node), "PYTHONUNBUFFERED": "1"}
+        env.pop("RUNNER_STANDBY", None)  # the spec says (the product's default: on)
+        if self.net is not None:
+            env["GLOO_SOCKET_IFNAME"] = self.net.vn if in_ns else self.net.vh
+        argv = [sys.executable, "-m", "runner", "run", str(job.spec), "--node", node, "--advertise-addr", addr]
+        if in_ns and self.net is not None:
+            argv = self.net.wrap(argv)
+        with out.open("wb") as f:
+            proc = subprocess.Popen(argv, cwd=home, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                                    start_new_session=True)
+        me = ident(proc.pid) or Proc(proc.pid, 0)
+        agent = Agent(node, serial, proc, me, out, time.time())
+        job.agents.append(agent)
+        return agent
+
+    def at(self, job: Job, delay: float, what: str, action: Callable[[], None]) -> None:
+        """Run `action` `delay` s from now (restorative actions run even after the job's fault window)."""
+        job.timed.append((time.monotonic() + delay, what, action))
+
+    def expect(self, job: Job, invariant: str, within: float, check: Callable[[], bool | None],
+               detail: Callable[[], str], met: str = "") -> None:
+        """`check` must turn True (or None: moot) within `within` s; `met` is printed with the time it took."""
+        now = time.monotonic()
+        job.expects.append(Expect(invariant, now + within, check, detail, now, met, self.firing))
+
+    def record(self, job: Job, cls: str, target: str, detail: str) -> Fault:
+        """Count and print one fault."""
+        f = Fault(cls, job.index, time.monotonic() - self.t0, time.time(), target, detail)
+        job.faults.append(f)
+        self.tally.injected(cls)
+        self.say(f"job {job.index}: {cls} {target}: {detail}")
+        return f
+
+
+    # ------------------------------------------------------------------ the loop
+
+    def tick(self, job: Job) -> None:
+        """Agents' exits, due actions, due expectations; orphans reaped."""
+        for a in job.agents:
+            if a.code is None and a.proc.poll() is not None:
+                a.code, a.ended = a.proc.returncode, time.time()
+                self.say(f"job {job.index}: {a.label} exited {a.code}")
+        for a in job.agents:
+            if a.code is not None and not a.checked:
+                self.check_agent_end(job, a)
+        now = time.monotonic()
+        due = [t for t in job.timed if t[0] <= now]
+        job.timed = [t for t in job.timed if t[0] > now]
+        for _, _what, action in sorted(due, key=lambda t: t[0]):
+            action()
+        self.check_expects(job)
+        if now >= self.next_scan:
+            self.next_scan = now + 1.0
+            for a in job.live():
+                self.scan_output(job, a)
+        reap_orphans(self.own_pids())
+
+    def over(self, job: Job) -> bool:
+        """No agent runs and none will be started."""
+        if job.live():
+            return False
+        starts = [t for t in job.timed if t[1].startswith(("requeue", "late"))]
+        return not starts or job.trained() or job.host_stopped
+
+    def run_job(self, soak_end: float) -> None:
+        """One job: start, faults until its window closes, then its end within a bound; invariants throughout."""
+        job = self.new_job()
+        self.job = job
+        self.deck = Deck(self.rng, [c for c in self.classes if c not in self.disabled])
+        window = min(self.args.job_window, max(0.0, soak_end - time.monotonic()))
+        job.quiet_from = time.monotonic() + window
+        self.start_nodes(job, window)
+        self.next_fault, self.pending = time.monotonic() + self.interval(), None
+        end_bound = 0.0
+        while not self.over(job):
+            self.tick(job)
+            now = time.monotonic()
+            if now < job.quiet_from and now >= self.next_fault:
+                self.fault_step(job, now)
+            if now >= job.quiet_from and not end_bound:
+                end_bound = now + self.end_bound()
+                self.say(f"job {job.index}: no more faults; it must end within {self.end_bound():.0f} s")
+            if end_bound and now > end_bound:
+                raise Violation("job_completes", f"job {job.index} still runs {self.end_bound():.0f} s after its "
+                                f"last fault: " + ", ".join(f"{a.label}: {self.state_of(a)}" for a in job.live())
+                                + "\n" + self.tails(job))
+            time.sleep(TICK_S)
+        self.finish_job(job)
+
+    def start_nodes(self, job: Job, window: float) -> None:
+        """Start every node, but the late one, which starts 3-18 s later: drawn for half the jobs, and for every job
+        until a late node joined once in this run (so that the class fires)."""
+        late_u = [self.rng.random() for _ in range(3)]
+        late = None
+        owed = not self.tally.per_class["late_join"].injected
+        if "late_join" not in self.disabled and self.args.nodes > 2 and (late_u[0] < 0.5 or owed):
+            late = self.pick(job.nodes, late_u[1])
+            self.tally.drawn("late_join")
+        self.say(f"job {job.index}: {job.name}, {len(job.nodes)} nodes, {self.args.steps} steps, faults for "
+                 f"{window:.0f} s{'; late node ' + late if late else ''}")
+        for node in job.nodes:
+            if node != late:
+                self.start_agent(job, node)
+        if late is None:
+            return
+        delay = 3 + late_u[2] * 15
+
+        def join() -> None:
+            if job.trained():
+                self.tally.no_target("late_join")
+                self.say(f"job {job.index}: late_join of {late} found no target (the training finished first)")
+                return
+            agent = self.start_agent(job, late)
+            self.record(job, "late_join", late, f"started {delay:.1f} s after the others")
+            self.firing = "late_join"
+            self.expect(job, "late_join_admitted", LATE_ADMIT_BOUND_S, lambda: self.admitted(job, agent),
+                        lambda: f"the late node {late} did not get to RUNNING within {LATE_ADMIT_BOUND_S:g} s; "
+                        f"it is in {self.state_of(agent)}", met=f"late node {late} RUNNING")
+            self.firing = ""
+
+        self.at(job, delay, "late join", join)
+
+    def fault_step(self, job: Job, now: float) -> None:
+        """Deal the next fault's class from the job's deck, draw its parameters, and inject it; a class with no
+        target right now is tried again each second, 4 times, then counted as "no target" and put back under the
+        deck (it comes up again later: a class that never finds one fails the run, see verdict.py)."""
+        if self.pending is None:
+            cls = self.deck.draw()
+            if cls is None:
+                self.next_fault = job.quiet_from
+                return
+            self.tally.drawn(cls)
+            self.pending = (cls, [self.rng.random() for _ in range(4)], 0)
+        cls, u, tries = self.pending
+        if self.inject(job, cls, u):
+            self.pending, self.next_fault = None, now + self.interval()
+        elif tries >= 4:
+            self.tally.no_target(cls)
+            self.deck.put_back(cls)
+            self.say(f"job {job.index}: {cls} found no target (drawn again later)")
+            self.pending, self.next_fault = None, now + self.interval()
+        else:
+            self.pending, self.next_fault = (cls, u, tries + 1), now + 1.0
+
+    def inject(self, job: Job, cls: str, u: list[float]) -> bool:
+        """Inject one fault of `cls` with the draws `u`; False when the class has no target right now. The
+        expectations the fault sets up are counted as that class's."""
+        self.firing = cls
+        try:
+            return self.inject_fault(job, cls, u)
+        finally:
+            self.firing = ""
+
+    def finish_job(self, job: Job) -> None:
+        """Every agent ended: restore what a fault still holds, check the job's end, count, clean up."""
+        self.tick(job)
+        for _, what, action in job.timed:
+            if not what.startswith(("requeue", "late")):
+                self.say(f"job {job.index}: {what} (at the job's end)")
+                action()
+        job.timed = []
+        self.free_disk()
+        self.heal()
+        self.etcd_start()
+        self.check_job_end(job)
+        took = time.monotonic() - job.started
+        for f in job.faults:
+            self.tally.survived(f.cls)
+        ends = ", ".join(f"{a.label}={a.code}{'/' + a.fate if a.fate else ''}" for a in job.agents)
+        self.say(f"job {job.index}: ended in {took:.1f} s, {len(job.faults)} faults, invariants held; {ends}")
+        self.outcomes.append(f"job {job.index}: {took:.0f} s, {len(job.faults)} faults"
+                             + (f", documented loss: {job.loss}" if job.loss else ", trained"))
+        if not self.args.keep:
+            shutil.rmtree(job.logs, ignore_errors=True)
+
+    def admitted(self, job: Job, agent: Agent) -> bool | None:
+        """The agent got to RUNNING (None: moot, it ended or got a fault, or the job finished)."""
+        if agent.code is not None or agent.fate or job.trained():
+            return None
+        return any(t.get("dst") == "RUNNING" for t in console_transitions(agent))
+
+    def state_of(self, a: Agent) -> str:
+        """The agent's last state, from the transitions on its console (a full logs disk does not hide them)."""
+        lines = console_transitions(a)
+        return str(lines[-1].get("dst", "?")) if lines else "INIT"
+
+    def interval(self) -> float:
+        """Seconds to the next fault: --failure-every, +-50 %."""
+        return self.args.failure_every * (0.5 + self.rng.random())
+
+    def end_bound(self) -> float:
+        """How long a job may take to end after its last fault."""
+        return 180.0 + self.args.steps * STEP_TIME_S * 3
+
+    def run(self) -> int:
+        """The soak; its exit code: 0 every invariant held and the run tried everything it was asked to, 1 an
+        invariant broke or the run did not try (verdict.py), 2 the soak itself failed or was interrupted."""
+        soak_end = self.t0 + self.args.duration
+        violation: Violation | None = None
+        error = ""
+        try:
+            self.setup()
+            # a new job only while a fault can still come in its window
+            while not self.jobs or soak_end - time.monotonic() >= min(self.args.failure_every, self.args.job_window):
+                self.run_job(soak_end)
+        except Violation as v:
+            violation = v
+            self.tally.broke(v.invariant)
+            if v.invariant in self.lost:
+                self.lost[v.invariant] += 1
+        except KeyboardInterrupt:
+            error = "interrupted"
+        except Exception:
+            error = traceback.format_exc()
+        finally:
+            self.teardown(keep=self.args.keep or violation is not None or bool(error))
+        untried = [] if violation is not None or error else self.tally.failures()
+        self.print_table(violation, error, untried)
+        if violation is not None or untried:
+            return 1
+        return 2 if error else 0
+
+    def setting(self) -> str:
+        """The soak's setting, for the table's title."""
+        return f"{'hosted etcd' if self.args.hosted else 'external etcd'}, {self.args.nodes} nodes"
+
+    def extra_tables(self) -> list[str]:
+        """More tables printed before the jobs' outcomes (none here)."""
+        return []
+
+    def print_table(self, violation: Violation | None, error: str, untried: list[str]) -> None:
+        """Faults per class; per invariant, its checks that held, broke, did not apply; what was lost; the times
+        measured; the verdict."""
+        print()
+        print(f"Chaos soak, seed {self.args.seed}, {time.monotonic() - self.t0:.0f} s, {len(self.jobs)} job(s), "
+              f"{self.setting()}")
+        print(f"Machine: {machine_line()}")
+        print()
+        print(table(["class", "drawn", "injected", "survived (invariants held)", "no target", "note"],
+                    self.tally.class_rows()))
+        print()
+        print(table(["invariant", "held", "broke", "did not apply", "min held", "brought by"],
+                    self.tally.invariant_rows()))
+        print()
+        print(table(["lost", "count"], [[what, str(self.lost[key])] for key, what in self.lost_rows.items()]))
+        if self.timings:
+            print()
+            rows = [[self.measured.get(k, k), str(len(v)), f"{statistics.median(v):.2f}", f"{max(v):.2f}"]
+                    for k, v in sorted(self.timings.items())]
+            print(table(["from the fault to", "n", "median s", "max s"], rows))
+        for extra in self.extra_tables():
+            print()
+            print(extra)
+        print()
+        for line in self.outcomes:
+            print(f"- {line}")
+        for cls, why in sorted(self.tally.skipped().items()):
+            print(f"class {cls} skipped: {why}")
+        if violation is not None:
+            print(f"\nFAILED: seed {self.args.seed}: invariant {violation.invariant} broke:\n{violation.detail}")
+        elif error:
+            print(f"\nERROR (the soak itself, not an invariant): seed {self.args.seed}:\n{error}")
+        elif untried:
+            print(f"\nFAILED: seed {self.args.seed}: no invariant broke, but the run did not try everything:")
+            for line in untried:
+                print(f"- {line}")
+        else:
+            print(f"\nOK: every invariant held, every enabled class fired (seed {self.args.seed})")
+        print(f"Replay: {self.replay()}", flush=True)
+        if (violation is not None or error) and self.job is not None:
+            print(f"Replay only job {self.job.index}: {self.replay(self.job.index)}", flush=True)

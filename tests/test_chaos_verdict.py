@@ -1,0 +1,238 @@
+"""The chaos soak's verdict (bench/soak/verdict.py, schedule.py, the replica soak's survivor check): a run passes only if
+it tried. Real soak objects (Soak, Job, Agent, the tally, the deck), real files and a real process for an agent; no
+agents, etcd or torch: these run in a second, beside tests/test_chaos.py's real soaks (marked `soak`)."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import io
+import json
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from bench.soak.bounds import ALL_CLASSES
+from bench.soak.model import Agent, Job, Violation
+from bench.soak.procs import ident
+from bench.soak.replicas import DETECT_S, Down, ReplicaSoak
+from bench.soak.schedule import Deck
+from bench.soak.soak import Soak
+from bench.soak.verdict import MIN_HELD, Tally, skipped_from_output
+
+
+def soak_args(**over: object) -> argparse.Namespace:
+    args = argparse.Namespace(seed=1, duration=30.0, hosted=True, nodes=3, failure_every=4.0, steps=100,
+                              job_window=30.0, classes="", standby=True, first_job=1, keep=False, replica_groups=False)
+    for k, v in over.items():
+        setattr(args, k, v)
+    return args
+
+
+@pytest.fixture
+def made(tmp_path, monkeypatch):
+    """Soaks made by a test, their temp folders removed after it."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    soaks: list[Soak] = []
+    yield soaks
+    for s in soaks:
+        shutil.rmtree(s.base, ignore_errors=True)
+
+
+def printed(soak: Soak, untried: list[str]) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        soak.print_table(None, "", untried)
+    return out.getvalue()
+
+
+def test_a_class_that_never_finds_a_target_fails_the_run_and_is_named(made):
+    """kill_worker enabled, no worker ever runs: every draw finds no target. The run fails naming the class (it used
+    to count the draws as 'skipped' and pass)."""
+    soak = Soak(soak_args(classes="kill_worker"))
+    made.append(soak)
+    soak.select_classes()
+    job = soak.new_job()  # a real job folder and spec (`runner validate` accepts it); no agent started
+    soak.deck = Deck(soak.rng, [c for c in soak.classes if c not in soak.disabled])
+    now = time.monotonic()
+    for _ in range(15):  # 3 draws, each tried 5 times
+        soak.fault_step(job, now)
+        now = max(now, soak.next_fault)
+    assert soak.tally.per_class["kill_worker"].drawn == 3
+    assert soak.tally.per_class["kill_worker"].no_target == 3
+    failures = soak.tally.failures()
+    assert failures == ["class kill_worker never fired: drawn 3 time(s), no target each time"]
+    out = printed(soak, failures)
+    assert "NEVER FIRED" in out
+    assert "FAILED: seed 1: no invariant broke, but the run did not try everything" in out
+    assert "class kill_worker never fired" in out
+    assert "OK:" not in out
+
+
+def test_an_enabled_class_never_drawn_fails_the_run():
+    tally = Tally(("kill_worker", "kill_agent"))
+    tally.drawn("kill_worker")
+    tally.injected("kill_worker")
+    assert tally.failures() == [("class kill_agent never fired: never drawn (the run was too short for its 2 enabled "
+                                "classes: lengthen --duration or --job-window, or narrow --classes)")]
+
+
+def test_a_class_the_machine_cannot_run_is_reported_skipped_with_its_reason_and_not_required(made):
+    soak = Soak(soak_args(classes="disk_full,kill_worker"))
+    made.append(soak)
+    soak.select_classes()
+    soak.tally.disable("disk_full", "cannot mount a tmpfs for logs.dir (permission denied)")
+    soak.tally.drawn("kill_worker")
+    soak.tally.injected("kill_worker")
+    assert soak.tally.failures() == []
+    out = printed(soak, [])
+    assert "skipped: cannot mount a tmpfs for logs.dir (permission denied)" in out
+    # what tests/test_chaos.py skips with when it asked for disk_full; classes left out by --classes are not listed
+    assert skipped_from_output(out) == {"disk_full": "cannot mount a tmpfs for logs.dir (permission denied)"}
+
+
+def test_per_invariant_counts_are_printed_and_an_expectation_that_did_not_apply_is_counted(made):
+    """Every expectation ends held, broke or did not apply (its check returned None): all counted, by the class that
+    set it up; the table prints them."""
+    soak = Soak(soak_args(classes="kill_guard,kill_agent"))
+    made.append(soak)
+    soak.select_classes()
+    job = soak.new_job()
+    soak.firing = "kill_guard"
+    soak.expect(job, "guard_replaced", 10, lambda: None, lambda: "")
+    soak.firing = "kill_agent"
+    soak.expect(job, "lease_revoked", 10, lambda: True, lambda: "")
+    soak.expect(job, "nothing_survives", 10, lambda: True, lambda: "")
+    soak.firing = ""
+    soak.check_expects(job)
+    assert job.expects == []
+    guard = soak.tally.per_invariant["guard_replaced"]
+    assert (guard.held, guard.broke, guard.did_not_apply, guard.classes) == (0, 0, 1, {"kill_guard"})
+    assert soak.tally.per_invariant["lease_revoked"].held == 1
+    for cls in ("kill_guard", "kill_agent"):
+        soak.tally.drawn(cls)
+        soak.tally.injected(cls)
+    failures = soak.tally.failures()
+    assert failures == [(f"invariant guard_replaced held 0 time(s), fewer than the minimum {MIN_HELD}, though "
+                        "kill_guard fired and brought it (did not apply: 1 the agent ended first)")]
+    out = printed(soak, failures)
+    header = next(line for line in out.splitlines() if line.startswith("| invariant"))
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "invariant", "held", "broke", "did not apply", "min held", "brought by"]
+    row = next(line for line in out.splitlines() if line.startswith("| guard_replaced"))
+    assert [c.strip() for c in row.strip("|").split("|")] == [
+        "guard_replaced", "0", "0", "1 (1 the agent ended first)", str(MIN_HELD), "kill_guard"]
+
+
+def test_an_expectation_past_its_deadline_breaks_and_is_counted(made):
+    soak = Soak(soak_args(classes="kill_guard"))
+    made.append(soak)
+    job = soak.new_job()
+    soak.firing = "kill_guard"
+    soak.expect(job, "guard_replaced", -1, lambda: False, lambda: "no successor")
+    with pytest.raises(Violation, match="guard_replaced: no successor"):
+        soak.check_expects(job)
+    soak.tally.broke("guard_replaced")
+    assert soak.tally.per_invariant["guard_replaced"].broke == 1
+
+
+def test_the_deck_deals_every_enabled_class_within_its_first_round_and_puts_back_one_with_no_target():
+    classes = [c for c in ALL_CLASSES if c != "late_join"]
+    deck = Deck(random.Random("7:1"), classes)
+    first = [deck.draw() for _ in classes]
+    assert sorted(first) == sorted(classes)
+    again = Deck(random.Random("7:1"), classes)
+    assert [again.draw() for _ in classes] == first  # seeded: the same job draws the same order
+    deck.put_back("etcd_wipe")
+    assert deck.draw() == "etcd_wipe"  # the round was dealt: the put-back class comes next
+    assert Deck(random.Random(1), []).draw() is None
+
+
+def test_bench_chaos_is_only_an_entry():
+    """`python bench/chaos.py` defines nothing: the soak's modules load once, under bench.soak (it used to load as
+    __main__ and again as bench.chaos with --replica-groups)."""
+    tree = ast.parse((ROOT / "bench" / "chaos.py").read_text())
+    assert not [n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert not (ROOT / "bench" / "chaos_replicas.py").exists()
+
+
+# ---------------------------------------------------------------------------------------- survivor_advanced
+
+
+def step_lines(out: Path, run_dir: str, group: int, pid: int, attempt: int, lines: list[tuple[float, int, int]]):
+    """A worker's start marker and its step lines (time, step, groups), as bench/workers/chaos_ft.py writes them."""
+    (out / f"start-g{group}-{pid}.json").write_text(json.dumps(
+        {"pid": pid, "start_ticks": 0, "job_run_dir": run_dir, "run_dir": run_dir, "group": group,
+         "attempt": attempt, "rank": 0, "node": "n0"}))
+    (out / f"steps-g{group}-{pid}.log").write_text(
+        "".join(f"step={s} commit=1 groups={g} time={t}\n" for t, s, g in lines))
+
+
+@pytest.fixture
+def replica_job(tmp_path, made):
+    """A replica soak and one job with one finished agent (a real process), its folders made."""
+    soak = ReplicaSoak(soak_args(replica_groups=True, hosted=False, steps=1000))
+    made.append(soak)
+    d = tmp_path / "job1"
+    job = Job(1, "chaos-rg-1-1", "tok", d, d / "logs", d / "job.yaml", ["n0"], "")
+    job.out.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    me = ident(proc.pid)
+    proc.wait()
+    assert me is not None
+    agent = Agent("n0", 0, proc, me, d / "agent.log", time.time())
+    soak.jobs.append(job)
+    soak.downs[1], soak.hits[1], soak.lh_ports[1] = [], [], set()
+    return soak, job, agent
+
+
+def survivor_case(soak, job, agent, back_after: float, alone_at: float | None):
+    """Group 0's worker killed at t0; group 1 stepped every 0.1 s with both groups before it; group 0 commits again
+    `back_after` s later; group 1 commits alone at t0 + `alone_at` (None: never, it waited for group 0)."""
+    t0 = time.time() - 100
+    run_dir = str(job.dir / "run")
+    before = [(t0 - 5 + 0.1 * i, 100 + i, 2) for i in range(50)]
+    after = [(t0 + back_after + 0.1 * i, 150 + i, 2) for i in range(1, 20)]
+    alone = [(t0 + alone_at, 150, 1)] if alone_at is not None else []
+    step_lines(job.out, run_dir, 1, 1001, 0, before + alone + after)
+    step_lines(job.out, run_dir, 0, 1000, 0, [(t, s, g) for t, s, g in before])
+    step_lines(job.out, run_dir, 0, 1002, 1, [(t0 + back_after, 150, 2)])
+    down = Down(agent, run_dir, 0, 0, 1000, t0, "kill")
+    soak.downs[1].append(down)
+    return down
+
+
+def test_a_survivor_that_waits_for_the_dead_group_breaks_survivor_advanced(replica_job):
+    """Group 0 down 4 s after a kill (lighthouse detection 2.1 s + slack + two 0.1 s steps is 2.8 s): the other group
+    committed nothing alone, it waited. This used to be 'not applicable' (anything back within 6 s was)."""
+    soak, job, agent = replica_job
+    down = survivor_case(soak, job, agent, back_after=4.0, alone_at=None)
+    with pytest.raises(Violation) as caught:
+        soak.check_survivor(job, down)
+    assert caught.value.invariant == "survivor_advanced"
+    assert "committed no step alone" in caught.value.detail
+    assert soak.tally.per_invariant["survivor_advanced"].broke == 1
+
+
+def test_a_survivor_that_commits_alone_holds(replica_job):
+    soak, job, agent = replica_job
+    down = survivor_case(soak, job, agent, back_after=4.0, alone_at=2.3)
+    soak.check_survivor(job, down)
+    count = soak.tally.per_invariant["survivor_advanced"]
+    assert (count.held, count.classes) == (1, {"kill_worker"})
+
+
+def test_a_group_back_before_the_lighthouse_could_drop_it_does_not_apply_and_says_why(replica_job):
+    soak, job, agent = replica_job
+    down = survivor_case(soak, job, agent, back_after=DETECT_S["kill"] - 0.5, alone_at=None)
+    soak.check_survivor(job, down)
+    count = soak.tally.per_invariant["survivor_advanced"]
+    assert (count.held, count.did_not_apply) == (0, 1)
+    assert list(count.moot) == ["the killed group was back before the quorum could drop it and two normal steps passed"]
