@@ -35,10 +35,14 @@ class TimerExpired:
 
 @dataclass(frozen=True)
 class StopRequested:
-    """The runner was asked to stop: by a signal (signum) or by `runner stop` (signum 0)."""
+    """The runner was asked to stop: by a signal (signum) or by `runner stop` (signum 0).
+
+    A replica group may also be stopped by the job above it: signum 0, and the job's cause in `reason`.
+    """
 
     signum: int
     graceful: bool
+    reason: str = ""  # why, when not a signal's or `runner stop`'s plain request
 
 
 PEER_REPORTED = "reported FAILED"  # PeerLost.why when the peer published its own failure (and charges it)

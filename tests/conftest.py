@@ -90,9 +90,14 @@ class Job:
         return dirs[0]
 
     def transitions(self) -> list[dict[str, Any]]:
-        """Every transition event of the run."""
+        """Every transition event of the run's machines (a job of replica groups: every group's)."""
         lines = (self.run_dir() / "transitions.jsonl").read_text().splitlines()
-        return [json.loads(line) for line in lines]
+        return [e for e in map(json.loads, lines) if e.get("event", "transition") == "transition"]
+
+    def job_transitions(self) -> list[dict[str, Any]]:
+        """A job of replica groups: its own machine's transitions (runner/core/job_machine.py)."""
+        lines = (self.run_dir() / "transitions.jsonl").read_text().splitlines()
+        return [e for e in map(json.loads, lines) if e.get("event") == "job_transition"]
 
     def edges(self) -> list[tuple[str, str, str]]:
         """(src, trigger, dst) of every transition, in order."""

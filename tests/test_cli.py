@@ -59,6 +59,13 @@ def test_graph_is_mermaid():
     assert res.returncode == 0 and res.stdout.startswith("stateDiagram-v2") and "RUNNING --> FAILED" in res.stdout
 
 
+def test_graph_job_is_the_replica_groups_job_machine():
+    """`runner graph --job` prints the job machine above replica groups; the plain graph stays the agent's."""
+    res = cli("graph", "--job")
+    assert res.returncode == 0 and res.stdout.startswith("stateDiagram-v2")
+    assert "TRAINING --> DEGRADED: group_down [group_down]" in res.stdout and "RUNNING" not in res.stdout
+
+
 def test_spec_reference_matches_the_schema():
     """docs/spec.md's field table is exactly what runner/config/reference.py renders from the schema."""
     from runner.config.reference import markdown

@@ -73,10 +73,13 @@ def test_each_group_is_its_own_world_and_a_failed_group_restarts_alone(tmp_path)
     assert (by_group[0]["attempts"], by_group[1]["attempts"]) == (1, 2)
     assert by_group[0]["step"] == 20 and by_group[1]["step"] == 20  # read from rank 0's reports
     assert [f["group"] for f in r["failures"]] == [1]
-    transitions = [json.loads(line) for line in (j.run_dir() / "transitions.jsonl").read_text().splitlines()]
+    transitions = j.transitions()  # every group's machine
     assert transitions and all("group" in t for t in transitions)
     assert any(t["group"] == 1 and t["trigger"] == "retry" for t in transitions)
     assert not any(t["group"] == 0 and t["dst"] in ("FAILED", "RESTARTING") for t in transitions)
+    job = [(t["src"], t["trigger"], t["dst"]) for t in j.job_transitions()]  # the job's own machine, above them
+    assert job[0] == ("STARTING", "started", "TRAINING") and job[-1] == ("TRAINING", "groups_ended", "ENDED")
+    assert ("TRAINING", "group_down", "DEGRADED") in job and ("DEGRADED", "recovered", "TRAINING") in job
     nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
 
 
@@ -108,6 +111,10 @@ def test_too_few_groups_left_ends_the_job_with_the_reason_and_a_report(tmp_path)
     assert "fewer than min_active 2" in r["reason"] and "group(s) 1 left" in r["reason"]
     assert {g["group"]: g["outcome"] for g in r["groups"]} == {0: "stopped", 1: "failed"}
     assert "fewer than min_active 2" in res.stderr
+    job = [(t["src"], t["trigger"], t["dst"]) for t in j.job_transitions()]
+    assert ("DEGRADED", "minimum_lost", "STOPPING") in job and job[-1] == ("STOPPING", "groups_ended", "ENDED")
+    stopped = [t for t in j.transitions() if t["group"] == 0 and t["trigger"] == "stop_requested"]
+    assert len(stopped) == 1 and "fewer than min_active 2" in stopped[0]["reason"]  # the job's cause, no signal
     nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
 
 
@@ -148,6 +155,8 @@ def test_a_stop_signal_reaches_every_group_and_nothing_outlives_the_job(tmp_path
     r = report(j)
     assert r["outcome"] == "stopped"
     assert {g["outcome"] for g in r["groups"]} == {"stopped"}
+    job = [(t["trigger"], t["dst"]) for t in j.job_transitions()]
+    assert ("stop_requested", "STOPPING") in job and job[-1] == ("groups_ended", "ENDED")
     nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
 
 

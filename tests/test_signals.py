@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from runner.events import StopRequested
 from runner.system import signals
+from runner.system.stop_scope import StopScope
 
 ESCAPE_JOB = """
 version: 1
@@ -87,25 +88,45 @@ def test_agent_sigkilled_leaves_nothing(job) -> None:
 
 
 def test_every_handled_signal_becomes_a_stop_request_carrying_it() -> None:
-    """install(): each named signal puts StopRequested(signum) on the queue; a second one sets hurry."""
-    async def main() -> tuple[list[StopRequested], bool, tuple[signal.Signals, ...]]:
+    """install(): each named signal is recorded in the stop scope at once and delivered on the queue as
+    StopRequested(signum); a second one sets hurry."""
+    async def main() -> tuple[list[StopRequested], list[StopRequested], bool, tuple[signal.Signals, ...]]:
         events: asyncio.Queue[object] = asyncio.Queue()
+        scope = StopScope(events)  # type: ignore[arg-type]
         hurry = asyncio.Event()
-        handled = signals.install(events, hurry, names=("SIGHUP", "SIGQUIT"))
+        handled = signals.install(scope, hurry, names=("SIGHUP", "SIGQUIT"))
         try:
             signal.raise_signal(signal.SIGHUP)
             signal.raise_signal(signal.SIGQUIT)
+            at_once = list(scope.received)  # no loop turn yet: the handler itself recorded them
             got = [await asyncio.wait_for(events.get(), 10) for _ in range(2)]
         finally:
-            for s in handled:
-                asyncio.get_running_loop().remove_signal_handler(s)
-        return got, hurry.is_set(), handled  # type: ignore[return-value]
+            signals.uninstall(handled)
+        return at_once, got, hurry.is_set(), handled  # type: ignore[return-value]
 
-    got, hurried, handled = asyncio.run(main())
-    assert [e.signum for e in got] == [signal.SIGHUP, signal.SIGQUIT]
+    at_once, got, hurried, handled = asyncio.run(main())
+    assert [e.signum for e in at_once] == [signal.SIGHUP, signal.SIGQUIT]
+    assert got == at_once
     assert not any(e.graceful for e in got)
     assert hurried
     assert handled == (signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
+
+
+def test_a_stop_reaches_every_inner_scope_with_its_cause() -> None:
+    """A replica group's scope sits inside the job's: a signal reaches it at once; the job's own stop (pass_down)
+    reaches only the groups, with its reason and no signal."""
+    async def main() -> tuple[StopScope, StopScope, list[object]]:
+        job = StopScope(asyncio.Queue())
+        group_events: asyncio.Queue[object] = asyncio.Queue()
+        group = job.inside(group_events)  # type: ignore[arg-type]
+        job.note(StopRequested(signal.SIGTERM, graceful=True))
+        job.pass_down(StopRequested(0, graceful=False, reason="too few groups"))
+        return job, group, [group_events.get_nowait() for _ in range(group_events.qsize())]
+
+    job, group, queued = asyncio.run(main())
+    assert job.stopping() is None and job.requested() == StopRequested(signal.SIGTERM, graceful=True)
+    assert group.stopping() == StopRequested(0, graceful=False, reason="too few groups")
+    assert queued == [StopRequested(0, graceful=False, reason="too few groups")]  # note() alone delivers nothing
 
 
 @given(st.lists(st.sampled_from(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1"]), min_size=1))

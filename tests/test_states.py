@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.agent.agent import assemble
+from runner.agent.assembly import assemble
 from runner.config import load_spec_text
 from runner.core.context import Charge, Context, JobInputs
 from runner.core.machine import JobState, Step, Trigger

@@ -23,26 +23,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner.agent.agent import TransitionLog, assemble
+from runner.agent.assembly import TransitionLog, assemble, drive_run
 from runner.agent.lighthouse import HostedLighthouse, LighthouseError
 from runner.config.preflight import lighthouse_program
 from runner.config.spec import Nodes
+from runner.core import job_policy
 from runner.core.context import Context, JobInputs, Replica
-from runner.core.machine import JobState, Model, build_machine, drive
-from runner.core.restart_policy import GUARDS, settle
-from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_STOPPED_BASE, EXIT_WORKERS_FAILED, RunnerError
+from runner.core.job_machine import JobEdge, JobPhase, JobStep, JobTrigger, build_job_machine
+from runner.core.machine import JobState, Model, build_machine
+from runner.core.restart_policy import GUARDS
+from runner.errors import EXIT_INFRA, EXIT_STOPPED_BASE, RunnerError
 from runner.events import StopRequested
 from runner.observe.ledger import job_ledger
 from runner.observe.logs import JsonLines
 from runner.outcomes import Outcome
 from runner.rendezvous.local import LocalRendezvous
-from runner.states import HANDLERS
 from runner.states.shutdown import place_report
 from runner.states.shutdown import report as group_report
 from runner.states.waiting import Stopped, unless_stopped
 from runner.system import signals, soft_io
 from runner.system.private_files import private_dir, write_private
 from runner.system.shepherd import Shepherd
+from runner.system.stop_scope import StopScope
 
 if TYPE_CHECKING:
     import structlog
@@ -69,6 +71,12 @@ class Group:
     model: Model
     step: int | None = None  # the last step its rank 0 committed (None: not reported yet)
     steps: list[tuple[float, int]] = field(default_factory=list)  # (epoch seconds, step) on every change
+    ended: bool = False  # its run is over: SHUTDOWN's work done, what was left torn down
+
+    def view(self) -> job_policy.GroupView:
+        """What the job's guards read of it."""
+        return job_policy.GroupView(self.index, self.model.state, self.ctx.run.attempt, self.ctx.outcome,
+                                    self.ctx.exit_code, self.ended)
 
     @property
     def index(self) -> int:
@@ -121,8 +129,21 @@ class ReplicaJob:
         return lines
 
 
+@dataclass
+class Waiting:
+    """What a wait that honours a stop needs (states/waiting.py): the job's queue, and the stop that ended it."""
+
+    events: asyncio.Queue[Event]
+    stop: StopRequested | None = None
+
+
 class Supervisor:
-    """Runs the replica groups of one job on this node until every group is done."""
+    """Runs the replica groups of one job on this node until every group is done, under the job's own machine.
+
+    The job's machine (runner/core/job_machine.py) decides; this class gathers its facts, fires its triggers, and
+    does what an edge means once taken: stop the groups with the edge's cause (a stop scope holds each group's),
+    settle the job's outcome.
+    """
 
     def __init__(self, spec: JobSpec, node: str, run_dir: Path, log: structlog.typing.FilteringBoundLogger,
                  identity: dict[str, Any], advertise_addr: str = "127.0.0.1") -> None:
@@ -130,41 +151,45 @@ class Supervisor:
         self.spec, self.node, self.run_dir, self.log, self.identity = spec, node, run_dir, log, identity
         self.addr = advertise_addr  # several nodes: where the other nodes reach this one (its lighthouse, stores)
         self.seat: GroupSeat | None = None  # several nodes (etcd): which group this node runs
-        self.events: asyncio.Queue[Event] = asyncio.Queue()  # the stop signals'
+        self.events: asyncio.Queue[Event] = asyncio.Queue()  # the stop requests the job receives
+        self.stops = StopScope(self.events)  # the job's: each group's scope is inside it
         self.metrics: GroupMetrics | None = None  # metrics.enabled
         self.groups_spec: ReplicaGroups = spec.replica_groups
         self.started = time.monotonic()
         self.groups: list[Group] = []
         self.lighthouse: HostedLighthouse | None = None
-        self.stop: StopRequested | None = None
-        self.left_reason = ""  # why the supervisor stopped the groups still running (too few could go on)
-        self.fatal = ""  # why the job cannot go on at all (the hosted lighthouse is gone)
-        self.outcome: Outcome | None = None  # the job's, once settled
+        self.model, _ = build_job_machine(job_policy.GUARDS)
+        self.lighthouse_lost = ""  # why the hosted lighthouse could not be restarted (a fact the guards read)
+        self.passed_down: StopRequested | None = None  # the stop the job itself sent its groups, with its cause
+        self.minimum = ""  # the reason the minimum was lost, for the job's end
+        self.end: JobStep | None = None  # the job's outcome, once ENDED
+        self.changed = asyncio.Event()  # something the job's guards read may have changed: review
         self.job_transitions = JsonLines(run_dir / "transitions.jsonl")
         self.reaper = Shepherd()  # the agent's: child subreaper from the start, kills what is left at the very end
         self._publish_due = asyncio.Event()
 
     async def run(self) -> ReplicaJob:
-        """Start the lighthouse and every group, wait for them all, write the job's report."""
+        """Start the lighthouse and every group, review the job after every change until it ENDED, report."""
         job = ReplicaJob(self.spec.name, self.run_dir)
         hurry = asyncio.Event()
-        signals.install(self.events, hurry, self.hurried, names=self.spec.shutdown.signals_to_handle)
+        signals.install(self.stops, hurry, self.hurried, names=self.spec.shutdown.signals_to_handle)
         self.reaper.start()
         address = await self.start(job)
         if address is None:
             return await self.end_early(job)
-        side = [asyncio.ensure_future(self.forward_stops(self.events)), asyncio.ensure_future(self.watch_steps()),
+        side = [asyncio.ensure_future(self.watch_stops()), asyncio.ensure_future(self.watch_steps()),
                 asyncio.ensure_future(self.publish_loop())]
         if self.seat is not None and not self.seat.hosts_lighthouse and self.groups_spec.lighthouse.hosted:
             side.append(asyncio.ensure_future(self.follow_lighthouse(address)))
-        tasks = {asyncio.ensure_future(self.drive(g)): g for g in self.groups}
+        tasks = [asyncio.ensure_future(self.drive(g)) for g in self.groups]
         try:
-            pending = set(tasks)
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    task.result()  # a group's own error is the agent's error: it propagates
-                self.enforce_minimum()
+            while self.model.state is not JobPhase.ENDED:
+                await self.changed.wait()
+                self.changed.clear()
+                for task in tasks:
+                    if task.done():
+                        task.result()  # a group's own error is the agent's error: it propagates
+                await self.review()
         finally:
             for task in side:
                 task.cancel()
@@ -177,30 +202,110 @@ class Supervisor:
                 self.metrics.stop()
             self.job_transitions.close()
             self.reaper.close()
-        self.settle(job)
+        assert self.end is not None
+        self.settle(job, self.end)
         await self.publish()
         job.report_path = self.write_report(job)
         return job
 
+    def facts(self) -> job_policy.JobFacts:
+        """What the job's guards read now."""
+        stopping = self.stops.stopping() is not None or (self.passed_down is not None
+                                                          and not self.passed_down.graceful)
+        return job_policy.JobFacts(tuple(g.view() for g in self.groups), self.groups_spec.min_active,
+                                   self.stops.requested(), self.lighthouse_lost, stopping)
+
+    async def review(self) -> None:
+        """Fire `review` until no guarded edge holds (or the job ENDED); act on every edge taken."""
+        while self.model.state is not JobPhase.ENDED:
+            facts = self.facts()
+            src = self.model.state
+            if not await self.model.trigger(JobTrigger.review.value, facts=facts):  # type: ignore[misc]
+                return
+            edge = self.model.taken
+            assert edge is not None
+            self.took(src, edge, self.act(edge, facts))
+
+    def act(self, edge: JobEdge, facts: job_policy.JobFacts) -> JobStep:
+        """What the edge just taken means, done now that the guard decided; its step (cause, outcome)."""
+        trigger = edge.trigger
+        if trigger is JobTrigger.groups_ended:
+            self.end = job_policy.ended(facts, self.minimum)
+            return self.end
+        if trigger is JobTrigger.stop_requested:  # the stop reached every group's scope with the signal itself
+            stop = facts.stop
+            assert stop is not None
+            kind = "graceful stop" if stop.graceful else "stop"
+            return JobStep(trigger, f"{kind} requested (signal {stop.signum})" if stop.signum
+                           else f"{kind} requested (runner stop)")
+        if trigger is JobTrigger.lighthouse_lost:
+            self.pass_down(f"the job stopped every group: {facts.lighthouse_gone}")
+            return JobStep(trigger, facts.lighthouse_gone)
+        if trigger is JobTrigger.minimum_lost:
+            self.minimum = job_policy.minimum_reason(facts)
+            self.log.error("replica_minimum_lost", reason=self.minimum)
+            self.pass_down(f"the job stopped the groups left: {self.minimum}")
+            return JobStep(trigger, self.minimum)
+        down = [g for g in facts.groups if not g.up]
+        if trigger is JobTrigger.group_down:
+            return JobStep(trigger, "; ".join(f"group {g.index} {g.state.value}"
+                                              + (f" ({g.outcome.value})" if g.outcome is not None else "")
+                                              for g in down))
+        return JobStep(trigger, f"every group is up ({len(facts.groups)})")  # recovered
+
+    def pass_down(self, reason: str) -> None:
+        """Stop every group with the job's cause (not a signal: each group forwards the spec's shutdown.signal)."""
+        self.passed_down = StopRequested(signum=0, graceful=False, reason=reason)
+        self.stops.pass_down(self.passed_down)
+
+    def took(self, src: JobPhase, edge: JobEdge, step: JobStep) -> None:
+        """One `job_transition` event (console, agent.jsonl, the job's transitions.jsonl); the status is due."""
+        event: dict[str, object] = {
+            "event": "job_transition", "src": src.value, "dst": edge.dest.value, "trigger": edge.trigger.value,
+            "reason": step.reason, "job": self.spec.name, "node": self.node, "time": time.time(),
+        }
+        if step.outcome is not None:
+            event["outcome"] = step.outcome.value
+        try:
+            self.job_transitions.write(event)
+        except OSError as e:
+            soft_io.warn_once("transition_write_failed", self.run_dir / "transitions.jsonl", e)
+        self.log.info("job_transition", **{k: v for k, v in event.items() if k not in ("event", "job", "node")})
+        self._publish_due.set()
+
+    async def fire(self, trigger: JobTrigger, step: JobStep) -> None:
+        """Fire one of the job's unguarded edges (out of STARTING) and record it."""
+        src = self.model.state
+        took = await self.model.trigger(trigger.value, facts=self.facts())  # type: ignore[misc]
+        edge = self.model.taken
+        assert took, f"{trigger.value} took no edge from {src.value}"
+        assert edge is not None
+        self.took(src, edge, step)
+
     async def start(self, job: ReplicaJob) -> str | None:
         """Take this node's place (its groups, the lighthouse), make the groups, serve the metrics.
 
-        The lighthouse's address; None when the job ends before any group starts (`job` then says why).
+        The lighthouse's address; None when the job ends before any group starts (STARTING -> ENDED says why).
         """
+        waiting = Waiting(self.events)
         try:
-            mine, address = await unless_stopped(self, self.take_place())
+            mine, address = await unless_stopped(waiting, self.take_place())
             self.groups = job.groups = [self.make_group(k, address) for k in mine]
             self.start_metrics(mine)
         except Stopped:
-            assert self.stop is not None
-            signum = self.stop.signum or signal.SIGTERM
-            job.reason, job.outcome, job.exit_code = "stop requested", Outcome.STOPPED, EXIT_STOPPED_BASE + signum
-            return None
+            assert waiting.stop is not None
+            signum = waiting.stop.signum or signal.SIGTERM
+            self.end = JobStep(JobTrigger.stop_requested, "stop requested", Outcome.STOPPED,
+                               EXIT_STOPPED_BASE + signum)
         except RunnerError as e:
-            job.reason, job.outcome, job.exit_code, job.fix = e.message, Outcome.ERROR, EXIT_INFRA, e.fix
-        if job.outcome is Outcome.ERROR:
-            self.log.error("replica_start_failed", error=job.reason, fix=job.fix)
+            self.end = JobStep(JobTrigger.start_failed, e.message, Outcome.ERROR, EXIT_INFRA, e.fix)
+        if self.end is not None:
+            if self.end.trigger is JobTrigger.start_failed:
+                self.log.error("replica_start_failed", error=self.end.reason, fix=self.end.fix)
+            await self.fire(self.end.trigger, self.end)
             return None
+        where = f"lighthouse {address}" + (f", seat {self.seat.taken}" if self.seat is not None else "")
+        await self.fire(JobTrigger.started, JobStep(JobTrigger.started, f"group(s) {mine} on this node; {where}"))
         return address
 
     def start_metrics(self, groups: list[int]) -> None:
@@ -275,6 +380,9 @@ class Supervisor:
         """No group started (a stop while taking a seat, no lighthouse, etcd refused): leave, report, return."""
         await self.leave()
         self.reaper.close()
+        self.job_transitions.close()
+        assert self.end is not None
+        self.settle(job, self.end)
         job.report_path = self.write_report(job)
         return job
 
@@ -328,25 +436,26 @@ class Supervisor:
         inputs = JobInputs(spec, node, folder, self.started, self.identity, replica=replica)
         model, _ = build_machine(GUARDS)
         ctx = assemble(inputs, rendezvous, self.log.bind(group=k), lambda: model.state,
-                       shepherd=Shepherd(agent=False))  # the supervisor's own is the subreaper
+                       shepherd=Shepherd(agent=False),  # the supervisor's own is the subreaper
+                       outer_stops=self.stops)  # a stop the job receives or decides reaches the group with its cause
         return Group(ctx, model)
 
     async def drive(self, group: Group) -> None:
         """Run one group's machine to SHUTDOWN; its transitions go to its own file and to the job's."""
         sink = JsonLines(group.ctx.inputs.run_dir / "transitions.jsonl")
         metrics = self.metrics.group(group.index) if self.metrics is not None else None
-        on_transition = TransitionLog(group.ctx, sink, metrics, job_sink=self.job_transitions,
-                                      after=self._publish_due.set)
+        on_transition = TransitionLog(group.ctx, sink, metrics, job_sink=self.job_transitions, after=self.moved)
         try:
-            await drive(group.model, HANDLERS, group.ctx, on_transition, settle)
+            await drive_run(group.model, group.ctx, on_transition)
         finally:
             self.update_step(group)  # its last report, made after the last poll
-            sink.close()
-            if group.ctx.run.standbys is not None:
-                group.ctx.run.standbys.close()
-            if group.ctx.run.group is not None:
-                group.ctx.run.group.kill_all()  # normally a no-op: SHUTDOWN stopped them
-            group.ctx.shepherd.close()
+            group.ended = True
+            self.changed.set()
+
+    def moved(self) -> None:
+        """A group took an edge: its status is due, and the job reviews."""
+        self._publish_due.set()
+        self.changed.set()
 
     def hurried(self, name: str) -> None:
         """A second stop signal: every group kills its workers now."""
@@ -354,56 +463,24 @@ class Supervisor:
         for g in self.groups:
             g.ctx.hurry.set()
 
-    async def forward_stops(self, events: asyncio.Queue[Event]) -> None:
-        """Every stop request the signals make reaches every group."""
+    async def watch_stops(self) -> None:
+        """Every stop request the job receives is a change to review (it reached the groups' scopes already)."""
         while True:
-            event = await events.get()
-            if isinstance(event, StopRequested):
-                self.stop = self.stop or event
-                for g in self.groups:
-                    g.ctx.events.put_nowait(event)
+            await self.events.get()
+            self.changed.set()
 
     def lighthouse_gone(self, reason: str) -> None:
-        """The hosted lighthouse could not be restarted: no group can step any more, so every group stops (exit 3)."""
-        self.fatal = reason
-        for g in self.groups:
-            g.ctx.events.put_nowait(StopRequested(signum=signal.SIGTERM, graceful=False))
+        """The hosted lighthouse could not be restarted: no group can step any more (the job reviews: exit 3)."""
+        self.lighthouse_lost = reason
+        self.changed.set()
 
-    def enforce_minimum(self) -> None:
-        """When fewer than min_active groups can still take part in a step, stop the others: none could go on."""
-        live = [g for g in self.groups if g.model.state is not JobState.SHUTDOWN]
-        left = [g for g in self.groups if g.model.state is JobState.SHUTDOWN and g.ctx.outcome is not Outcome.SUCCEEDED]
-        if not live or not left or len(live) >= self.groups_spec.min_active or self.stop is not None:
-            return
-        if not self.left_reason:
-            gone = ", ".join(str(g.index) for g in left)
-            self.left_reason = (f"only {len(live)} group(s) can go on, fewer than min_active "
-                                f"{self.groups_spec.min_active} (group(s) {gone} left with their budget spent)")
-            self.log.error("replica_minimum_lost", reason=self.left_reason)
-        for g in live:
-            g.ctx.events.put_nowait(StopRequested(signum=signal.SIGTERM, graceful=False))
-
-    def settle(self, job: ReplicaJob) -> None:
-        """The job's outcome from the groups': it succeeds when at least min_active groups finished."""
-        done = [g for g in self.groups if g.ctx.outcome is Outcome.SUCCEEDED]
-        if self.fatal and len(done) < len(self.groups):
-            job.outcome, job.exit_code, job.reason = Outcome.ERROR, EXIT_INFRA, self.fatal
+    def settle(self, job: ReplicaJob, end: JobStep) -> None:
+        """The job's end, as its last edge settled it."""
+        assert end.outcome is not None
+        assert end.exit_code is not None
+        job.outcome, job.exit_code, job.reason, job.fix = end.outcome, end.exit_code, end.reason, end.fix
+        if job.outcome is Outcome.ERROR and self.lighthouse_lost and not job.fix:
             job.fix = f"see {self.run_dir / 'lighthouse.log'}"
-        elif self.stop is not None and not self.stop.graceful:
-            job.outcome, job.exit_code = Outcome.STOPPED, EXIT_STOPPED_BASE + (self.stop.signum or signal.SIGTERM)
-            job.reason = f"stop requested (signal {self.stop.signum})"
-        elif len(done) >= self.groups_spec.min_active:
-            job.outcome, job.exit_code = Outcome.SUCCEEDED, EXIT_OK
-            left = len(self.groups) - len(done)
-            job.reason = f"{len(done)} of {len(self.groups)} group(s) finished" + (
-                f"; {left} left after their budget was spent" if left else "")
-        else:
-            codes = [g.ctx.exit_code for g in self.groups if g.ctx.outcome in (Outcome.FAILED, Outcome.ERROR)]
-            job.outcome = Outcome.ERROR if EXIT_INFRA in codes else Outcome.FAILED
-            job.exit_code = EXIT_INFRA if EXIT_INFRA in codes else EXIT_WORKERS_FAILED
-            job.reason = self.left_reason or (f"{len(done)} group(s) finished, fewer than min_active "
-                                              f"{self.groups_spec.min_active}")
-        self.outcome = job.outcome
         self.log.info("replica_job_ended", outcome=job.outcome.value, exit_code=job.exit_code, reason=job.reason)
 
     async def watch_steps(self) -> None:
@@ -456,7 +533,8 @@ class Supervisor:
             "attempt": max((g.ctx.run.attempt for g in self.groups), default=0),
             "restarts": sum(g.ctx.run.restarts for g in self.groups),
             "workers": [],
-            "outcome": self.outcome.value if self.outcome is not None else None,
+            "outcome": self.end.outcome.value if self.end is not None and self.end.outcome is not None else None,
+            "job_state": self.model.state.value,  # the job's own machine (runner/core/job_machine.py)
             "groups": [g.status() for g in self.groups],
             "ledger": job_ledger([dict(g.ctx.recovery.figures(), group=g.index) for g in self.groups]),
             "lighthouse": self.lighthouse_status(),

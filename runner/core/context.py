@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from runner.events import Event, StopRequested, TimerExpired, WorkerExited
 from runner.rendezvous.ports import free_port
 from runner.system.shepherd import Shepherd
+from runner.system.stop_scope import StopScope
 from runner.workers.launch_plan import LaunchPlan, build_plan
 
 if TYPE_CHECKING:
@@ -210,6 +211,12 @@ class Context:
     timer: Watchdog | None = None  # the file-timer server and heartbeat monitor, when the watchdog is on
     deadline_armed: bool = False
     report_path: Path | None = None  # where report.json went (the run dir, or a fallback when it could not)
+    stops: StopScope = field(init=False)  # the stop requests this run received (runner/system/stop_scope.py)
+    outer_stops: InitVar[StopScope | None] = None  # a replica group's: the job's scope, which holds this one
+
+    def __post_init__(self, outer_stops: StopScope | None) -> None:
+        """This run's stop scope: its own, or one inside the job's (a replica group's)."""
+        self.stops = outer_stops.inside(self.events) if outer_stops is not None else StopScope(self.events)
 
     @property
     def spec(self) -> JobSpec:

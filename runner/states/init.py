@@ -25,7 +25,7 @@ async def handle(ctx: Context) -> Step:
     """Prepare everything the first rendezvous needs; a stop signal is honoured while connecting."""
     if ctx.inputs.replica is None:  # a replica group's stops come from the job's supervisor (agent/replicas.py)
         signals.install(
-            ctx.events,
+            ctx.stops,
             ctx.hurry,
             lambda name: ctx.log.warning("stop_hurried", signal=name),
             names=ctx.spec.shutdown.signals_to_handle,

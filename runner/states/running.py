@@ -49,37 +49,33 @@ async def handle(ctx: Context) -> Step:
 
 
 async def stop_first(ctx: Context, step: Step) -> Step:
-    """`step`, unless a stop signal had already reached the agent: then the stop (the job was stopped, not done).
+    """`step`, unless a stop had already reached the agent: then the stop (the job was stopped, not done).
 
     A signal sent to a whole process group or Slurm step reaches the workers with the agent. On a loaded machine
     the agent may run only after they exited (code 0 from a handler that saved and stopped, or a KeyboardInterrupt),
-    and then sees their exits before the signal: that is not a success nor a failure to restart. The kernel ran the
-    agent's signal handler before any code of ours, but asyncio needs a few loop turns to queue the StopRequested.
+    and then sees their exits before the signal: that is not a success nor a failure to restart. The signal handler
+    recorded the stop in the run's scope before the loop could see those exits (runner/system/stop_scope.py), so it
+    is asked here, with no wait; a stop already queued (`runner stop` through etcd) counts too. The replica group's
+    scope sits inside the job's, so the same holds for a group.
     """
     if step.trigger is Trigger.stop_requested:
         return step
-    for _ in range(STOP_SETTLE_TURNS):
-        await asyncio.sleep(0)
     kept: list[Event] = []
-    stop: StopRequested | None = None
+    queued: StopRequested | None = None
     while not ctx.events.empty():
         event = ctx.events.get_nowait()
-        if stop is None and isinstance(event, StopRequested) and not event.graceful:
-            stop = event
+        if queued is None and isinstance(event, StopRequested) and not event.graceful:
+            queued = event
         else:
             kept.append(event)
     for event in kept:  # later states see the rest in order
         ctx.events.put_nowait(event)
+    stop = ctx.stops.stopping() or queued
     if stop is None:
         return step
     ctx.log.info("stop_came_first", signum=stop.signum, instead_of=step.trigger.value, reason=step.reason)
     ctx.run.failure = None  # the exits followed the signal: the stop is the cause
     return await on_event(ctx, stop) or step
-
-
-# self-pipe readable -> read -> handler queues the StopRequested; a replica group's comes one turn later (the
-# supervisor forwards it); then spares. Costs a few microseconds, once per attempt's end.
-STOP_SETTLE_TURNS = 6
 
 
 async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 - one return per event kind
@@ -101,7 +97,8 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
             return None
         return Step(
             Trigger.stop_requested,
-            f"stop requested (signal {event.signum})" if event.signum else "stop requested (runner stop)",
+            event.reason
+            or (f"stop requested (signal {event.signum})" if event.signum else "stop requested (runner stop)"),
         )
     if isinstance(event, PeerLost):
         reason = f"node {event.node} lost: {event.why}"
