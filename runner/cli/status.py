@@ -45,7 +45,7 @@ class StatusCommand(Command):
 
 def print_status(status: dict[str, Any]) -> None:
     """The one-shot text form: a header line, then one line per node (and its replica groups, if any)."""
-    from runner.runs.status import groups_table, unhealthy_reasons
+    from runner.runs.status import ettr, groups_table, unhealthy_reasons
 
     head = {k: v for k, v in status.items() if k not in ("nodes", "groups")}
     print("  ".join(f"{k}={v}" for k, v in head.items()))
@@ -59,7 +59,9 @@ def print_status(status: dict[str, Any]) -> None:
             for w in node.get("workers") or []
         )
         group = f" (group {node['group']})" if node.get("group") is not None else ""
-        print(f"  node {node.get('node')}{group}: {node.get('state')} attempt {node.get('attempt')}  [{workers}]")
+        shown = f"  ETTR {ettr(node['ledger'])}" if isinstance(node.get("ledger"), dict) else ""  # docs/goodput.md
+        state = f"{node.get('state')} attempt {node.get('attempt')}"
+        print(f"  node {node.get('node')}{group}: {state}  [{workers}]{shown}")
         for reason in unhealthy_reasons(node):  # out of the round until its health checks pass (docs/health.md)
             print(f"    unhealthy: {reason}")
         for line in groups_table(node.get("groups")):
