@@ -140,3 +140,17 @@ def test_the_diagram_check_itself_catches_mistakes() -> None:
     assert ("INIT", "initialized", "RENDEZVOUS") in edges and ("FAILED", "stop_requested", "SHUTDOWN") in edges
     assert ("SHUTDOWN", "stop_requested", "SHUTDOWN") not in edges and junk == ["art ──▶"]
     assert ("INIT", "initialized", "RENDEZVOUS") in machine_edges()
+
+
+def test_architecture_shows_the_job_machine_of_replica_groups_edge_by_edge() -> None:
+    """The block under "The job of replica groups has a machine of its own" draws exactly JOB_TRANSITIONS."""
+    from runner.core.job_machine import job_edges
+
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("## The job of replica groups has a machine of its own", 1)
+    assert len(section) == 2, "docs/architecture.md does not show the job machine"
+    block = FENCE.search(section[1])
+    assert block
+    drawn, junk = diagram_edges(block.group(1))
+    assert not junk
+    assert drawn == {(s.value, t.value, d.value) for s, t, d, _ in job_edges()}
