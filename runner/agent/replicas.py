@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from runner.agent.assembly import TransitionLog, assemble, drive_run
 from runner.agent.lighthouse import HostedLighthouse, LighthouseError
-from runner.config.preflight import lighthouse_program
 from runner.config.spec import Nodes
+from runner.config.torchft_version import matching_lighthouse
 from runner.core import job_policy
 from runner.core.context import Context, JobInputs, Replica
 from runner.core.job_machine import JobEdge, JobPhase, JobStep, JobTrigger, build_job_machine
@@ -346,7 +346,9 @@ class Supervisor:
         if not light.hosted:
             assert light.address is not None  # the spec's checks require one
             return light.address.rstrip("/")
-        program = lighthouse_program(os.environ)
+        program, unchecked = await asyncio.to_thread(matching_lighthouse, self.spec, os.environ)  # the workers' TorchFT
+        for why in unchecked:
+            self.log.warning("torchft_version_unchecked", detail=why)
         if program is None:
             raise LighthouseError("a hosted lighthouse needs `torchft_lighthouse`, not found",
                                   fix="pip install 'runner[ft]'")
