@@ -11,11 +11,14 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from runner.testing.etcd_server import EtcdServer, etcd_server
+
+if TYPE_CHECKING:
+    from multinode_helpers import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "workers" / "worker_probe.py"
@@ -150,3 +153,16 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
     """A real etcd (runner/testing/etcd_server.py) on free loopback ports, killed and reaped after the test."""
     with etcd_server(tmp_path / "etcd") as server:
         yield server
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, etcd: EtcdServer) -> Iterator[Cluster]:
+    """A multi-node Cluster (tests/multinode_helpers.py) on the test's etcd; every node process and worker is reaped
+    afterwards."""
+    from multinode_helpers import Cluster
+
+    c = Cluster(tmp_path / "cluster", etcd.endpoint)
+    try:
+        yield c
+    finally:
+        c.close()

@@ -9,10 +9,10 @@ import signal
 from typing import Any
 
 import pytest
+from failing_jobs import WORKER, failing_job, report, worker_pid
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_failure_classes import WORKER, failing_job, report, worker_pid
-from test_rdzv_etcd import close_all, make_spec, open_nodes, rounds
+from rdzv_helpers import close_all, make_spec, open_nodes, rounds
 
 from runner.config import load_spec_text
 from runner.config.spec import Budgets, ClassBudget

@@ -73,7 +73,7 @@ def test_nonsense_pids_are_refused(pid: object) -> None:
 def test_runner_stop_with_a_stale_status_signals_nobody(job, stranger: subprocess.Popen[str]) -> None:
     """The real CLI: the job ran and ended; its status.json is rewritten to look live with a stranger's pid (as if
     the pid had been recycled): `runner stop` reports nothing to stop and the stranger lives."""
-    from test_run_single_node import probe_job
+    from probe_jobs import probe_job
 
     j = probe_job(job)
     assert j.run().returncode == 0

@@ -21,13 +21,12 @@ import pytest
 from conftest import alive, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
+from multinode_helpers import Cluster, Node, probe_args, spec_text
 
 from runner.rendezvous.etcd.lease_revoke import GatewayEndpoint, RevokeError, RevokeTicket, revoke, revoke_grpc
 from runner.system.cgroup import JobCgroup
 from runner.testing.etcd_server import EtcdServer, etcd_server
-from tests.test_multinode import Cluster, Node, cluster, probe_args, spec_text
 
-__all__ = ["cluster"]  # the fixture used below (`etcd` comes from conftest)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 LONG = "300s"  # lease_ttl and last_call that no wait below could sit out

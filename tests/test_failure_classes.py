@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Job, wait_for
+from conftest import wait_for
+from failing_jobs import WORKER, failing_job, report, worker_pid
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,43 +26,6 @@ from runner.outcomes import FailureClass, FailureKind
 from runner.system.cgroup import JobCgroup
 from runner.workers import oom
 from runner.workers.failures import Failure, default_class, fingerprint, traceback_parts
-
-WORKER = ROOT / "tests" / "workers" / "failing_worker.py"
-JOB = """
-name: fc
-entrypoint:
-  script: {worker}
-  args: ["--dir", "${{OUT}}", "--mode", "{mode}", "--fail-attempts", "{fails}"]
-nproc_per_node: 1
-logs: {{dir: "${{LOGS}}"}}
-restart:
-  max_restarts: {max_restarts}
-  backoff: {{initial: 0.1s, max: 0.2s}}
-{extra}
-shutdown: {{grace_period: 5s}}
-"""
-
-
-def failing_job(job: Any, mode: str, *, fails: int = 1, max_restarts: int = 0, extra: str = "") -> Job:
-    """A one-worker job of failing_worker.py in `mode` (fails on attempts < `fails`)."""
-    text = JOB.format(worker=WORKER, mode=mode, fails=fails, max_restarts=max_restarts, extra=extra)
-    made: Job = job(text)
-    return made
-
-
-def report(j: Job) -> dict[str, Any]:
-    """The run's report.json."""
-    data: dict[str, Any] = json.loads((j.run_dir() / "report.json").read_text())
-    return data
-
-
-def worker_pid(j: Job, attempt: int = 0) -> int:
-    """The pid the worker of rank 0 wrote on `attempt` (waits for it)."""
-    path = j.out / f"rank0.attempt{attempt}.json"
-    wait_for(path.exists, what=f"worker of attempt {attempt} started")
-    pid: int = json.loads(path.read_text())["pid"]
-    return pid
-
 
 pytestmark = pytest.mark.integration
 
@@ -313,7 +277,7 @@ def test_the_metrics_count_failures_by_class() -> None:
             text = resp.read().decode()
     finally:
         metrics.stop()
-    from tests.test_metrics import has_series, value  # read with prometheus_client's parser, not as text
+    from metrics_scrape import has_series, value  # read with prometheus_client's parser, not as text
 
     assert value(text, 'runner_failures_total{class="oom"}') == 2.0
     assert value(text, 'runner_failures_total{class="node_lost"}') == 1.0
@@ -329,7 +293,7 @@ def test_a_peer_that_leaves_is_preempted_or_lost_and_restarts_uncharged(
     """Elastic 2:3, max_restarts 0: node c's agent gets the scheduler's SIGTERM (it publishes that it was stopped
     before leaving) or is SIGKILLed (its lease expires); a and b class the loss `preempted` / `node_lost`,
     restart without charging max_restarts, and finish with two nodes."""
-    from test_multinode import Cluster, probe_args, spec_text
+    from multinode_helpers import Cluster, probe_args, spec_text
 
     c = Cluster(tmp_path / "cluster", etcd.endpoint)
     try:

@@ -11,7 +11,6 @@ import importlib.util
 import itertools
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, Job, alive, wait_for
+from ft_records import committed, records
 
 pytestmark = [
     pytest.mark.integration,
@@ -27,26 +27,6 @@ pytestmark = [
                        reason="torchft is not installed (pip install -e '.[ft]')"),
 ]
 STEPS = 400
-LINE = re.compile(r"^(?:\[[^\]]*\] )?ft_train (\w+) (.*)$")
-
-
-def records(path: Path, kind: str) -> list[dict[str, str]]:
-    """The script's `ft_train KIND k=v ...` lines (a log that does not exist yet has none)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        m = LINE.match(line)
-        if m and m.group(1) == kind:
-            out.append(dict(kv.split("=", 1) for kv in m.group(2).split() if "=" in kv))
-    return out
-
-
-def committed(path: Path) -> list[tuple[int, float, int]]:
-    """(step, time, groups) of every committed step."""
-    return [(int(r["step"]), float(r["time"]), int(r["groups"])) for r in records(path, "step") if r["commit"] == "1"]
 
 
 def test_a_killed_group_restarts_alone_and_rejoins_with_the_survivors_weights(tmp_path):

@@ -262,14 +262,15 @@ def test_a_full_logs_disk_does_not_kill_the_hosted_lighthouse(tmpfs, tmp_path: P
     import signal
     import time
 
-    from conftest import wait_for
-    from test_replica_groups import WORKER
+    from conftest import ROOT, wait_for
+
+    worker = ROOT / "tests" / "workers" / "group_worker.py"  # (tests/test_replica_groups.py's worker)
 
     logs = tmpfs("logs", size="1m")
     j = Job(tmp_path / "job", f"""
         version: 1
         name: fulllight
-        entrypoint: {{script: "{WORKER}", args: ["--out", "${{OUT}}", "--steps", "80", "--step-s", "0.1"]}}
+        entrypoint: {{script: "{worker}", args: ["--out", "${{OUT}}", "--steps", "80", "--step-s", "0.1"]}}
         replica_groups: {{count: 2, nproc_per_node: 1}}
         restart: {{max_restarts: 2, backoff: {{initial: 0s}}}}
         shutdown: {{grace_period: 5s}}

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import alive
+from conftest import alive, wait_for
+from multinode_helpers import Cluster, Node, spec_text
 
 from runner.states.rendezvous import HEALTH_KEPT
-from tests.test_multinode import Cluster, Node, cluster, spec_text, wait_for
 
-__all__ = ["cluster"]  # the fixture used below (`etcd` comes from conftest)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 STEP_S = 30.0  # the bound of each wait below; each test takes a few seconds on the 2-core machine

@@ -3,7 +3,6 @@ changes; without metrics.enabled the agent never imports prometheus_client."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import wait_for
+from metrics_scrape import has_series, value
 
 from runner.rendezvous.ports import free_port
 
@@ -32,30 +32,6 @@ def scrape(port: int) -> str:
     """GET /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         return resp.read().decode()
-
-
-def value(text: str, series: str) -> float | None:
-    """The value of one series, e.g. 'runner_attempt' or 'runner_state{runner_state="RUNNING"}' (exactly those labels).
-
-    The scrape is read with prometheus_client's own parser, not matched as text: how a release of it writes label
-    order, quoting or numbers is its business; the names, labels and values are ours.
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    name, _, rest = series.partition("{")
-    labels = dict(re.findall(r'(\w+)="([^"]*)"', rest))
-    found = [sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-             if sample.name == name and sample.labels == labels]
-    assert len(found) <= 1, (series, found)
-    return found[0] if found else None
-
-
-def has_series(text: str, name: str, **labels: str) -> bool:
-    """A sample `name` whose labels include `labels` (others may be there too)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return any(sample.name == name and labels.items() <= sample.labels.items()
-               for family in text_string_to_metric_families(text) for sample in family.samples)
 
 
 def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import wait_for
+from multinode_helpers import Cluster, probe_args, spec_text
 
 from runner.testing.etcd_server import EtcdServer, etcd_server, free_port
-from tests.test_multinode import Cluster, cluster, probe_args, spec_text, wait_for
 
-__all__ = ["cluster"]  # the fixture used by the tests below (`etcd` comes from conftest)
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 EXIT_INFRA = 3

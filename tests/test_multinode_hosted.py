@@ -27,13 +27,13 @@ import structlog
 from conftest import PROBE, ROOT, alive, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
+from multinode_helpers import Cluster, Node, probe_args
 
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, wait_for_host
 from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary, sweep_stale_data
 from runner.system.served import listens, tcp_listeners
 from runner.testing.etcd_server import free_port
-from tests.test_multinode import Cluster, Node, probe_args
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 QUIET = structlog.get_logger("test")

@@ -12,13 +12,13 @@ import pytest
 from aetcd import rpc
 from hypothesis import given
 from hypothesis import strategies as st
+from rdzv_helpers import Node, close_all, make_spec, open_nodes, rounds, run
 
 from runner.events import PeerLost
 from runner.rendezvous.etcd.admin import read_status
 from runner.rendezvous.etcd.identity import ClusterIdentity
 from runner.rendezvous.etcd.keys import JobKeys
 from runner.testing.etcd_server import EtcdServer
-from tests.test_rdzv_etcd import Node, close_all, make_spec, open_nodes, rounds, run
 
 pytestmark = pytest.mark.integration
 

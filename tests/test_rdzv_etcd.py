@@ -4,69 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rdzv_helpers import WAIT_S, Node, close_all, make_spec, open_nodes, rounds, run
 
-from runner.config.spec import TLS, Auth, Entrypoint, JobSpec, Nodes, Rendezvous
+from runner.config.spec import TLS, Auth
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
 from runner.events import MembershipChanged, PeerLost, StopRequested
 from runner.rendezvous.etcd.admin import read_status, request_stop
-from runner.rendezvous.etcd.backend import EtcdRendezvous
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.etcd.monitor import RoundMonitor
 from runner.testing.etcd_server import EtcdServer, etcd_server, free_port
 
 pytestmark = pytest.mark.integration
-WAIT_S = 30.0
-
-
-def make_spec(endpoint: str, *, nmin: int = 2, nmax: int = 2, name: str = "job", **rdzv: Any) -> JobSpec:
-    """A job spec for the etcd backend with short test timings."""
-    opts: dict[str, Any] = {"last_call": 0.5, "lease_ttl": 2.0, "join_timeout": WAIT_S, "connect_timeout": 10.0}
-    opts.update(rdzv)
-    return JobSpec(name=name, entrypoint=Entrypoint(script="train.py"), nodes=Nodes(nmin, nmax),
-                   rendezvous=Rendezvous(backend="etcd", endpoints=(endpoint,), **opts))
-
-
-def run(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
-    """Run an async test body with an overall limit."""
-    async def bounded() -> Any:
-        return await asyncio.wait_for(coro_fn(), 120)
-    return asyncio.run(bounded())
-
-
-class Node:
-    """One rendezvous participant and its event queue."""
-
-    def __init__(self, spec: JobSpec, name: str) -> None:
-        self.events: asyncio.Queue[Any] = asyncio.Queue()
-        self.rdzv = EtcdRendezvous(spec, name, advertise_addr="127.0.0.1")
-
-    async def open(self) -> Node:
-        await self.rdzv.open(self.events)
-        return self
-
-    async def event(self, kind: type) -> Any:
-        """The next event of `kind` (others are skipped)."""
-        while True:
-            ev = await asyncio.wait_for(self.events.get(), WAIT_S)
-            if isinstance(ev, kind):
-                return ev
-
-
-async def open_nodes(spec: JobSpec, names: list[str]) -> list[Node]:
-    return list(await asyncio.gather(*(Node(spec, n).open() for n in names)))
-
-
-async def rounds(nodes: list[Node], attempt: int = 0) -> list[Any]:
-    return list(await asyncio.gather(*(n.rdzv.next_round(attempt) for n in nodes)))
-
-
-async def close_all(nodes: list[Node], outcome: str = "succeeded") -> None:
-    await asyncio.gather(*(n.rdzv.close(outcome) for n in nodes))
 
 
 def test_two_nodes_agree_on_ranks_and_master(etcd: EtcdServer) -> None:

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from rdzv_helpers import Node, make_spec, run
 
 from runner.events import PeerLost
 from runner.testing.etcd_server import EtcdServer
-from tests.test_rdzv_etcd import Node, make_spec, run
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NODE_SCRIPT = """
 import asyncio, json, sys
 sys.path.insert(0, {root!r})
-from tests.test_rdzv_etcd import Node, make_spec
+from rdzv_helpers import Node, make_spec
 
 async def main():
     node = await Node(make_spec({endpoint!r}), {name!r}).open()

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rdzv_helpers import Node, close_all, make_spec, open_nodes, rounds, run
 
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.admin import read_status
 from runner.rendezvous.etcd.keys import MAX_NODE_ID_BYTES, JobKeys, check_node_id, decode_node, encode_node
 from runner.testing.etcd_server import EtcdServer
-from tests.test_rdzv_etcd import Node, close_all, make_spec, open_nodes, rounds, run
 
-# every str Python can hold, lone surrogates included (undecodable argv bytes arrive as surrogates)
 ANY_TEXT = st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF))
 
 

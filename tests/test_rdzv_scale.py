@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rdzv_helpers import WAIT_S, Node, close_all, make_spec, open_nodes, rounds, run
 
 from runner.events import PeerLost
 from runner.rendezvous.etcd.keys import JobKeys, decode_closed, encode_closed
 from runner.rendezvous.etcd.watch import Watch
 from runner.testing.etcd_server import EtcdServer
-from tests.test_rdzv_etcd import WAIT_S, Node, close_all, make_spec, open_nodes, rounds, run
 
 pytestmark = pytest.mark.integration
 

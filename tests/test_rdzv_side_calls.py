@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import structlog
+from rdzv_helpers import Node, close_all, make_spec, open_nodes, rounds, run
 
 from runner.config.spec import Auth
 from runner.errors import RendezvousError
@@ -22,7 +23,6 @@ from runner.rendezvous.etcd.client import prefix_range
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.spec_check import SECRET_DIGEST_PREFIX, shared_tree
 from runner.testing.etcd_server import EtcdServer
-from tests.test_rdzv_etcd import Node, close_all, make_spec, open_nodes, rounds, run
 
 pytestmark = pytest.mark.integration
 CONNECT_TIMEOUT_S = 2.0

@@ -22,11 +22,8 @@ from typing import Any
 
 import pytest
 from conftest import EXAMPLES, alive, wait_for
-from test_ft_training import committed, records
-
-from tests.test_multinode import Cluster, Node, cluster
-
-__all__ = ["cluster"]  # the fixture, used by name
+from ft_records import committed, records
+from multinode_helpers import Cluster, Node
 
 FT = pytest.mark.skipif(importlib.util.find_spec("torchft") is None or
                         not (Path(sys.executable).parent / "torchft_lighthouse").exists(),

@@ -17,7 +17,7 @@ import pytest
 from conftest import EXAMPLES
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_multinode import Cluster, cluster, probe_args, spec_text  # noqa: F401 - fixture `cluster`
+from multinode_helpers import Cluster, probe_args, spec_text
 
 from runner.report.page import render
 from runner.report.story import read_story

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES
-from test_multinode import Cluster, cluster  # noqa: F401 - fixture `cluster`
+from multinode_helpers import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

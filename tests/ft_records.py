@@ -1,0 +1,29 @@
+"""The `ft_train KIND k=v ...` lines examples/jobs/ft_train.py prints: its records, its committed steps; for the
+TorchFT tests on one node and on several.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+LINE = re.compile(r"^(?:\[[^\]]*\] )?ft_train (\w+) (.*)$")
+
+
+def records(path: Path, kind: str) -> list[dict[str, str]]:
+    """The script's `ft_train KIND k=v ...` lines (a log that does not exist yet has none)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        m = LINE.match(line)
+        if m and m.group(1) == kind:
+            out.append(dict(kv.split("=", 1) for kv in m.group(2).split() if "=" in kv))
+    return out
+
+
+def committed(path: Path) -> list[tuple[int, float, int]]:
+    """(step, time, groups) of every committed step."""
+    return [(int(r["step"]), float(r["time"]), int(r["groups"])) for r in records(path, "step") if r["commit"] == "1"]
