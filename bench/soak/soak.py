@@ -384,7 +384,8 @@ class Soak(JobProcesses, Faults, Checks):
         until a late node joined once in this run (so that the class fires)."""
         late_u = [self.rng.random() for _ in range(3)]
         late = None
-        owed = not self.tally.per_class["late_join"].injected
+        count = self.tally.per_class.get("late_join")
+        owed = count is not None and not count.injected
         if "late_join" not in self.disabled and self.args.nodes > 2 and (late_u[0] < 0.5 or owed):
             late = self.pick(job.nodes, late_u[1])
             self.tally.drawn("late_join")

@@ -127,8 +127,11 @@ class Tally:
             c = self.per_class[cls]
             if c.injected:
                 continue
-            if c.drawn:
+            if c.drawn and c.drawn == c.no_target:
                 out.append(f"class {cls} never fired: drawn {c.drawn} time(s), no target each time")
+            elif c.drawn:
+                out.append(f"class {cls} never fired: drawn {c.drawn} time(s), no target {c.no_target} time(s), and "
+                           "still looking for one when its job's fault window closed")
             else:
                 out.append(f"class {cls} never fired: never drawn (the run was too short for its {len(enabled)} "
                            "enabled classes: lengthen --duration or --job-window, or narrow --classes)")
