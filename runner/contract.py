@@ -6,3 +6,6 @@ foundation layer) so neither imports the other for a name.
 
 HEARTBEAT_FILE_VAR = "RUNNER_HEARTBEAT_FILE"  # a file the worker touches; the agent times its changes
 CODE_ENDED_FILE = "code_ended"  # in a worker's log dir: its code and atexit handlers ended cleanly (standby_main)
+# A socket path per worker: torch's worker server answers the agent's flight-recorder query there (docs/hangs.md)
+FLIGHT_SOCKET_VAR = "RUNNER_FLIGHT_RECORDER_SOCKET"
+FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # torch reads the first, then the second

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runner.hangs import Culprit
+
 
 @dataclass(frozen=True)
 class WorkerExited:
@@ -31,6 +33,7 @@ class TimerExpired:
     overdue_s: float  # how long past its deadline the scope was when the worker was signalled
     stacks: str = ""  # Python stacks captured before the kill, when available
     reason: str = ""
+    culprit: Culprit | None = None  # what every rank's flight recorder showed (docs/hangs.md); None: not read
 
 
 @dataclass(frozen=True)

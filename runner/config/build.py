@@ -396,6 +396,8 @@ class Builder:
             capture_stacks=raw.get("capture_stacks", default.capture_stacks),
             heartbeat_timeout=self.opt_duration(raw.get("heartbeat_timeout"), (*here, "heartbeat_timeout")),
             max_run_time=self.opt_duration(raw.get("max_run_time"), (*here, "max_run_time")),
+            flight_recorder=int(raw.get("flight_recorder", default.flight_recorder)),
+            keep_out_culprit=bool(raw.get("keep_out_culprit", default.keep_out_culprit)),
         )
 
     def health(self, raw: dict[str, Any], cwd: str, *, auto_gpus: int) -> Health:

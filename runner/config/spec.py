@@ -192,6 +192,8 @@ class Watchdog:
     capture_stacks: bool = True
     heartbeat_timeout: float | None = None
     max_run_time: float | None = None
+    flight_recorder: int = 2000  # entries of each worker's torch flight recorder (TORCH_FR_BUFFER_SIZE); 0 = off
+    keep_out_culprit: bool = True  # a hang's culprit node sits out the next round when nodes.min allows
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from runner.events import (
     WorkerExited,
 )
 from runner.outcomes import FailureKind, Outcome
-from runner.workers.failures import Failure, worker_failure
+from runner.workers.failures import Failure, watchdog_failure, worker_failure
 
 if TYPE_CHECKING:
     from runner.core.context import Context
@@ -85,11 +85,13 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
     if isinstance(event, WorkerExited):
         return await on_worker_exit(ctx, event)
     if isinstance(event, TimerExpired):
-        ctx.run.failure = Failure(
-            kind=FailureKind.WATCHDOG, reason=event.reason, attempt=ctx.run.attempt, rank=event.rank,
-            local_rank=event.local_rank, stacks=event.stacks, log_dir=rank_dir(ctx, event.local_rank),
+        workers = ctx.run.group.workers.values() if ctx.run.group is not None else ()
+        ctx.run.failure = watchdog_failure(
+            event, ctx.run.attempt, local_ranks={w.plan.rank: w.plan.local_rank for w in workers},
+            log_dir=rank_dir(ctx, event.local_rank), recorder=bool(ctx.spec.watchdog.flight_recorder),
+            rank_dir=lambda local_rank: rank_dir(ctx, local_rank),
         )
-        return Step(Trigger.timer_expired, event.reason)
+        return Step(Trigger.timer_expired, ctx.run.failure.reason)
     if isinstance(event, StopRequested):
         ctx.stop = event
         if event.graceful:

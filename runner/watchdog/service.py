@@ -15,9 +15,12 @@ from typing import Protocol
 import structlog
 
 from runner.config.spec import Watchdog as WatchdogSpec
+from runner.contract import FLIGHT_SOCKET_VAR
 from runner.events import TimerExpired
+from runner.hangs import Culprit
 from runner.system.soft_io import warn_once
 from runner.watchdog.clock import Clock, SystemClock
+from runner.watchdog.flight import FlightRecorder
 from runner.watchdog.heartbeat import HeartbeatMonitor
 from runner.watchdog.stacks import capture_stacks
 from runner.watchdog.timer_server import Expiry, FileTimerServer
@@ -50,8 +53,11 @@ class Watchdog:
         log: structlog.typing.FilteringBoundLogger,
         group: Callable[[], WorkerGroup | None],
         clock: Clock | None = None,
+        node: str = "",
     ) -> None:
         self.cfg = cfg
+        self.recorder = FlightRecorder(cfg.flight_recorder, node, log)
+        self._culprit: asyncio.Task[Culprit | None] | None = None  # one query of every rank per attempt
         self.events = events
         self.log = log
         self.group = group
@@ -65,6 +71,7 @@ class Watchdog:
             capture_stacks=cfg.capture_stacks,
             log=log,
             on_first_request=self.first_request,
+            before_signal=self.culprit,
         )
         self.on_first_request: Callable[[int, float], None] | None = None  # readiness (runner/watchdog/readiness.py)
         self.monitor = (
@@ -83,8 +90,38 @@ class Watchdog:
         return group.owner(pid) if group is not None else None
 
     def worker_env(self, local_ranks: Iterable[int]) -> dict[int, dict[str, str]]:
-        """Per local rank: TORCHELASTIC_TIMER_FILE, that rank's own FIFO (FileTimerClient's channel)."""
-        return {r: {TIMER_ENV: self.server.channel(r)} for r in local_ranks}
+        """Per local rank: TORCHELASTIC_TIMER_FILE and the socket its flight recorder answers on (docs/hangs.md).
+
+        TORCHELASTIC_TIMER_FILE is that rank's own FIFO (FileTimerClient's channel); there is no socket with
+        watchdog.flight_recorder: 0.
+        """
+        env = {r: {TIMER_ENV: self.server.channel(r)} for r in local_ranks}
+        for r, values in env.items():
+            if sock := self.recorder.socket(r):
+                values[FLIGHT_SOCKET_VAR] = sock
+        return env
+
+    async def culprit(self) -> Culprit | None:
+        """Every worker's flight recorder, read once per attempt (the first expiry asks; the others wait for it)."""
+        group = self.group()
+        if group is None:
+            return None
+        if self._culprit is None:
+            self._culprit = asyncio.get_running_loop().create_task(
+                self.recorder.culprit(list(group.workers.values()), capture=self.cfg.capture_stacks)
+            )
+        try:
+            return await asyncio.shield(self._culprit)
+        except Exception:  # logged; the hang is still reported, as the watchdog saw it
+            self.log.exception("hang_culprit_failed")
+            return None
+
+    def found(self) -> Culprit | None:
+        """The culprit this attempt's query found, once it is done (None: not asked, not done, or off)."""
+        task = self._culprit
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
 
     def first_request(self, local_rank: int, at: float) -> None:
         """The first timer request of `local_rank`'s current worker was read at `at`: pass it on (readiness)."""
@@ -113,7 +150,8 @@ class Watchdog:
             return
         rank = worker.plan.rank
         reason = f"watchdog: scope '{e.scope}' on rank {rank} expired after {e.timeout_s:.1f} s"
-        self.emit(TimerExpired(e.local_rank, rank, e.pid, e.scope, e.signalled_at - e.deadline, e.stacks, reason))
+        self.emit(TimerExpired(e.local_rank, rank, e.pid, e.scope, e.signalled_at - e.deadline, e.stacks, reason,
+                               self.found()))
 
     def on_silent(self, local_rank: int, silent_s: float) -> None:
         """No heartbeat (file change or timer request) for heartbeat_timeout: hung. Stacks, SIGKILL, report."""
@@ -126,6 +164,7 @@ class Watchdog:
         task.add_done_callback(self._tasks.discard)
 
     async def _kill_silent(self, worker: Worker, silent_s: float, timeout: float) -> None:
+        found = await self.culprit()
         stacks = await capture_stacks(worker.pid, log=self.log) if self.cfg.capture_stacks else ""
         if worker.exited.done():  # not reaped before exited is set: until then the pid is still our worker's
             return
@@ -134,7 +173,7 @@ class Watchdog:
         rank = worker.plan.rank
         reason = f"watchdog: rank {rank} sent no heartbeat for {silent_s:.1f} s (heartbeat_timeout {timeout:g} s)"
         overdue = silent_s - timeout
-        self.emit(TimerExpired(worker.plan.local_rank, rank, worker.pid, "heartbeat", overdue, stacks, reason))
+        self.emit(TimerExpired(worker.plan.local_rank, rank, worker.pid, "heartbeat", overdue, stacks, reason, found))
 
     def emit(self, event: TimerExpired) -> None:
         """Queue the event for RUNNING and keep the stacks beside the rank's logs."""
@@ -148,8 +187,11 @@ class Watchdog:
         self.events.put_nowait(event)
 
     def clear(self) -> None:
-        """Forget every timer and heartbeat (workers are being replaced)."""
+        """Forget every timer and heartbeat (workers are being replaced), and the last attempt's culprit."""
         self.server.clear()
+        if self._culprit is not None and not self._culprit.done():
+            self._culprit.cancel()
+        self._culprit = None
         if self.monitor is not None:
             self.monitor.clear()
 
@@ -163,4 +205,5 @@ class Watchdog:
             task.cancel()
         self.clear()
         await self.server.stop()
+        self.recorder.close()
 

@@ -28,7 +28,7 @@ import os
 import stat
 import tempfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,9 +130,11 @@ class FileTimerServer:
         refusal_interval: float = INTERVAL_S,
         log: structlog.typing.FilteringBoundLogger | None = None,
         on_first_request: Callable[[int, float], None] | None = None,
+        before_signal: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self._dir = Path(run_dir) / "timer"
         self._on_first_request = on_first_request  # (local rank, monotonic time): its worker's first request
+        self._before_signal = before_signal  # awaited before an expired worker is signalled (the hang's culprit)
         self._owner = owner
         self._on_expiry = on_expiry
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -432,6 +434,8 @@ class FileTimerServer:
         timers.sort(key=lambda item: item[1].deadline_wall)
         scope, timer = next(((s, t) for s, t in timers if t.signal > 0), timers[0])
         try:
+            if self._before_signal is not None:
+                await self._before_signal()
             stacks = await capture_stacks(pid, log=self._log) if self._capture else ""
             if self._owner(pid) != timer.local_rank:  # exited and reaped meanwhile: the pid may be someone else's
                 self._log.info("timer_expired_worker_gone", pid=pid, scope=scope)

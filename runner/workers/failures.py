@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import re
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from runner.events import PEER_REPORTED
+from runner.events import PEER_REPORTED, TimerExpired
+from runner.hangs import Verdict
 from runner.outcomes import FailureClass, FailureKind
 from runner.workers.launch_plan import error_file
 
@@ -50,6 +52,9 @@ class Failure:
     extra: dict[str, Any] = field(default_factory=dict)
     classified: FailureClass | None = None  # set from evidence; None: the kind's usual class (default_class)
     evidence: str = ""  # what decided the class beyond the kind (the OOM killer's record, ...)
+    hang: Verdict | None = None  # a hang's culprit, from every rank's flight recorder (docs/hangs.md)
+    detected: str = ""  # a hang: what the watchdog saw (the rank it timed out), when the culprit is another
+    culprit_note: str = ""  # a hang whose culprit could not be named: why
 
     @property
     def failure_class(self) -> FailureClass:
@@ -70,6 +75,10 @@ class Failure:
         """A few lines a human reads first."""
         lines = [f"root cause (attempt {self.attempt}): {self.reason}"]
         lines.append(f"  class: {self.failure_class}" + (f" ({self.evidence})" if self.evidence else ""))
+        if self.detected:
+            lines.append(f"  detected: {self.detected}")
+        if self.culprit_note:
+            lines.append(f"  culprit: {self.culprit_note}")
         if self.hint:
             lines.append(f"  hint: {self.hint}")
         if self.error:
@@ -90,6 +99,8 @@ class Failure:
         """JSON-able form for the failure file and status."""
         out = {k: v for k, v in self.__dict__.items() if v not in (None, "", {}) and k != "classified"}
         out["kind"] = self.kind.value
+        if self.hang is not None:
+            out["hang"] = self.hang.to_dict()
         out["class"] = self.failure_class.value
         if self.fingerprint:
             out["fingerprint"] = self.fingerprint
@@ -222,3 +233,42 @@ def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
 def peer_reported(failure: Failure) -> bool:
     """A peer's loss seen through its own FAILED state: that peer is alive and charges the failure with its class."""
     return failure.kind is FailureKind.PEER and failure.reason.endswith(PEER_REPORTED)
+
+
+def watchdog_failure(event: TimerExpired, attempt: int, *, local_ranks: dict[int, int], log_dir: str,
+                     recorder: bool, rank_dir: Callable[[int], str]) -> Failure:
+    """The failure a watchdog expiry makes: the hang's culprit as the root cause when the records name one.
+
+    `local_ranks` maps this node's global ranks to local ones; `rank_dir(local_rank)` is a rank's log dir;
+    `log_dir` the expired worker's. Without a named culprit the rank the watchdog timed out stays the root cause,
+    with a line saying why no culprit was named.
+    """
+    verdict = event.culprit.verdict if event.culprit is not None else None
+    base = Failure(kind=FailureKind.WATCHDOG, reason=event.reason, attempt=attempt, rank=event.rank,
+                   local_rank=event.local_rank, stacks=event.stacks, log_dir=log_dir, hang=verdict)
+    if verdict is None or not verdict.named:
+        return replace(base, culprit_note=unnamed(verdict, recorder=recorder))
+    assert event.culprit is not None
+    stacks = [f"rank {r} (culprit):\n{text.rstrip()}" for r, text in sorted(event.culprit.stacks.items())]
+    if event.stacks:
+        stacks.append(f"rank {event.rank} (timed out by the watchdog):\n{event.stacks.rstrip()}")
+    first = verdict.culprits[0][0]
+    local = local_ranks.get(first) if len(verdict.culprits) == 1 else None
+    return replace(
+        base, reason=verdict.reason(), detected=event.reason, stacks="\n".join(stacks),
+        rank=first if len(verdict.culprits) == 1 else None, local_rank=local,
+        log_dir=rank_dir(local) if local is not None else "",
+    )
+
+
+def unnamed(verdict: Verdict | None, *, recorder: bool) -> str:
+    """Why a hang's culprit was not named: the line the report shows."""
+    if not recorder:
+        return ("not analysed: the flight recorder is off (watchdog.flight_recorder: 0); the rank named is the one "
+                "the watchdog timed out, which may be one that waited for another")
+    if verdict is None:
+        return "not analysed (the query failed: see agent.jsonl)"
+    if verdict.ranks == 0:
+        return ("no rank's flight recorder could be read (workers started cold, or torch not preloaded: "
+                "docs/hangs.md)")
+    return verdict.reason()

@@ -18,6 +18,7 @@ from pathlib import PurePath
 from string import Template
 
 from runner.config.spec import JobSpec
+from runner.contract import FR_BUFFER_VARS
 from runner.contract import HEARTBEAT_FILE_VAR as HEARTBEAT_ENV
 from runner.errors import RunnerError
 from runner.rendezvous.base import RendezvousResult
@@ -175,14 +176,17 @@ def contract_env(
 def attempt_free_env(spec: JobSpec, base_env: Mapping[str, str], nproc_per_node: int) -> dict[str, str]:
     """A worker's environment before its contract: what every attempt shares (and a standby starts with).
 
-    `base_env` (as torchrun: the agent's environment), then the defaults, then `spec.env`; without the agent's
-    secret sources.
+    `base_env` (as torchrun: the agent's environment), then the defaults, then `spec.env`, then the flight
+    recorder's size (watchdog.flight_recorder, unless either of torch's variables for it is set); without the
+    agent's secret sources.
     """
     env = dict(base_env)
     if nproc_per_node > 1:  # as torchrun: only when workers share the node, and never over the user's
         env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     env.update(dict(spec.env))
+    if spec.watchdog.flight_recorder and not any(name in env for name in FR_BUFFER_VARS):  # a value of yours wins
+        env["TORCH_FR_BUFFER_SIZE"] = str(spec.watchdog.flight_recorder)
     for name in agent_secret_vars(spec):
         env.pop(name, None)
     return env

@@ -47,6 +47,8 @@ MAX_ORDERS = 64 << 20  # an environment and argv larger than this are refused (t
 MAX_REQUEST = 65536  # a fork request (JSON) larger than this is refused
 TAG_VAR = "RUNNER_WORKER_TAG"  # runner.system.procs.TAG_VAR (this file imports nothing of runner's)
 TAG_PAD = "~"  # fills the tag's room in the initial environment: never a character of a tag
+FLIGHT_SOCKET_VAR = "RUNNER_FLIGHT_RECORDER_SOCKET"  # runner.contract.FLIGHT_SOCKET_VAR
+SERVER_SOCKET_VAR = "TORCH_WORKER_SERVER_SOCKET"  # torch.distributed.elastic.control_plane's
 PARENT_WAIT_S = 10.0  # a forked standby waits this long at most for the agent to become its parent
 _HERE = os.path.abspath(__file__)
 
@@ -79,6 +81,9 @@ def main() -> None:
             note(f"runner fork server: preload of {name!r} failed: {type(e).__name__}: {e}")
             say(ctl, f"failed {name}")
             raise SystemExit(0) from None
+    if "torch" in sys.modules:  # what serve_flight_recorder() needs, imported once here (5 ms), not per worker
+        with contextlib.suppress(Exception):
+            __import__("torch.distributed.elastic.control_plane")
     # What the imports made lives as long as the process: the cyclic GC need never scan it again, nor at the
     # interpreter's teardown (0.55 -> 0.12 s for torch here, from a crashed worker's last statement to its exit).
     # Objects the worker makes are collected as ever.
@@ -309,6 +314,7 @@ def become(orders: dict[str, object], fds: list[int]) -> None:
     sys.orig_argv = list(argv)
     retitle(argv)
     sys.excepthook = without_own_frames(sys.excepthook)
+    serve_flight_recorder(os.environ.get(FLIGHT_SOCKET_VAR, ""))
     rest = argv[2:]  # past `python -u`
     ending = CleanEnd(os.environ.get("RUNNER_HEARTBEAT_FILE", ""))
     atexit.register(ending.mark)  # registered first, so it runs after the script's own handlers
@@ -317,6 +323,47 @@ def become(orders: dict[str, object], fds: list[int]) -> None:
             run_module(rest[1], rest[2:])
         else:
             run_script(rest[0], rest[1:])
+
+
+def serve_flight_recorder(path: str) -> None:
+    """Start torch's worker server on `path`, so the agent can read this worker's flight recorder when it hangs.
+
+    Only when the preload imported torch (the default): a worker of a fork server without torch, or a script that
+    does not use it, is not made to import it. The server is torch's public `worker_main()` (the socket it reads
+    from TORCH_WORKER_SERVER_SOCKET, set here for the call only: a script that enters `worker_main()` itself with
+    its own socket is not disturbed). It answers from a C++ thread of its own, without the GIL: a worker whose
+    main thread is blocked in a collective answers too. Its "listening" line is kept off the worker's stderr, and
+    the server is deliberately never released: its shutdown prints two more lines at every exit; the process's
+    end ends its thread. Anything that fails here leaves the worker without the server (the agent says so).
+    """
+    if not path or "torch" not in sys.modules:
+        return
+    with contextlib.suppress(FileNotFoundError, OSError):
+        os.unlink(path)  # the socket of this rank's worker of an earlier attempt
+    own = os.environ.get(SERVER_SOCKET_VAR)
+    os.environ[SERVER_SOCKET_VAR] = path
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        from torch.distributed.elastic.control_plane import worker_main
+
+        server = worker_main()  # torch's @record types it as possibly None
+        if server is None:
+            return
+        server.__enter__()
+        import ctypes
+
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(server))  # never released (see above)
+    except Exception:  # noqa: S110 - the worker runs without it; the agent reports "no recorder"
+        pass
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+        if own is None:
+            del os.environ[SERVER_SOCKET_VAR]
+        else:
+            os.environ[SERVER_SOCKET_VAR] = own
 
 
 ENDED_FILE = "code_ended"  # runner.contract.CODE_ENDED_FILE (this file imports nothing of runner's)

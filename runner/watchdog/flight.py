@@ -1,0 +1,138 @@
+"""Read every local worker's flight recorder when a hang is found, and name the culprit (docs/hangs.md).
+
+Each worker forked from a fork server that preloaded torch runs torch's worker server (`worker_main()`, started
+in runner/workers/standby_main.py) on its own unix socket, `$RUNNER_FLIGHT_RECORDER_SOCKET`, in a private
+folder of the agent's. Its `fr_trace_json` handler answers from a C++ thread, so a worker whose main thread is
+blocked in a collective answers too. The query is plain HTTP/1.1 over that socket, bounded in time (every rank
+at once, one deadline) and in size; the answer is kept beside the rank's logs as `flight_recorder.json` and
+parsed by runner.hangs. A stopped process (SIGSTOP) is not asked: its state says why it cannot answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import structlog
+
+from runner.hangs import Answer, Culprit, RankRecord, analyse, parse_dump
+from runner.system import procs
+from runner.system.soft_io import warn_once
+from runner.watchdog.stacks import capture_stacks
+from runner.workers.group import Worker
+
+QUERY_TIMEOUT_S = 3.0  # every rank is asked at once; this bounds the whole query
+MAX_DUMP_BYTES = 32 << 20  # one rank's answer; a larger one is cut (and then fails to parse: "no records")
+REQUEST = b"POST /handler/fr_trace_json HTTP/1.1\r\nHost: runner\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+DUMP_FILE = "flight_recorder.json"
+
+
+class FlightRecorder:
+    """The sockets of one agent's workers, and the query of all of them when a hang is found."""
+
+    def __init__(self, entries: int, node: str, log: structlog.typing.FilteringBoundLogger) -> None:
+        self.entries = entries  # 0: the recorder is off
+        self.node = node
+        self.log = log
+        self.folder: Path | None = None
+
+    def socket(self, local_rank: int) -> str:
+        """The socket `local_rank`'s worker serves on ('' when the recorder is off or there is no folder)."""
+        if not self.entries:
+            return ""
+        if self.folder is None:
+            try:  # short (a unix socket's path is at most 107 bytes) and private (0700)
+                self.folder = Path(tempfile.mkdtemp(prefix="runner-fr-"))
+            except OSError as e:
+                warn_once("flight_recorder_no_folder", Path(tempfile.gettempdir()), e)
+                return ""
+        return str(self.folder / f"{local_rank}.sock")
+
+    def close(self) -> None:
+        """Remove the sockets' folder."""
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+
+    async def culprit(self, workers: Iterable[Worker], *, capture: bool) -> Culprit | None:
+        """Ask every worker, analyse, take the local culprits' stacks; None when the recorder is off."""
+        if not self.entries:
+            return None
+        began = time.monotonic()
+        chosen = list(workers)
+        records = await asyncio.gather(*(self.read(w) for w in chosen))
+        verdict = analyse(list(records), time.time_ns())
+        by_rank = {w.plan.rank: w for w in chosen}
+        culprits = [by_rank[r] for r, n in verdict.culprits if n == self.node and r in by_rank]
+        stacks: dict[int, str] = {}
+        if capture and culprits:
+            texts = await asyncio.gather(*(capture_stacks(w.pid, log=self.log) for w in culprits))
+            stacks = {w.plan.rank: text for w, text in zip(culprits, texts, strict=True) if text}
+        took = time.monotonic() - began
+        self.log.warning("hang_culprit", reason=verdict.reason(), finding=verdict.finding.value,
+                         culprits=[r for r, _ in verdict.culprits], took_s=round(took, 3))
+        return Culprit(verdict, stacks, took)
+
+    async def read(self, worker: Worker) -> RankRecord:
+        """One worker's records, or how it failed to answer."""
+        rank, path = worker.plan.rank, self.socket(worker.plan.local_rank)
+        if worker.exited.done():
+            return RankRecord(rank, self.node, Answer.EXITED, detail="exited before the query")
+        if stopped(worker.pid):
+            return RankRecord(rank, self.node, Answer.STOPPED, detail="process state T")
+        try:
+            body = await asyncio.wait_for(query(path), QUERY_TIMEOUT_S)
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            why = f"no flight-recorder server at {path} ({type(e).__name__}): started cold, or torch not preloaded"
+            return RankRecord(rank, self.node, Answer.NO_RECORDER, detail=why)
+        except TimeoutError:
+            answer = Answer.STOPPED if stopped(worker.pid) else Answer.SILENT
+            return RankRecord(rank, self.node, answer, detail=f"no answer within {QUERY_TIMEOUT_S:g} s")
+        except (OSError, ValueError) as e:
+            return RankRecord(rank, self.node, Answer.SILENT, detail=f"query failed: {e}"[:300])
+        keep(Path(worker.plan.log_dir, DUMP_FILE), body)
+        return RankRecord(rank, self.node, Answer.ANSWERED, parse_dump(body))
+
+
+def keep(path: Path, body: bytes) -> None:
+    """Write one rank's records beside its logs (a full or read-only disk: the analysis has them anyway)."""
+    try:
+        path.write_bytes(body)
+    except OSError as e:
+        warn_once("flight_recorder_write_failed", path, e)
+
+
+def stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, SIGTSTP, a tracer): state T or t."""
+    st = procs.read_stat(pid)
+    return st is not None and st.state in ("T", "t")
+
+
+async def query(path: str) -> bytes:
+    """The body of torch's worker server's `fr_trace_json` answer at `path` (ValueError: not a 200 answer)."""
+    if not path:
+        raise FileNotFoundError("no socket")
+    reader, writer = await asyncio.open_unix_connection(path)
+    try:
+        writer.write(REQUEST)
+        await writer.drain()
+        data = bytearray()
+        while len(data) <= MAX_DUMP_BYTES:
+            more = await reader.read(1 << 20)
+            if not more:
+                break
+            data += more
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    if len(status) < 2 or status[1] != b"200":
+        raise ValueError(f"answer {head[:80]!r}")
+    return body
