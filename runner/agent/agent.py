@@ -12,8 +12,9 @@ import structlog
 
 from runner.agent.assembly import TransitionLog, assemble, drive_run
 from runner.agent.backends import make_rendezvous
+from runner.agent.result import JobResult, of_group
 from runner.config.spec import JobSpec
-from runner.core.context import Context, JobInputs
+from runner.core.context import JobInputs
 from runner.core.machine import build_machine
 from runner.core.restart_policy import GUARDS
 from runner.observe.logs import RUN_LOG, JsonLines
@@ -53,8 +54,8 @@ def new_run_dir(spec: JobSpec) -> Path:
     return run_dir
 
 
-async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None = None) -> Context | ReplicaJob:
-    """Run the job on this node until SHUTDOWN; the returned context holds outcome, exit code and failures.
+async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None = None) -> JobResult:
+    """Run the job on this node until it ended: its outcome, exit code and summary (one group, or many).
 
     A job with replica groups runs each group's machine under a supervisor (runner/agent/replicas.py).
     """
@@ -90,18 +91,18 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
         runs_index.record_end(node, run_dir, str(ctx.outcome or "stopped"), ctx.exit_code, ctx.run.attempt + 1,
                               ctx.run.restarts, log)
         RUN_LOG.close()
-    return ctx
+    return of_group(ctx)
 
 
 async def run_replica_groups(spec: JobSpec, node: str, run_dir: Path,
-                             log: structlog.typing.FilteringBoundLogger, addr: str) -> ReplicaJob:
+                             log: structlog.typing.FilteringBoundLogger, addr: str) -> JobResult:
     """The replica groups' supervisor, with the run's own bookkeeping around it (the runs index, agent.jsonl)."""
     from runner.agent.replicas import Supervisor
 
     job: ReplicaJob | None = None
     try:
         job = await Supervisor(spec, node, run_dir, log, agent_identity(), addr).run()
-        return job
+        return job.result()
     finally:
         outcome, code = (job.outcome.value, job.exit_code) if job is not None else ("error", 3)
         attempts = sum(g.ctx.run.attempt + 1 for g in job.groups) if job is not None else 0

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.agent.assembly import TransitionLog, assemble, drive_run
+from runner.agent.backends import group_rendezvous
 from runner.agent.lighthouse import HostedLighthouse, LighthouseError
-from runner.config.spec import Nodes
+from runner.agent.result import JobResult, disk_warnings
 from runner.config.torchft_version import matching_lighthouse
 from runner.core import job_policy
 from runner.core.context import Context, JobInputs, Replica
@@ -37,7 +38,6 @@ from runner.events import StopRequested
 from runner.observe.ledger import job_ledger
 from runner.observe.logs import JsonLines
 from runner.outcomes import Outcome
-from runner.rendezvous.local import LocalRendezvous
 from runner.states.shutdown import place_report
 from runner.states.shutdown import report as group_report
 from runner.states.waiting import Stopped, unless_stopped
@@ -49,11 +49,10 @@ from runner.system.stop_scope import StopScope
 if TYPE_CHECKING:
     import structlog
 
-    from runner.agent.group_seat import GroupSeat
     from runner.config.spec import JobSpec, ReplicaGroups
     from runner.events import Event
     from runner.observe.group_metrics import GroupMetrics
-    from runner.rendezvous.base import Rendezvous
+    from runner.rendezvous.etcd.seats import GroupSeat
 
 LIGHTHOUSE_POLL_S = 1.0  # several nodes: how often the published lighthouse address is read
 LINGER_S = 60.0  # the lighthouse's host waits at most this long for the other nodes to end
@@ -127,6 +126,11 @@ class ReplicaJob:
         elif self.report_path.parent != self.run_dir:  # as a single group's summary: where it went instead
             lines.append(f"runner: report: {self.report_path} (the run dir could not take it)")
         return lines
+
+    def result(self) -> JobResult:
+        """The job's end as `runner run` prints and exits with it (the same type as a job of one group's)."""
+        return JobResult(self.name, self.run_dir, self.outcome, self.exit_code,
+                         (*self.summary(), *disk_warnings(())))
 
 
 @dataclass
@@ -327,7 +331,7 @@ class Supervisor:
         light = self.groups_spec.lighthouse
         if self.spec.rendezvous.backend == "local":
             return list(range(self.groups_spec.count)), await self.lighthouse_address()
-        from runner.agent.group_seat import GroupSeat  # etcd's client only where used
+        from runner.rendezvous.etcd.seats import GroupSeat  # etcd's client only where used
 
         self.seat = GroupSeat(self.spec, self.node, self.log)
         await self.seat.open(self.reaper)
@@ -416,25 +420,14 @@ class Supervisor:
 
     def make_group(self, k: int, lighthouse: str) -> Group:
         """Group k: its own spec view (the group's nproc_per_node), run dir, rendezvous, machine and context."""
-        spec = dataclasses.replace(self.spec, nproc_per_node=self.groups_spec.nproc_per_node)
         folder = self.run_dir / f"group_{k}"
         try:
             private_dir(folder)
         except OSError as e:  # a full logs disk: the group runs, its writes fail soft
             soft_io.warn_once("group_dir_unwritable", folder, e)
         replica = Replica(k, self.groups_spec.count, lighthouse)
-        rendezvous: Rendezvous
-        if self.seat is None:
-            node = f"{self.node}/g{k}"
-            rendezvous = LocalRendezvous(node, spec.nproc_per_node, "127.0.0.1", None)
-        else:  # the group's own rendezvous among its nodes_per_group nodes, under the job's keys
-            from runner.agent.group_seat import group_keys
-            from runner.rendezvous.etcd.backend import EtcdRendezvous
-
-            node, size = self.node, self.groups_spec.nodes_per_group
-            spec = dataclasses.replace(spec, nodes=Nodes(size, size))
-            rendezvous = EtcdRendezvous(spec, node, advertise_addr=self.addr, log=self.log.bind(group=k),
-                                        keys=group_keys(self.spec, k))
+        spec, node, rendezvous = group_rendezvous(self.spec, k, self.node, self.addr, self.log,
+                                                  seated=self.seat is not None)
         inputs = JobInputs(spec, node, folder, self.started, self.identity, replica=replica)
         model, _ = build_machine(GUARDS)
         ctx = assemble(inputs, rendezvous, self.log.bind(group=k), lambda: model.state,

@@ -1,4 +1,4 @@
-"""This node's seat among the replica groups of a multi-node job (docs/replica_groups.md#several-nodes).
+"""This node's seat among the replica groups of a multi-node job (docs/replica_groups.md#several-nodes), in etcd.
 
 With etcd, each node runs one group's share. The rendezvous assigns it: seats `{job}/seats/<k>/<i>` (group k's
 i-th node) are taken in order, group 0 first, each with one transaction that puts the seat on this node's lease
