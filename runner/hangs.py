@@ -229,7 +229,7 @@ def analyse(records: list[RankRecord], now_ns: int) -> Verdict:
     stuck = first_stuck(read)
     if stuck is not None:
         group, seq = stuck
-        in_call = {r.rank: c for r in read for c in r.calls if c.group == group and c.seq == seq}
+        in_call = {r.rank: call for r in read if (call := call_at(r, group, seq)) is not None}
         open_calls = {rank: c for rank, c in in_call.items() if not c.done}
         oldest = min((c.created_ns for c in open_calls.values() if c.created_ns), default=0)
         found = replace(
@@ -274,6 +274,12 @@ def mismatch(found: Verdict, in_call: dict[int, Call], node_of: dict[int, str]) 
         waiting=tuple((r, node_of[r]) for r in normal),
         op=in_call[normal[0]].describe() if normal else "", odd=calls,
     )
+
+
+def call_at(record: RankRecord, group: str, seq: int) -> Call | None:
+    """The rank's call `seq` of `group` (an open one first, should a dump hold the number twice)."""
+    calls = [c for c in record.calls if c.group == group and c.seq == seq]
+    return min(calls, key=lambda c: c.done) if calls else None
 
 
 def first_stuck(read: list[RankRecord]) -> tuple[str, int] | None:

@@ -277,10 +277,16 @@ class WorkerGroup:
 
     @staticmethod
     def _signal_group(w: Worker, sig: int) -> None:
-        """Signal the worker's process group. Safe: w is not reaped, so its id is still its group's."""
+        """Signal the worker's process group. Safe: w is not reaped, so its id is still its group's.
+
+        A stop signal is followed by SIGCONT, as systemd does: a stopped process (SIGSTOP, SIGTSTP, a hung tracer)
+        only acts on it once continued, and would otherwise cost the whole grace period before SIGKILL.
+        """
         if not w.reaped:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(w.pid, sig)
+                if sig not in (signal.SIGKILL, signal.SIGCONT):
+                    os.killpg(w.pid, signal.SIGCONT)
 
     def _kill(self, workers: list[Worker]) -> dict[int, int]:
         """SIGKILL everything of `workers`: cgroup, group, and (without cgroup) session members and tagged processes.

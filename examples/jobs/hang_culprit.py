@@ -1,0 +1,56 @@
+"""A 2-rank gloo job that hangs on purpose at step 3 of its first attempt, in one of four ways (docs/hangs.md).
+
+Every rank touches $RUNNER_HEARTBEAT_FILE each step. On attempt 0, at step 3, the culprit rank (--culprit, default
+the last rank):
+  skip      skips the step's all_reduce and keeps computing and beating: only its peers go silent;
+  sleep     sleeps inside the step instead of entering the all_reduce;
+  stop      stops itself (SIGSTOP) where the all_reduce would be;
+  mismatch  calls all_gather where the others call all_reduce.
+The others wait in the all_reduce. The runner's watchdog finds the silence, reads every rank's flight recorder and
+names the culprit; attempt 1 runs clean.
+"""
+
+import argparse
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["skip", "sleep", "stop", "mismatch"])
+    p.add_argument("--culprit", type=int, default=-1, help="the rank that hangs (-1: the last)")
+    p.add_argument("--steps", type=int, default=8)
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    culprit = args.culprit % world
+    first = int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0
+    beat = Path(os.environ["RUNNER_HEARTBEAT_FILE"])
+    t = torch.ones(10)
+    for step in range(args.steps):
+        beat.touch()
+        if first and rank == culprit and step == 3:
+            if args.mode == "skip":
+                while True:  # a data-dependent branch without the collective; still alive and beating
+                    beat.touch()
+                    time.sleep(0.2)
+            if args.mode == "sleep":
+                time.sleep(3600)
+            if args.mode == "stop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            if args.mode == "mismatch":
+                dist.all_gather([torch.ones(10) for _ in range(world)], t)
+                continue
+        dist.all_reduce(t)
+        time.sleep(0.05)
+    print(f"rank {rank}: {args.steps} steps", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

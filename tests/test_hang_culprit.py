@@ -1,0 +1,117 @@
+"""A hang names its culprit (docs/hangs.md): real gloo workers hang four ways; the root cause names the rank.
+
+Each run is examples/jobs/hang_culprit.py under the defaults (workers forked warm from a fork server that preloaded
+torch; the flight recorder on): the watchdog finds the heartbeat silence of the ranks that wait, reads every
+rank's flight recorder through torch's worker server, and the root cause on the console and in report.json is the
+culprit, not the rank that waited.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import EXAMPLES, alive
+
+pytestmark = pytest.mark.integration
+
+SPEC = """\
+version: 1
+name: hc
+entrypoint:
+  script: {script}
+  args: {args}
+nproc_per_node: {nproc}
+logs:
+  dir: ${{LOGS}}
+watchdog:
+  heartbeat_timeout: 3s
+{extra}restart:
+  max_restarts: 0
+shutdown:
+  grace_period: 20s
+"""
+
+
+def run_hang(job, mode: str, *, nproc: int = 2, extra: str = "") -> tuple[dict[str, object], str, object]:
+    """Run one hang to its end (no restart): (the failure in report.json, stderr, the Job)."""
+    j = job(SPEC.format(script=EXAMPLES / "hang_culprit.py", args=json.dumps([mode]), nproc=nproc, extra=extra))
+    res = j.run(timeout=120)
+    assert res.returncode == 1, res.stderr[-3000:]
+    report = json.loads((j.run_dir() / "report.json").read_text())
+    (failure,) = report["failures"]
+    assert failure["kind"] == "watchdog" and failure["class"] == "hang"
+    return failure, res.stderr, j
+
+
+@pytest.mark.parametrize(
+    ("mode", "finding", "words"),
+    [
+        ("sleep", "never_entered", "rank 1 (node {node}) never entered all_reduce #4 (process group 0); rank 0 waited"),
+        ("skip", "never_entered", "rank 1 (node {node}) never entered all_reduce #4 (process group 0); rank 0 waited"),
+        ("stop", "stopped", "rank 1 (node {node}) is stopped (SIGSTOP or SIGTSTP: process state T); rank 0 waited"),
+    ],
+)
+def test_the_root_cause_names_the_rank_that_held_the_others_up(job, mode, finding, words):
+    """Rank 1 sleeps, computes without the collective (still beating), or is SIGSTOPped; rank 0 waits in all_reduce.
+
+    Before the flight recorder, the root cause was "rank 0 sent no heartbeat": the rank that waited.
+    """
+    failure, stderr, j = run_hang(job, mode)
+    hang = failure["hang"]
+    node = hang["culprits"][0]["node"]
+    assert hang["finding"] == finding
+    assert [c["rank"] for c in hang["culprits"]] == [1]
+    assert failure["rank"] == 1
+    assert f"root cause (attempt 0): hang: {words.format(node=node)}" in stderr
+    assert "detected: watchdog: rank" in stderr  # what the watchdog itself saw is kept
+    if mode != "stop":  # a stopped process cannot answer: its records are not read
+        assert hang["waiting"] == [{"rank": 0, "node": node}]
+        assert hang["collective"] == "all_reduce [[10]]" and hang["collective_seq"] == 4
+        assert 2.0 < hang["waited_s"] < 60
+        rank0 = json.loads((j.run_dir() / "attempt_0" / "rank_0" / "flight_recorder.json").read_text())
+        assert [e["collective_seq_id"] for e in rank0["entries"]][-1] == 4  # torch's own record, kept as it came
+    if mode == "sleep":
+        assert "rank 1 (culprit)" in failure["stacks"] and "hang_culprit.py" in failure["stacks"]
+
+
+def test_a_mismatched_collective_names_the_odd_rank_out(job):
+    """Three ranks: rank 2 calls all_gather where ranks 0 and 1 call all_reduce; gloo hangs, the odd one is named."""
+    failure, stderr, _ = run_hang(job, "mismatch", nproc=3)
+    hang = failure["hang"]
+    assert hang["finding"] == "mismatch"
+    assert [c["rank"] for c in hang["culprits"]] == [2]
+    assert [w["rank"] for w in hang["waiting"]] == [0, 1]
+    assert "called all_gather [[10]] while ranks 0-1" in stderr
+    assert failure["rank"] == 2
+
+
+def test_with_the_recorder_off_the_rank_that_timed_out_is_reported_and_a_line_says_why(job):
+    """watchdog.flight_recorder: 0: today's behaviour (the silent rank), and the report says no culprit was sought."""
+    failure, stderr, j = run_hang(job, "sleep", extra="  flight_recorder: 0\n")
+    assert "hang" not in failure
+    assert failure["reason"].startswith("watchdog: rank ")
+    assert "culprit: not analysed: the flight recorder is off (watchdog.flight_recorder: 0)" in stderr
+    assert not list((j.run_dir() / "attempt_0").glob("rank_*/flight_recorder.json"))
+
+
+def test_a_stopped_worker_is_continued_so_the_stop_signal_ends_it_before_the_grace(job):
+    """The SIGSTOPped culprit gets SIGCONT after SIGTERM: the run ends long before shutdown.grace_period (20 s)."""
+    failure, _, j = run_hang(job, "stop")
+    transitions = j.transitions()
+    failed = next(t for t in transitions if t["dst"] == "FAILED")["time"]
+    assert transitions[-1]["time"] - failed < 10, "the stopped worker waited out the grace period"
+    assert failure["hang"]["finding"] == "stopped"
+    started = [json.loads(line) for line in (j.run_dir() / "agent.jsonl").read_text().splitlines()
+               if '"worker_started"' in line]
+    assert len(started) == 2
+    assert not [e["pid"] for e in started if alive(e["pid"])]  # the stopped one too: killed and reaped
+
+
+def test_the_agent_reads_the_recorder_without_importing_torch():
+    """The analysis runs in the agent, which never imports torch."""
+    code = "import runner.hangs, runner.watchdog.flight, sys; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
