@@ -10,14 +10,12 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from runner.agent.assembly import TransitionLog, assemble, drive_run
+from runner.agent.assembly import assemble_run
 from runner.agent.backends import make_rendezvous
 from runner.agent.result import JobResult, of_group
 from runner.config.spec import JobSpec
 from runner.core.context import JobInputs
-from runner.core.machine import build_machine
-from runner.core.restart_policy import GUARDS
-from runner.observe.logs import RUN_LOG, JsonLines
+from runner.observe.logs import RUN_LOG
 from runner.runs import index as runs_index
 from runner.runs.control import agent_identity
 from runner.system import soft_io
@@ -75,16 +73,15 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
         from runner.observe.metrics import AgentMetrics
 
         metrics = AgentMetrics(spec, node)
-    model, _ = build_machine(GUARDS)
     inputs = JobInputs(spec, node, run_dir, time.monotonic(), agent_identity())
-    ctx = assemble(inputs, make_rendezvous(spec, node, addr, run_dir=run_dir), log, lambda: model.state,
-                   observe=metrics.on_recovery if metrics is not None else None)  # runner_time_to_recover_seconds
-    on_transition = TransitionLog(ctx, JsonLines(run_dir / "transitions.jsonl"), metrics)
+    one = assemble_run(inputs, make_rendezvous(spec, node, addr, run_dir=run_dir), log, metrics=metrics,
+                       observe=metrics.on_recovery if metrics is not None else None)  # runner_time_to_recover_seconds
+    ctx = one.ctx
     try:
         if metrics is not None:
             metrics.ledger = ctx.recovery.figures  # runner_ettr, runner_lost_seconds
             metrics.start()
-        await drive_run(model, ctx, on_transition)
+        await one.drive()
     finally:
         if metrics is not None:
             metrics.stop()

@@ -1,8 +1,9 @@
 """One run's wiring, for a job of one group and for each replica group alike.
 
 `assemble` builds a run's context (inputs, services, one event queue, a guard, a stop scope); `TransitionLog`
-records what every transition of its machine does; `drive_run` runs the machine to SHUTDOWN and tears down what
-is left (standbys, workers, guard): the one teardown of a run, whichever way it ended.
+records what every transition of its machine does; `assemble_run` puts a machine, its context and its transition
+log together, and `Run.drive` runs the machine to SHUTDOWN and tears down what is left (standbys, workers, guard):
+the one teardown of a run, whichever way it ended.
 """
 
 from __future__ import annotations
@@ -10,13 +11,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from runner.agent.services import GroupLauncher, Publisher, RecoveryTimer, node_status
 from runner.core.context import Context, JobInputs, Warnings
-from runner.core.machine import Edge, JobState, Model, Step, drive
-from runner.core.restart_policy import settle
+from runner.core.machine import Edge, JobState, Model, Step, build_machine, drive
+from runner.core.restart_policy import GUARDS, settle
 from runner.events import GuardLost
+from runner.observe.logs import JsonLines
 from runner.observe.recovery import Recoveries
 from runner.outcomes import Outcome
 from runner.states import HANDLERS
@@ -26,7 +29,6 @@ if TYPE_CHECKING:
     import structlog
 
     from runner.events import Event
-    from runner.observe.logs import JsonLines
     from runner.rendezvous.base import Rendezvous
     from runner.system.stop_scope import StopScope
 
@@ -61,21 +63,46 @@ def assemble(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typing.Fi
     return ctx
 
 
-async def drive_run(model: Model, ctx: Context, on_transition: TransitionLog) -> None:
-    """Run the machine to SHUTDOWN, then tear down what is left of the run, however it ended.
+@dataclass
+class Run:
+    """One run, assembled: its machine, its context, and what records its transitions."""
 
-    Normally a no-op: SHUTDOWN closed the standbys, stopped the workers and closed the guard; not so if the agent
-    itself failed (an exception out of a handler) or the run was cancelled.
+    model: Model
+    ctx: Context
+    record: TransitionLog
+
+    async def drive(self) -> None:
+        """Run the machine to SHUTDOWN, then tear down what is left of the run, however it ended.
+
+        Normally a no-op: SHUTDOWN closed the standbys, stopped the workers and closed the guard; not so if the
+        agent itself failed (an exception out of a handler) or the run was cancelled.
+        """
+        ctx = self.ctx
+        try:
+            await drive(self.model, HANDLERS, ctx, self.record, settle)
+        finally:
+            self.record.sink.close()
+            if ctx.run.standbys is not None:
+                ctx.run.standbys.close()
+            if ctx.run.group is not None:
+                ctx.run.group.kill_all()
+            ctx.shepherd.close()
+
+
+def assemble_run(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typing.FilteringBoundLogger, *,
+                 metrics: TransitionMetrics | None = None, observe: Callable[[str, float], None] | None = None,
+                 shepherd: Shepherd | None = None, outer_stops: StopScope | None = None,
+                 job_sink: JsonLines | None = None, after: Callable[[], None] | None = None) -> Run:
+    """A run of the agent's machine (a job of one group, or one replica group): machine, context, transition log.
+
+    Its transitions go to <its run dir>/transitions.jsonl (and a replica group's to the job's `job_sink` too).
     """
-    try:
-        await drive(model, HANDLERS, ctx, on_transition, settle)
-    finally:
-        on_transition.sink.close()
-        if ctx.run.standbys is not None:
-            ctx.run.standbys.close()
-        if ctx.run.group is not None:
-            ctx.run.group.kill_all()
-        ctx.shepherd.close()
+    model, _ = build_machine(GUARDS)
+    ctx = assemble(inputs, rendezvous, log, lambda: model.state, observe=observe, shepherd=shepherd,
+                   outer_stops=outer_stops)
+    record = TransitionLog(ctx, JsonLines(inputs.run_dir / "transitions.jsonl"), metrics, job_sink=job_sink,
+                           after=after)
+    return Run(model, ctx, record)
 
 
 class TransitionMetrics(Protocol):

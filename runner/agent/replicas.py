@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner.agent.assembly import TransitionLog, assemble, drive_run
+from runner.agent.assembly import Run, assemble_run
 from runner.agent.backends import group_rendezvous
 from runner.agent.lighthouse import HostedLighthouse, LighthouseError
 from runner.agent.result import JobResult, disk_warnings
@@ -31,8 +31,7 @@ from runner.config.torchft_version import matching_lighthouse
 from runner.core import job_policy
 from runner.core.context import Context, JobInputs, Replica
 from runner.core.job_machine import JobEdge, JobPhase, JobStep, JobTrigger, build_job_machine
-from runner.core.machine import JobState, Model, build_machine
-from runner.core.restart_policy import GUARDS
+from runner.core.machine import JobState, Model
 from runner.errors import EXIT_INFRA, EXIT_STOPPED_BASE, RunnerError
 from runner.events import StopRequested
 from runner.observe.ledger import job_ledger
@@ -64,13 +63,22 @@ MAX_STEP_SAMPLES = 2000  # per group, for the report's timeline (the oldest are 
 
 @dataclass
 class Group:
-    """One replica group as the supervisor sees it: its context, its machine, what it last reported."""
+    """One replica group as the supervisor sees it: its run (context, machine, transition log), what it reported."""
 
-    ctx: Context
-    model: Model
+    run: Run
     step: int | None = None  # the last step its rank 0 committed (None: not reported yet)
     steps: list[tuple[float, int]] = field(default_factory=list)  # (epoch seconds, step) on every change
     ended: bool = False  # its run is over: SHUTDOWN's work done, what was left torn down
+
+    @property
+    def ctx(self) -> Context:
+        """The group's context."""
+        return self.run.ctx
+
+    @property
+    def model(self) -> Model:
+        """The group's machine."""
+        return self.run.model
 
     def view(self) -> job_policy.GroupView:
         """What the job's guards read of it."""
@@ -294,8 +302,8 @@ class Supervisor:
         waiting = Waiting(self.events)
         try:
             mine, address = await unless_stopped(waiting, self.take_place())
-            self.groups = job.groups = [self.make_group(k, address) for k in mine]
             self.start_metrics(mine)
+            self.groups = job.groups = [self.make_group(k, address) for k in mine]
         except Stopped:
             assert waiting.stop is not None
             signum = waiting.stop.signum or signal.SIGTERM
@@ -429,19 +437,16 @@ class Supervisor:
         spec, node, rendezvous = group_rendezvous(self.spec, k, self.node, self.addr, self.log,
                                                   seated=self.seat is not None)
         inputs = JobInputs(spec, node, folder, self.started, self.identity, replica=replica)
-        model, _ = build_machine(GUARDS)
-        ctx = assemble(inputs, rendezvous, self.log.bind(group=k), lambda: model.state,
-                       shepherd=Shepherd(agent=False),  # the supervisor's own is the subreaper
-                       outer_stops=self.stops)  # a stop the job receives or decides reaches the group with its cause
-        return Group(ctx, model)
+        metrics = self.metrics.group(k) if self.metrics is not None else None
+        return Group(assemble_run(inputs, rendezvous, self.log.bind(group=k), metrics=metrics,
+                                  shepherd=Shepherd(agent=False),  # the supervisor's own is the subreaper
+                                  outer_stops=self.stops,  # a stop the job receives or decides reaches the group
+                                  job_sink=self.job_transitions, after=self.moved))
 
     async def drive(self, group: Group) -> None:
         """Run one group's machine to SHUTDOWN; its transitions go to its own file and to the job's."""
-        sink = JsonLines(group.ctx.inputs.run_dir / "transitions.jsonl")
-        metrics = self.metrics.group(group.index) if self.metrics is not None else None
-        on_transition = TransitionLog(group.ctx, sink, metrics, job_sink=self.job_transitions, after=self.moved)
         try:
-            await drive_run(group.model, group.ctx, on_transition)
+            await group.run.drive()
         finally:
             self.update_step(group)  # its last report, made after the last poll
             group.ended = True
