@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -324,3 +325,40 @@ def test_a_real_hang_is_detected_after_the_heartbeat_timeout(job: Any, tmp_path:
     assert f["trigger"] == "timer_expired" and f["failure_class"] == "hang" and f["detection_known"]
     assert f["phases"]["detection"] >= 2.0 - 0.01  # the file's time is the kernel's (coarse by a few ms)
     assert f["phases"]["lost_work"] < 0.05  # the last sign of life was the last step's report
+
+
+GROUP_WORKER = Path(__file__).parent / "workers" / "group_worker.py"  # rank 0 writes {"step": N} after each step
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not os.access(Path(sys.executable).parent / "torchft_lighthouse", os.X_OK),
+                    reason="torchft_lighthouse is not installed (pip install 'runner[ft]')")
+def test_replica_groups_each_have_a_ledger_and_the_job_goes_on_while_one_group_steps(job: Any) -> None:
+    """Group 1 fails at step 10 and recovers while group 0 steps on: the job lost nothing the groups' union did
+    not cover, each group's ledger ends with the group (group 0 ends first), and every part adds up."""
+    j = job(f"""
+        version: 1
+        name: groups
+        entrypoint: {{script: "{GROUP_WORKER}", args: ["--out", "${{OUT}}", "--steps", "30", "--fail-group", "1",
+                                                     "--fail-attempts", "1", "--fail-at", "10"]}}
+        replica_groups: {{count: 2, nproc_per_node: 1, min_active: 1}}
+        restart: {{max_restarts: 2, backoff: {{initial: 0s}}}}
+        shutdown: {{grace_period: 5s}}
+        logs: {{dir: "${{LOGS}}", tee: false}}
+        """)
+    done = j.run(timeout=240)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((j.run_dir() / "report.json").read_text())
+    groups = {g["group"]: g["ledger"] for g in report["groups"]}
+    for led in groups.values():
+        assert math.isclose(led["launch_s"] + led["productive_s"] + led["lost_s"], led["wall_s"],
+                            abs_tol=3 * ROUNDING_S)
+    (f,) = groups[1]["failures"]
+    assert f["recovered"] and f["last_step"] == 9 and f["steps_lost"] == 9  # no checkpoint: it starts at step 1
+    assert groups[0]["failure_count"] == 0 and groups[0]["wall_s"] < groups[1]["wall_s"]
+    job_led = report["ledger"]
+    assert job_led["wall_s"] == max(led["wall_s"] for led in groups.values()) <= report["duration_s"]
+    assert math.isclose(job_led["launch_s"] + job_led["productive_s"] + job_led["lost_s"], job_led["wall_s"],
+                        abs_tol=3 * ROUNDING_S)
+    assert job_led["productive_s"] >= max(led["productive_s"] for led in groups.values())
+    assert 0 < job_led["ettr"] <= 1 and job_led["lost_s"] < f["lost_s"]

@@ -115,6 +115,7 @@ class RecoveryTimer:
         self._readiness: Readiness | None = None  # made at the first spawn
         self.ledger = Ledger(recoveries.launched_at)  # the ETTR ledger (docs/goodput.md)
         self._steps: StepWatch | None = None  # the steps the workers report (made at the first spawn)
+        self._ended_at: float | None = None  # the run's end: its first report (a replica group's is read again later)
 
     @staticmethod
     def _now() -> float:
@@ -194,18 +195,24 @@ class RecoveryTimer:
 
     def status(self) -> dict[str, object]:
         """The launch and the last recovery, for status.json."""
-        return {**self.recoveries.status(), "ledger": self.ledger.status(self._now())}
+        return {**self.recoveries.status(), "ledger": self.ledger.status(self.until(self._now()))}
 
     def report(self) -> dict[str, object]:
         """Every recovery, for report.json."""
-        if self._steps is not None:
-            self._steps.poll()  # the last report before the end
-            self._steps.clear()
-        return {**self.recoveries.report(), "ledger": self.ledger.report(self._now())}
+        if self._ended_at is None:  # the first report is made at the run's end (SHUTDOWN)
+            if self._steps is not None:
+                self._steps.poll()  # the last report before the end
+                self._steps.clear()
+            self._ended_at = self._now()
+        return {**self.recoveries.report(), "ledger": self.ledger.report(self._ended_at)}
+
+    def until(self, now: float) -> float:
+        """`now`, or the run's end once it ended (a replica group ended before the job)."""
+        return now if self._ended_at is None else min(now, self._ended_at)
 
     def figures(self) -> dict[str, object]:
         """The ledger so far, callable from any thread (the metrics' gauges): the loop's clock is time.monotonic."""
-        return self.ledger.report(time.monotonic())
+        return self.ledger.report(self.until(time.monotonic()))
 
     def line(self) -> str:
         """The summary's line on recoveries ("" when there was none)."""
