@@ -171,3 +171,37 @@ def test_validate_says_how_to_install_torchft_when_it_is_missing(tmp_path):
     assert res.returncode == 2, res.stderr
     assert "replica groups need torchft" in res.stderr and "pip install 'runner[ft]'" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+LOUD_WORKER = """
+import os, sys
+if os.environ["REPLICA_GROUP_ID"] == "1":  # this group's log outgrows the agent's file size limit
+    for _ in range(3000):
+        sys.stdout.write("x" * 1000 + "\\n")
+    sys.stdout.flush()
+"""
+
+
+@needs_lighthouse
+def test_each_groups_report_lists_only_its_own_write_failures(tmp_path):
+    """Group 1's worker log hits the agent's file size limit (RLIMIT_FSIZE: EFBIG, a failing disk's kind of error);
+    group 0 writes nothing that fails. Group 1's report lists `worker_log_write_failed`, group 0's does not (before,
+    every group's report listed every write failure of the process); the job's report lists it."""
+    import resource
+
+    j = Job(tmp_path, spec("").replace(f'script: "{WORKER}", args: ["--out", "${{OUT}}", ]', "script: loud.py"))
+    (tmp_path / "loud.py").write_text(LOUD_WORKER)
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    res = subprocess.run([sys.executable, "-m", "runner", str(j.spec)], cwd=tmp_path, env=j.env(),
+                         capture_output=True, text=True, timeout=120, check=False, preexec_fn=limit_file_size)
+    assert res.returncode == 0, res.stderr[-3000:]
+    r = report(j)
+    by_group = {g["group"]: g for g in r["groups"]}
+    assert "worker_log_write_failed" in by_group[1]["warnings"]
+    assert "worker_log_write_failed" not in by_group[0]["warnings"], by_group[0]["warnings"]
+    assert "worker_log_write_failed" in r["warnings"]
+    own = {k: json.loads((j.run_dir() / f"group_{k}" / "report.json").read_text())["warnings"] for k in (0, 1)}
+    assert "worker_log_write_failed" in own[1] and "worker_log_write_failed" not in own[0]

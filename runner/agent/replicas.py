@@ -69,6 +69,7 @@ class Group:
     step: int | None = None  # the last step its rank 0 committed (None: not reported yet)
     steps: list[tuple[float, int]] = field(default_factory=list)  # (epoch seconds, step) on every change
     ended: bool = False  # its run is over: SHUTDOWN's work done, what was left torn down
+    failed_writes: dict[str, str] = field(default_factory=dict)  # its own (runner/system/soft_io.py `scoped`)
 
     @property
     def ctx(self) -> Context:
@@ -446,7 +447,8 @@ class Supervisor:
     async def drive(self, group: Group) -> None:
         """Run one group's machine to SHUTDOWN; its transitions go to its own file and to the job's."""
         try:
-            await group.run.drive()
+            with soft_io.scoped(group.failed_writes):  # its report lists its own write failures, not every group's
+                await group.run.drive()
         finally:
             self.update_step(group)  # its last report, made after the last poll
             group.ended = True
@@ -552,7 +554,9 @@ class Supervisor:
         groups = []
         for g in self.groups:
             entry = group_report(g.ctx)
-            entry.update(group=g.index, step=g.step, steps=g.steps)
+            seen = g.ctx.warnings.seen  # read here, outside the group's scope: its own write failures, kept
+            entry.update(group=g.index, step=g.step, steps=g.steps,
+                         warnings=[*seen, *(k for k in g.failed_writes if k not in seen)])
             groups.append(entry)
         data = {
             "job": self.spec.name, "node": self.node, "outcome": job.outcome.value, "exit_code": job.exit_code,

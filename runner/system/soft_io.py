@@ -6,19 +6,27 @@ job, never the job itself. ENOSPC, EDQUOT, EIO, EROFS, EACCES... at open, write,
 one record: the failure is logged once per kind as a structlog warning and kept in `failures()` for the summary,
 and the job's result stands.
 
+The failures are kept per scope: the process's, and, inside `scoped()` (a replica group's run, and every task and
+callback it starts), the scope's own too. `failures()` answers for the scope it is asked in: a replica group's
+report lists its own write failures, the job's report every one of the process.
+
 Appends go through `write_all` on an O_APPEND descriptor, never a userspace buffer: a write that failed leaves
 nothing behind that a later flush or close would try (and fail) again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import os
 import threading
+from collections.abc import Iterator
 
 import structlog
 
-_failures: dict[str, str] = {}  # kind -> "path: error" of its first failure, in order
+_failures: dict[str, str] = {}  # the process's: kind -> "path: error" of its first failure, in order
+_scope: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("soft_io_scope", default=None)
 _lock = threading.Lock()  # the tee's console threads never write files, but a warning may come from any thread
 
 
@@ -32,11 +40,18 @@ def describe(error: OSError | str) -> str:
 
 
 def note(kind: str, path: object, error: OSError | str) -> bool:
-    """Keep the failure for the summary without logging it (for the log's own sink); True the first time."""
+    """Keep the failure for the summary without logging it (for the log's own sink); True the first time.
+
+    The first time in the process: a scope keeps its own first failure of each kind as well.
+    """
+    detail = f"{path}: {describe(error)}"
+    scope = _scope.get()
     with _lock:
+        if scope is not None:
+            scope.setdefault(kind, detail)
         if kind in _failures:
             return False
-        _failures[kind] = f"{path}: {describe(error)}"
+        _failures[kind] = detail
         return True
 
 
@@ -47,9 +62,20 @@ def warn_once(kind: str, path: object, error: OSError, **fields: object) -> None
 
 
 def failures() -> dict[str, str]:
-    """Every kind of write that failed since the process started (or `forget()`), with its first failure."""
+    """Every kind of write that failed in this scope (the process's outside any), with its first failure."""
+    scope = _scope.get()
     with _lock:
-        return dict(_failures)
+        return dict(_failures if scope is None else scope)
+
+
+@contextlib.contextmanager
+def scoped(kept: dict[str, str]) -> Iterator[None]:
+    """Keep the write failures of the code run inside (and of the tasks and callbacks it starts) in `kept` too."""
+    token = _scope.set(kept)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
 
 
 def forget() -> None:
