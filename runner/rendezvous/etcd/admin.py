@@ -108,6 +108,7 @@ def status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[st
             "attempt": state.get("attempt"), "round": state.get("round"), "heartbeat": state.get("time"),
             "workers": state.get("workers"), "live": is_live,
             "launch": state.get("launch"), "recovery": state.get("recovery"),
+            "ledger": state.get("ledger"),  # ETTR so far (docs/goodput.md)
             # out of the round for its health checks: why (docs/health.md); absent once healthy, as published
             **({"unhealthy": state["unhealthy"]} if state.get("unhealthy") is not None else {})}
     ctl = load(control[0].value) if control else None
