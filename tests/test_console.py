@@ -66,6 +66,13 @@ def test_transition_is_one_short_line_with_the_round_spelled_out() -> None:
     assert line == f"{LOCAL}  RENDEZVOUS → RUNNING      round 0 · 2 nodes · world 4 · master 10.0.0.5:41231"
 
 
+def test_a_job_transition_of_replica_groups_is_one_line_labelled_as_the_jobs() -> None:
+    """The job machine above replica groups (runner/core/job_machine.py): shown at the normal level, as the job's."""
+    line = render({"event": "job_transition", "src": "TRAINING", "dst": "DEGRADED", "trigger": "group_down",
+                   "reason": "group 1 FAILED", "time": 1767323045.1, "job": "j", "node": "n"})
+    assert line == f"{LOCAL}  TRAINING → DEGRADED       job · group 1 FAILED"
+
+
 def test_header_names_job_node_and_run_dir_once_and_the_first_transition_does_not_repeat_it() -> None:
     r = ConsoleRenderer(colors=False)
     head = render({"event": "run_started", "run_dir": "/r/d", "nproc_per_node": 2, "nodes": "2:4",

@@ -78,7 +78,7 @@ class ConsoleRenderer:
         level = str(event_dict.get("level", method))
         if event == "run_started":
             return self.header(event_dict)
-        if event == "transition":
+        if event in ("transition", "job_transition"):  # job_transition: the replica groups' job machine
             return self.transition(event_dict)
         if event == "failure":
             return self.failure(event_dict)
@@ -127,10 +127,12 @@ class ConsoleRenderer:
         pad = " " * max(1, 26 - len(arrow))
         reason = self.reason(str(e.get("reason") or ""))
         outcome = e.get("outcome")
-        color = OUTCOME_COLORS.get(str(outcome), BOLD) if dst == "SHUTDOWN" else STATE_COLORS.get(dst, "")
+        color = OUTCOME_COLORS.get(str(outcome), BOLD) if dst in ("SHUTDOWN", "ENDED") else STATE_COLORS.get(dst, "")
         text = self.paint(self.clock(e), DIM) + "  " + self.paint(src, DIM) + " → " + self.paint(dst, color)
         if e.get("group") is not None:  # a replica group's own machine (docs/replica_groups.md)
             reason = f"group {e['group']} · {reason}" if reason else f"group {e['group']}"
+        elif e.get("event") == "job_transition":  # the machine of the job above the groups
+            reason = f"job · {reason}" if reason else "job"
         if outcome:
             reason = f"{reason} · {outcome}" if reason else str(outcome)
         return text + pad + reason if reason else text
