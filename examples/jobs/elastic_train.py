@@ -7,9 +7,13 @@ its step (and, through DDP, its weights).
 Where: --checkpoint PATH (a path every node sees, for several machines), else inside this run's run dir, so the
 example writes nothing into the source tree. A new run starts fresh: a checkpoint is read only on a restart
 (TORCHELASTIC_RESTART_COUNT > 0) or with --resume / ELASTIC_RESUME=1 (to continue an earlier run's PATH).
+
+After each step every rank writes {"step": N, "checkpoint": M} to $RUNNER_HEARTBEAT_FILE: runner's ETTR ledger then
+knows the steps each failure cost (docs/goodput.md); it is also a heartbeat.
 """
 
 import argparse
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -47,6 +51,15 @@ def save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: i
     os.replace(tmp, path)
 
 
+def report(step: int, checkpoint: int) -> None:
+    """Tell runner this rank's progress through its heartbeat file, atomically (nothing without one)."""
+    target = os.environ.get("RUNNER_HEARTBEAT_FILE")
+    if target:
+        tmp = Path(target).with_name("heartbeat.tmp")
+        tmp.write_text(json.dumps({"step": step, "checkpoint": checkpoint}))
+        os.replace(tmp, target)
+
+
 @record
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -71,6 +84,7 @@ def main() -> None:
     print(f"rank {rank}/{world}: resuming at step {start} "
           f"(restart {os.environ['TORCHELASTIC_RESTART_COUNT']})", flush=True)
     per_rank = GLOBAL_BATCH // world
+    saved = start  # the step a restart would resume at
     for step in range(start, args.steps):
         gen = torch.Generator().manual_seed(step * 1000 + rank)
         x = torch.rand(per_rank, 1, generator=gen) * 2 - 1
@@ -78,8 +92,11 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if rank == 0 and (step + 1) % args.every == 0:
-            save(path, net, opt, step + 1)
+        if (step + 1) % args.every == 0:
+            if rank == 0:
+                save(path, net, opt, step + 1)
+            saved = step + 1
+        report(step + 1, saved)
     if rank == 0:
         w, b = net.weight.item(), net.bias.item()
         print(f"done: {args.steps} steps, last world size {world}, w={w:.2f} b={b:.2f}", flush=True)
