@@ -111,6 +111,21 @@ def test_without_a_checkpoint_the_new_attempt_resumes_one_before_its_first_repor
     assert (f["last_step"], f["checkpoint"], f["resumed_from"], f["steps_lost"]) == (16, None, 10, 6)
 
 
+def test_while_the_steps_are_redone_the_time_so_far_is_recompute() -> None:
+    """A live ledger (status.json) in the middle of a recovery: the time since the first step after is recompute."""
+    led = Ledger(0.0)
+    led.spawned(1.0, 0, "job")
+    led.step(StepReport(16, 10, 9.0))
+    led.failed(10.0, 0.0, "worker_failed", None)
+    led.torn_down(11.0)
+    led.entered_running(12.0)
+    led.spawned(12.5, 1, "job")
+    led.ready(13.0)
+    led.step(StepReport(11, 10, 14.0))  # resumed at 10: step 16 not reached again by 15.0
+    (f,) = led.report(15.0)["failures"]
+    assert f["phases"]["recompute"] == 1.0 and f["phases"]["first_step"] == 1.0
+
+
 def test_a_failure_given_up_costs_until_the_end_and_detection_may_be_unknown() -> None:
     """No attempt follows: the failure's teardown runs to the end; a peer's loss has no known detection."""
     led = Ledger(0.0)

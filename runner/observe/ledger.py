@@ -206,8 +206,9 @@ class Ledger:
                 mark("lost_work", i.cause_at)
                 mark("detection", i.learnt_at)
                 mark("teardown", i.torn_down_at if i.recovered_by is not None else end)
-        if not out or out[-1].until < end:  # never spawned, or a last attempt that never progressed
-            mark("first_step" if out else "rendezvous", end)
+        if not out or out[-1].until < end:  # never spawned, or a last attempt not progressing (yet)
+            last = self.attempts[-1] if self.attempts else None
+            mark("rendezvous" if last is None else "recompute" if last.first is not None else "first_step", end)
         return out
 
     def report(self, end: float) -> dict[str, Any]:
