@@ -3,7 +3,8 @@
 Marked `soak` (and `integration`): `pytest -m soak` runs only these, `-m "not soak"` leaves them out. Each test runs
 the soak for SOAK_S seconds of faults (the job running then must still end, within the soak's own bound) with a few
 classes of its own, so that each class fires in so short a run (the soak fails when an enabled class never fired, or
-when an invariant a fired class brings never held: bench/soak/verdict.py); together they cover every class: seed 1
+when an invariant a fired class brings never held: bench/soak/verdict.py); together they cover every class of the
+base mode, and the replica-group mode's faults on a group or the lighthouse: seed 1
 with an external etcd and with a hosted one, seed 1 drawing only a full logs disk and worker kills, a random seed
 with classes drawn from it (printed, with the command that replays it), and seed 1 of the replica-group mode
 (`--replica-groups`: single-node jobs of 2 TorchFT groups and the hosted lighthouse; skipped without torchft). The
@@ -38,7 +39,7 @@ SOAK_S = 30  # seconds of faults; the job running then must still end (typically
 FIXED_SEED = 1
 CHAOS = ROOT / "bench" / "chaos.py"
 # Each test's classes: few enough to fire each within SOAK_S (a fault every 4 s +-50 %, the first after the workers
-# start; a class with no target is dealt again later), and together every class of both modes.
+# start; a class with no target is dealt again later), and together every class of the base mode.
 EXTERNAL = ("kill_worker", "kill_agent", "etcd_wipe", "partition", "late_join")
 HOSTED = ("stop_worker", "kill_guard", "etcd_stop", "etcd_restart")
 # A random seed's draw: not signal_agent or kill_agent with --hosted (either may take the hosting node, which ends the
