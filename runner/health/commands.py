@@ -20,10 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Protocol
 
+from runner.system.pipe_reader import PipeReader
+
 MAX_TAIL_BYTES = 8192  # of stdout and of stderr, each
 KILL_WAIT_S = 2.0  # for the killed leader to be gone (one in uninterruptible sleep may take longer: left to a thread)
 DRAIN_WAIT_S = 0.5  # for the pipes to close once the group is killed
-READ_CHUNK = 65536
 
 
 class ProcessGuard(Protocol):
@@ -63,20 +64,11 @@ class Tail:
         self.limit = limit
         self.data = bytearray()
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        os.set_blocking(self.fd, False)
-        asyncio.get_running_loop().add_reader(self.fd, self.read)
+        self.reader = PipeReader(self.fd, self.keep, self.close)
+        self.reader.start()
 
-    def read(self) -> None:
-        """Take what the pipe has; at EOF stop reading."""
-        try:
-            chunk = os.read(self.fd, READ_CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self.close()
-            return
+    def keep(self, chunk: bytes) -> None:
+        """Keep the chunk (only the last `limit` bytes are kept, bounded at twice that meanwhile)."""
         self.data += chunk
         if len(self.data) > 2 * self.limit:
             del self.data[: -self.limit]
@@ -84,7 +76,7 @@ class Tail:
     def close(self) -> None:
         """Stop reading and close our end."""
         if not self.closed.done():
-            asyncio.get_running_loop().remove_reader(self.fd)
+            self.reader.stop()
             self.pipe.close()
             self.closed.set_result(None)
 

@@ -8,14 +8,12 @@ the helper.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 from pathlib import Path
 
 from runner.system import soft_io
-
-CHUNK = 65536
+from runner.system.pipe_reader import PipeReader
 
 
 class OutputPump:
@@ -25,27 +23,16 @@ class OutputPump:
         """`warning`: the kind of the one warning given when the file refuses a write."""
         self.path, self.warning = path, warning
         self._read, self.write_fd = os.pipe2(os.O_CLOEXEC)
-        os.set_blocking(self._read, False)
         self._file: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader = PipeReader(self._read, self._append, self.close)
         self._writer_open = True
 
     def start(self) -> None:
         """Once the helper holds the write end: close ours and copy what arrives, on the running loop."""
         self._close_writer()
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self._read, self._drain)
+        self._reader.start()
 
-    def _drain(self) -> None:
-        try:
-            data = os.read(self._read, CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:  # EOF: every holder of the write end exited
-            self.close()
-            return
+    def _append(self, data: bytes) -> None:
         try:
             if self._file is None:
                 self._file = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -63,12 +50,11 @@ class OutputPump:
         self._close_writer()  # the helper never started: nobody else holds it
         if self._read < 0:
             return
-        if self._loop is not None:
-            self._loop.remove_reader(self._read)
-            with contextlib.suppress(OSError):
-                while data := os.read(self._read, CHUNK):
-                    if self._file is not None:
-                        os.write(self._file, data)
+        if self._reader.reading:
+            self._reader.read()  # what the helper wrote last; at EOF this calls close() itself
+            if self._read < 0:
+                return
+        self._reader.stop()
         os.close(self._read)
         self._read = -1
         if self._file is not None:

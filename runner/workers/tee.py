@@ -16,7 +16,6 @@ line how many there were and in which log file.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import threading
@@ -26,9 +25,9 @@ from pathlib import Path
 from typing import IO
 
 from runner.observe.live_line import DIM, LIVE, RESET
+from runner.system.pipe_reader import PipeReader
 from runner.system.soft_io import close_fd, describe, warn_once, write_all
 
-_CHUNK = 65536
 TAIL_BYTES = 16384  # output kept in memory per stream for the root cause (failures.tail reads as much of a file)
 BACKLOG_BYTES = 4 << 20  # console output waiting to be written, at most; beyond it lines are dropped
 
@@ -135,7 +134,6 @@ class Tee:
         self.fd = pipe.fileno()
         self._on_lost = on_lost  # told how many bytes the log file refused (the run's count of lost output)
         self._pipe = pipe
-        os.set_blocking(self.fd, False)
         self._log_path = log_path
         self._file = open_log(log_path)  # None when the disk cannot create it: the console still gets the output
         self.lost = 0  # bytes the log file refused since it last took some (a full disk): said in the file later
@@ -146,22 +144,9 @@ class Tee:
         self._partial = b""
         self._folded_after = ""  # who failed first, while this tee folds its output ('' while it echoes)
         self.folded = 0  # lines folded so far, not yet summed up on the console
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(self.fd, self._read)
         self.closed = False
-
-    def _read(self) -> None:
-        while True:
-            try:
-                data = os.read(self.fd, _CHUNK)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:
-                self.close()
-                return
-            self._write(data)
+        self._reader = PipeReader(self.fd, self._write, self.close)
+        self._reader.start()
 
     def _write(self, data: bytes) -> None:
         self._recent = (self._recent + data)[-TAIL_BYTES:]
@@ -238,14 +223,14 @@ class Tee:
     def finish(self) -> None:
         """Read what the pipe holds now (the worker has exited; descendants may still write until EOF)."""
         if not self.closed:
-            self._read()
+            self._reader.read()
 
     def close(self) -> None:
         """Echo the last partial line and release everything (idempotent; never raises)."""
         if self.closed:
             return
         self.closed = True
-        self._loop.remove_reader(self.fd)
+        self._reader.stop()
         if self._partial and self._console is not None and self._folded_after:
             self.folded += 1
         elif self._partial and self._console is not None:
