@@ -48,6 +48,13 @@ class StopRequested:
     reason: str = ""  # why, when not a signal's or `runner stop`'s plain request
 
 
+@dataclass(frozen=True)
+class HangQuery:
+    """Another node of the round found a hang: read this node's flight recorders and answer (docs/hangs.md)."""
+
+    by: str  # the node that asked
+
+
 PEER_REPORTED = "reported FAILED"  # PeerLost.why when the peer published its own failure (and charges it)
 
 
@@ -80,4 +87,5 @@ class GuardLost:
     why: str
 
 
-Event = WorkerExited | TimerExpired | StopRequested | PeerLost | MembershipChanged | DeadlineReached | GuardLost
+Event = (WorkerExited | TimerExpired | StopRequested | PeerLost | MembershipChanged | DeadlineReached | GuardLost
+         | HangQuery)

@@ -294,3 +294,41 @@ def first_stuck(read: list[RankRecord]) -> tuple[str, int] | None:
 def takes_part(record: RankRecord, group: str) -> bool:
     """Whether a rank is in `group`: it called a collective of it, or (the default group "0") none at all yet."""
     return any(c.group == group for c in record.calls) or (group == "0" and not record.calls)
+
+
+# -- the wire form (one node's records, shared with the other nodes through etcd) ------------------------------
+
+WIRE_CALLS = 64  # per rank: the last calls (the divergence is at the end of the buffer); bounds a node's answer
+WIRE_RANKS = 1024  # per node
+
+
+def to_wire(records: list[RankRecord]) -> list[object]:
+    """JSON-able, bounded: each rank's answer and its last WIRE_CALLS calls."""
+    return [
+        {"rank": r.rank, "node": r.node, "answer": r.answer.value, "detail": r.detail[:300],
+         "calls": [[c.group, c.seq, c.op, [list(s) for s in c.sizes], c.done, c.created_ns]
+                   for c in r.calls[-WIRE_CALLS:]]}
+        for r in records[:WIRE_RANKS]
+    ]
+
+
+def from_wire(value: object) -> list[RankRecord]:
+    """Records from another node's answer; whatever is malformed is left out (never raises)."""
+    if not isinstance(value, list):
+        return []
+    out = []
+    for item in value[:WIRE_RANKS]:
+        if not isinstance(item, dict):
+            continue
+        rank, node, answer = item.get("rank"), item.get("node"), item.get("answer")
+        calls = item.get("calls")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not isinstance(node, str) or not isinstance(
+                calls, list) or answer not in {a.value for a in Answer}:
+            continue
+        parsed = (call_of({"pg_id": c[0], "collective_seq_id": c[1], "profiling_name": c[2], "input_sizes": c[3],
+                           "retired": c[4], "time_created_ns": c[5]})
+                  for c in calls[-WIRE_CALLS:] if isinstance(c, list) and len(c) == 6)
+        detail = item.get("detail")
+        out.append(RankRecord(rank, node[:MAX_NAME], Answer(answer), tuple(c for c in parsed if c is not None),
+                              detail[:300] if isinstance(detail, str) else ""))
+    return out

@@ -14,6 +14,7 @@ import argparse
 import os
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -25,16 +26,20 @@ def main() -> None:
     p.add_argument("mode", choices=["skip", "sleep", "stop", "mismatch"])
     p.add_argument("--culprit", type=int, default=-1, help="the rank that hangs (-1: the last)")
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--pg-timeout", type=float, default=0, help="init_process_group's timeout in s (0: torch's)")
+    p.add_argument("--stamp", default="", help="the culprit writes the time it starts to hang here (benchmarks)")
     args = p.parse_args()
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", **({"timeout": timedelta(seconds=args.pg_timeout)} if args.pg_timeout else {}))
     rank, world = dist.get_rank(), dist.get_world_size()
     culprit = args.culprit % world
     first = int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0
-    beat = Path(os.environ["RUNNER_HEARTBEAT_FILE"])
+    beat = Path(os.environ.get("RUNNER_HEARTBEAT_FILE", os.devnull))  # torchrun sets none
     t = torch.ones(10)
     for step in range(args.steps):
         beat.touch()
         if first and rank == culprit and step == 3:
+            if args.stamp:
+                Path(args.stamp).write_text(f"{time.time()}\n")
             if args.mode == "skip":
                 while True:  # a data-dependent branch without the collective; still alive and beating
                     beat.touch()

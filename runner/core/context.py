@@ -94,6 +94,7 @@ class GroupRun:
     health: list[dict[str, object]] = field(default_factory=list)  # failed tries of the health checks (the last 20)
     unhealthy: dict[str, object] | None = None  # the last try, while the node stays out of a round for its health
     output_lost: dict[int, int] = field(default_factory=dict)  # by rank: worker output the logs disk refused
+    kept_out: str = ""  # why this node sits out the next round: it held up the last hang (docs/hangs.md)
 
     def keep_lost_output(self) -> None:
         """Keep what the current group's log files refused in the run's count (before the group is dropped)."""

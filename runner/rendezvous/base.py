@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from runner.events import Event
+    from runner.hangs import RankRecord
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,13 @@ class Rendezvous(Protocol):
         as it is (the count returned is the current one). The first node to charge a round decides for all.
         `defer`: seconds to wait for a peer's own charge of this round first (a peer that reported its own
         failure charges it with its own class; the one that merely saw it should not decide for it).
+        """
+
+    async def share_hang(self, local: list[RankRecord], *, timeout: float) -> list[RankRecord]:
+        """This node's flight-recorder records given to the round's other nodes, and theirs (docs/hangs.md).
+
+        Every rank of the round within `timeout` (a node that did not answer: its ranks `silent`); one node: `local`.
+        Never raises: an unreachable etcd leaves this node's own records.
         """
 
     async def publish(self, state: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from runner.rendezvous.ports import free_port
 
 if TYPE_CHECKING:
     from runner.events import Event
+    from runner.hangs import RankRecord
 
 
 class LocalRendezvous:
@@ -64,6 +65,10 @@ class LocalRendezvous:
         if charged:
             self.restarts += 1
         return self.restarts
+
+    async def share_hang(self, local: list[RankRecord], *, timeout: float) -> list[RankRecord]:  # noqa: ARG002
+        """One node: its own records are every record."""
+        return local
 
     async def publish(self, state: dict[str, Any]) -> None:
         """Keep the latest state (the agent also writes it to <run dir>/status.json)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runner.core.machine import Step, Trigger
@@ -19,18 +20,47 @@ from runner.workers import oom
 
 if TYPE_CHECKING:
     from runner.core.context import Context
+    from runner.hangs import Verdict
     from runner.workers.failures import Failure
 
 
 async def handle(ctx: Context) -> Step:
     """Record the failure (nothing is lost); the policy decides what follows."""
     assert ctx.run.failure is not None  # every edge into FAILED sets it
-    failure = ctx.run.failure = with_evidence(ctx, ctx.run.failure)
+    failure = ctx.run.failure = await with_culprit(ctx, with_evidence(ctx, ctx.run.failure))
+    ctx.run.kept_out = kept_out(ctx, failure.hang)
     ctx.run.failures.append(failure)
     save(ctx, failure)
     ctx.log.error("failure", **{k: v for k, v in failure.to_dict().items() if k not in ("traceback", "stacks")})
     await gather(ctx)  # the restart charge, if the policy needs it: the guards of `decide` only read
     return Step(Trigger.decide)
+
+
+async def with_culprit(ctx: Context, failure: Failure) -> Failure:
+    """A failure seen here while this node answered another node's hang query carries the culprit it found."""
+    if failure.hang is not None or ctx.timer is None:
+        return failure
+    found = await ctx.timer.settled()  # bounded by the query's own bounds
+    return replace(failure, hang=found.verdict) if found is not None and found.verdict.named else failure
+
+
+def kept_out(ctx: Context, verdict: Verdict | None) -> str:
+    """Why this node sits out the next round ('' when it does not): every culprit of the hang is on it.
+
+    Only when watchdog.keep_out_culprit is on and the round's other nodes still make nodes.min; otherwise the
+    node stays in, and says why.
+    """
+    if not ctx.spec.watchdog.keep_out_culprit or verdict is None or not verdict.named:
+        return ""
+    node = ctx.inputs.node
+    if {n for _, n in verdict.culprits} != {node}:
+        return ""
+    members = len(ctx.run.result.nodes) if ctx.run.result is not None else 1
+    if members - 1 < ctx.spec.nodes.min:
+        ctx.log.warning("culprit_kept_in", reason=f"without this node the round would have {members - 1} node(s), "
+                        f"fewer than nodes.min {ctx.spec.nodes.min}")
+        return ""
+    return f"kept out of the next round: this node held up the hang of attempt {ctx.run.attempt} ({verdict.reason()})"
 
 
 def with_evidence(ctx: Context, failure: Failure) -> Failure:

@@ -66,6 +66,6 @@ async def start_watchdog(ctx: Context) -> None:
     from runner.watchdog.service import Watchdog
 
     timer = Watchdog(ctx.spec.watchdog, run_dir=ctx.inputs.run_dir, events=ctx.events, log=ctx.log,
-                     group=lambda: ctx.run.group, node=ctx.inputs.node)
+                     group=lambda: ctx.run.group, node=ctx.inputs.node, share=ctx.rendezvous.share_hang)
     await timer.start()
     ctx.timer = timer

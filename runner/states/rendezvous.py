@@ -18,8 +18,11 @@ HEALTH_KEPT = 20  # failed tries of the health checks kept for report.json
 
 
 async def handle(ctx: Context) -> Step:
-    """Pass the health checks (when the spec has some), wait for the round to close (or a stop), build the plan."""
-    if ctx.spec.health.configured and (step := await health_step(ctx)) is not None:
+    """Pass the health checks (when the spec has some), wait for the round to close (or a stop), build the plan.
+
+    A node that held up the last attempt's hang sits this round out (docs/hangs.md): it leaves with exit 3.
+    """
+    if (step := kept_out_step(ctx) or (await health_step(ctx) if ctx.spec.health.configured else None)) is not None:
         return step
     try:
         result = await unless_stopped(ctx, ctx.rendezvous.next_round(ctx.run.attempt))
@@ -40,6 +43,16 @@ async def handle(ctx: Context) -> Step:
         f"round {result.round}: {result.group_world_size} node(s), world size {result.world_size}, "
         f"master {result.master_addr}:{result.master_port}",
     )
+
+
+def kept_out_step(ctx: Context) -> Step | None:
+    """The step out (exit 3, no worker started) for a node that held up the last hang; None for any other."""
+    if not ctx.run.kept_out:
+        return None
+    ctx.run.failure = Failure(kind=FailureKind.HEALTH, reason=ctx.run.kept_out, attempt=ctx.run.attempt,
+                              hint="the other nodes go on without it; the hang's root cause is in report.json "
+                                   "(watchdog.keep_out_culprit: false keeps such a node in)")
+    return Step(Trigger.fatal, ctx.run.kept_out, Outcome.ERROR, EXIT_INFRA)
 
 
 async def health_step(ctx: Context) -> Step | None:

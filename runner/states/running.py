@@ -15,6 +15,7 @@ from runner.events import (
     DeadlineReached,
     Event,
     GuardLost,
+    HangQuery,
     MembershipChanged,
     PeerLost,
     StopRequested,
@@ -84,14 +85,8 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
         return None
     if isinstance(event, WorkerExited):
         return await on_worker_exit(ctx, event)
-    if isinstance(event, TimerExpired):
-        workers = ctx.run.group.workers.values() if ctx.run.group is not None else ()
-        ctx.run.failure = watchdog_failure(
-            event, ctx.run.attempt, local_ranks={w.plan.rank: w.plan.local_rank for w in workers},
-            log_dir=rank_dir(ctx, event.local_rank), recorder=bool(ctx.spec.watchdog.flight_recorder),
-            rank_dir=lambda local_rank: rank_dir(ctx, local_rank),
-        )
-        return Step(Trigger.timer_expired, ctx.run.failure.reason)
+    if isinstance(event, (TimerExpired, HangQuery)):
+        return on_hang(ctx, event)
     if isinstance(event, StopRequested):
         ctx.stop = event
         if event.graceful:
@@ -116,6 +111,22 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
     reason = f"max_run_time ({event.max_run_time:g} s) reached"  # DeadlineReached, the last kind of Event
     ctx.run.failure = Failure(kind=FailureKind.DEADLINE, reason=reason, attempt=ctx.run.attempt)
     return Step(Trigger.deadline_reached, reason, Outcome.FAILED, EXIT_WORKERS_FAILED)
+
+
+def on_hang(ctx: Context, event: TimerExpired | HangQuery) -> Step | None:
+    """A watchdog expiry fails the attempt, its root cause the hang's culprit; another node's hang: answer it."""
+    if isinstance(event, HangQuery):
+        if ctx.timer is not None:
+            ctx.log.info("hang_query", by=event.by)
+            ctx.timer.ask()
+        return None
+    workers = ctx.run.group.workers.values() if ctx.run.group is not None and event.culprit is not None else ()
+    ctx.run.failure = watchdog_failure(
+        event, ctx.run.attempt, local_ranks={w.plan.rank: w.plan.local_rank for w in workers},
+        log_dir=rank_dir(ctx, event.local_rank), recorder=bool(ctx.spec.watchdog.flight_recorder),
+        rank_dir=lambda local_rank: rank_dir(ctx, local_rank),
+    )
+    return Step(Trigger.timer_expired, ctx.run.failure.reason)
 
 
 async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:

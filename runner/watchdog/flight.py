@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -27,18 +28,29 @@ from runner.watchdog.stacks import capture_stacks
 from runner.workers.group import Worker
 
 QUERY_TIMEOUT_S = 3.0  # every rank is asked at once; this bounds the whole query
+SHARE_TIMEOUT_S = 5.0  # several nodes: how long the other nodes' records are waited for (etcd)
 MAX_DUMP_BYTES = 32 << 20  # one rank's answer; a larger one is cut (and then fails to parse: "no records")
 REQUEST = b"POST /handler/fr_trace_json HTTP/1.1\r\nHost: runner\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 DUMP_FILE = "flight_recorder.json"
 
 
+class Share(Protocol):
+    """The rendezvous's share_hang: this node's records out, every node's back (bounded; never raises)."""
+
+    async def __call__(self, local: list[RankRecord], *, timeout: float) -> list[RankRecord]:
+        """Every rank's record of the round."""
+        ...
+
+
 class FlightRecorder:
     """The sockets of one agent's workers, and the query of all of them when a hang is found."""
 
-    def __init__(self, entries: int, node: str, log: structlog.typing.FilteringBoundLogger) -> None:
+    def __init__(self, entries: int, node: str, log: structlog.typing.FilteringBoundLogger,
+                 share: Share | None = None) -> None:
         self.entries = entries  # 0: the recorder is off
         self.node = node
         self.log = log
+        self.share = share  # several nodes: gives this node's records, returns every node's (the rendezvous)
         self.folder: Path | None = None
 
     def socket(self, local_rank: int) -> str:
@@ -65,8 +77,10 @@ class FlightRecorder:
             return None
         began = time.monotonic()
         chosen = list(workers)
-        records = await asyncio.gather(*(self.read(w) for w in chosen))
-        verdict = analyse(list(records), time.time_ns())
+        records = list(await asyncio.gather(*(self.read(w) for w in chosen)))
+        if self.share is not None:
+            records = await self.share(records, timeout=SHARE_TIMEOUT_S)
+        verdict = analyse(records, time.time_ns())
         by_rank = {w.plan.rank: w for w in chosen}
         culprits = [by_rank[r] for r, n in verdict.culprits if n == self.node and r in by_rank]
         stacks: dict[int, str] = {}

@@ -7,6 +7,7 @@ the worker is signalled, and RUNNING turns the event into FAILED so the restart 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,7 +21,7 @@ from runner.events import TimerExpired
 from runner.hangs import Culprit
 from runner.system.soft_io import warn_once
 from runner.watchdog.clock import Clock, SystemClock
-from runner.watchdog.flight import FlightRecorder
+from runner.watchdog.flight import FlightRecorder, Share
 from runner.watchdog.heartbeat import HeartbeatMonitor
 from runner.watchdog.stacks import capture_stacks
 from runner.watchdog.timer_server import Expiry, FileTimerServer
@@ -54,9 +55,10 @@ class Watchdog:
         group: Callable[[], WorkerGroup | None],
         clock: Clock | None = None,
         node: str = "",
+        share: Share | None = None,
     ) -> None:
         self.cfg = cfg
-        self.recorder = FlightRecorder(cfg.flight_recorder, node, log)
+        self.recorder = FlightRecorder(cfg.flight_recorder, node, log, share)
         self._culprit: asyncio.Task[Culprit | None] | None = None  # one query of every rank per attempt
         self.events = events
         self.log = log
@@ -103,6 +105,20 @@ class Watchdog:
 
     async def culprit(self) -> Culprit | None:
         """Every worker's flight recorder, read once per attempt (the first expiry asks; the others wait for it)."""
+        task = self.ask()
+        if task is None:
+            return None
+        try:
+            return await asyncio.shield(task)
+        except Exception:  # logged; the hang is still reported, as the watchdog saw it
+            self.log.exception("hang_culprit_failed")
+            return None
+
+    def ask(self) -> asyncio.Task[Culprit | None] | None:
+        """Start this attempt's query of every worker's flight recorder, unless it was started (None: no workers).
+
+        Also what another node's hang query does here: no worker is signalled for it.
+        """
         group = self.group()
         if group is None:
             return None
@@ -110,11 +126,15 @@ class Watchdog:
             self._culprit = asyncio.get_running_loop().create_task(
                 self.recorder.culprit(list(group.workers.values()), capture=self.cfg.capture_stacks)
             )
-        try:
-            return await asyncio.shield(self._culprit)
-        except Exception:  # logged; the hang is still reported, as the watchdog saw it
-            self.log.exception("hang_culprit_failed")
+        return self._culprit
+
+    async def settled(self) -> Culprit | None:
+        """The culprit of this attempt's hang once its query is over (None: nobody asked, or it failed)."""
+        if self._culprit is None:
             return None
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.shield(self._culprit)
+        return self.found()
 
     def found(self) -> Culprit | None:
         """The culprit this attempt's query found, once it is done (None: not asked, not done, or off)."""

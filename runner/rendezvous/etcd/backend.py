@@ -45,6 +45,7 @@ from runner.rendezvous.etcd.client import (
     value_is,
 )
 from runner.rendezvous.etcd.connect import new_session
+from runner.rendezvous.etcd.hang_exchange import share
 from runner.rendezvous.etcd.keys import JobKeys, check_node_id, dump, load
 from runner.rendezvous.etcd.lease import LeaseKeeper, revoke_ticket
 from runner.rendezvous.etcd.lease_revoke import LeaseListener
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from runner.events import Event
+    from runner.hangs import RankRecord
 
 T = TypeVar("T")
 FINAL_STATE_TTL_S = 3600
@@ -405,6 +407,13 @@ class EtcdRendezvous:
                 self._restarts_known = max(self._restarts_known, new or 0)
                 self._log.info("restart_charged", round=r, count=new, max_restarts=max_restarts)
                 return new
+
+    async def share_hang(self, local: list[RankRecord], *, timeout: float) -> list[RankRecord]:
+        """Every member's flight-recorder records of this round's hang (runner/rendezvous/etcd/hang_exchange.py)."""
+        result = self._result
+        if result is None or len(result.nodes) < 2 or self._lost is not None:
+            return local
+        return await share(self.session, self._keys, result, local, timeout=timeout, log=self._log)
 
     async def publish(self, state: dict[str, Any]) -> None:
         """Put this node's live state (plus node, round, time) on the lease; bounded by the connect timeout."""

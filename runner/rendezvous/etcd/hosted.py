@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from runner.events import Event
+    from runner.hangs import RankRecord
 
 LINGER_POLL_S = 0.25
 
@@ -105,6 +106,10 @@ class HostedRendezvous:
         """As the etcd backend."""
         return await self._inner.charge_restart(max_restarts, failure_class, class_limit, charged=charged,
                                                  defer=defer)
+
+    async def share_hang(self, local: list[RankRecord], *, timeout: float) -> list[RankRecord]:
+        """As the etcd backend."""
+        return await self._inner.share_hang(local, timeout=timeout)
 
     async def publish(self, state: dict[str, Any]) -> None:
         """As the etcd backend."""

@@ -135,6 +135,18 @@ class JobKeys:
         """First member of round `round_` found lost (its ring neighbour writes it once): every member reads it."""
         return self._annex(round_, "lost")
 
+    def hang(self, round_: int) -> bytes:
+        """A node found a hang in round `round_`: every member reads its flight recorders, answers (docs/hangs.md)."""
+        return self._annex(round_, "hang")
+
+    def hang_answer(self, round_: int, node: str) -> bytes:
+        """`node`'s flight-recorder records for round `round_`'s hang (outside news: read by whoever analyses)."""
+        return self._k("rounds", round_, "hang", encode_node(node))
+
+    def hang_answers(self, round_: int) -> bytes:
+        """Prefix of round `round_`'s hang answers."""
+        return self._k("rounds", round_, "hang", "")
+
     def opened(self, round_: int) -> bytes:
         """Which node opened round `round_ + 1` (bumped the round key): a newcomer means a membership change."""
         return self._annex(round_, "next")

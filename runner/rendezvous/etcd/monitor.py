@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from runner.errors import RendezvousError
-from runner.events import PEER_REPORTED, MembershipChanged, PeerLost, StopRequested
+from runner.events import PEER_REPORTED, HangQuery, MembershipChanged, PeerLost, StopRequested
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.client import EtcdSession, absent, cancel_task, key_range, put_op
 from runner.rendezvous.etcd.keys import JobKeys, dump, load
@@ -162,6 +162,8 @@ class RoundMonitor:
         r = self._res.round
         if key == self._k.lost(r) and isinstance(value, dict):
             self._lost(str(value.get("node")), str(value.get("why", "lost")))
+        elif key == self._k.hang(r) and isinstance(value, dict) and value.get("by") != self._res.node:
+            self._emit(("hang", ""), HangQuery(str(value.get("by"))[:200]))
         elif key == self._k.opened(r):
             self._on_opened(value)
 

@@ -1,0 +1,126 @@
+"""A hang's culprit: how soon it is named, against torchrun; and what the flight recorder costs a healthy step.
+
+Part 1, one run side by side: examples/jobs/hang_culprit.py, 2 ranks on gloo; at step 3 of attempt 0 rank 1 sleeps
+instead of entering the all_reduce rank 0 waits in (it writes the time it starts to hang: the stamp).
+  runner:   watchdog.heartbeat_timeout T, max_restarts 0. Times from the stamp: detection (the `heartbeat_silent`
+            event) and the culprit named (`hang_culprit`, the line the console prints next), and which rank the
+            root cause names.
+  torchrun: the same script with init_process_group(timeout=T) (torchrun has no heartbeat: the collective timeout
+            is its only detection), --max-restarts 0. Times from the stamp to torchrun's exit, and the rank its
+            "Root Cause" names.
+Part 2, a healthy loop (bench/workers/fr_cost.py: 2 ranks, all_reduce of 10 floats, the smallest step, where a
+per-collective cost shows most) under runner with watchdog.flight_recorder 2000 (recorder and worker server on) and
+0 (both off), alternately: median step time and rank 0's RSS.
+
+    python bench/hang_culprit.py [--runs 5] [--timeout 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import machine_line, reproduce_line, table
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "examples" / "jobs" / "hang_culprit.py"
+COST = ROOT / "bench" / "workers" / "fr_cost.py"
+RUNNER = [sys.executable, "-m", "runner"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def spec(script: Path, args: list[str], extra: str) -> str:
+    return (f"version: 1\nname: hb\nentrypoint:\n  script: {script}\n  args: {json.dumps(args)}\nnproc_per_node: 2\n"
+            f"restart:\n  max_restarts: 0\nshutdown:\n  grace_period: 5s\n{extra}")
+
+
+def epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def runner_hang(work: Path, timeout: float) -> dict[str, float | str]:
+    stamp = work / "stamp"
+    job = work / "job.yaml"
+    job.write_text(spec(SCRIPT, ["sleep", "--stamp", str(stamp)], f"watchdog:\n  heartbeat_timeout: {timeout}s\n"))
+    subprocess.run([*RUNNER, str(job)], cwd=work, capture_output=True, text=True, timeout=300, check=False)
+    began = float(stamp.read_text())
+    (run_dir,) = [d for d in (work / "runner-logs" / "hb").iterdir() if not d.is_symlink()]
+    events = [json.loads(line) for line in (run_dir / "agent.jsonl").read_text().splitlines()]
+    detected = min(epoch(e["timestamp"]) for e in events if e.get("event") == "heartbeat_silent")
+    named = next(e for e in events if e.get("event") == "hang_culprit")
+    return {"detect_s": detected - began, "named_s": epoch(named["timestamp"]) - began,
+            "after_detect_s": epoch(named["timestamp"]) - detected, "names": ",".join(map(str, named["culprits"]))}
+
+
+def torchrun_hang(work: Path, timeout: float) -> dict[str, float | str]:
+    stamp = work / "stamp"
+    done = subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", str(SCRIPT),
+                           "sleep", "--stamp", str(stamp), "--pg-timeout", str(timeout)],
+                          cwd=work, capture_output=True, text=True, timeout=600, check=False)
+    ended = time.time()
+    began = float(stamp.read_text())
+    ranks = re.findall(r"rank\s*:\s*(\d+)", done.stderr.split("Root Cause", 1)[-1])[:1]
+    return {"detect_s": ended - began, "named_s": float("nan"), "after_detect_s": float("nan"),
+            "names": ranks[0] if ranks else "none"}
+
+
+def cost(work: Path, entries: int, out: Path) -> None:
+    job = work / f"cost{entries}.yaml"
+    job.write_text(spec(COST, ["--out", str(out)], f"watchdog:\n  enabled: true\n  flight_recorder: {entries}\n"))
+    subprocess.run([*RUNNER, str(job)], cwd=work, capture_output=True, text=True, timeout=300, check=True)
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=3.0, help="heartbeat_timeout / the collective timeout, s")
+    args = ap.parse_args()
+    arms: dict[str, list[dict[str, float | str]]] = {"runner": [], "torchrun": []}
+    with tempfile.TemporaryDirectory(prefix="hang-bench-") as tmp:
+        for i in range(args.runs):
+            for name, fn in (("runner", runner_hang), ("torchrun", torchrun_hang)):
+                work = Path(tmp, f"{name}{i}")
+                work.mkdir()
+                arms[name].append(fn(work, args.timeout))
+        rows = []
+        for name, runs in arms.items():
+            named = [float(r["named_s"]) for r in runs if r["named_s"] == r["named_s"]]
+            rows.append([name, spread([float(r["detect_s"]) for r in runs]),
+                         spread(named) if named else "never",
+                         spread([float(r["after_detect_s"]) for r in runs]) if named else "-",
+                         "/".join(sorted({str(r["names"]) for r in runs}))])
+        print(f"hang -> failure, {args.runs} runs, T = {args.timeout:g} s (median (min-max), seconds from the hang)")
+        print(table(["launcher", "hang -> detected", "hang -> culprit named", "detected -> named",
+                     "rank blamed (culprit: 1)"], rows))
+        out = Path(tmp, "cost.jsonl")
+        for _ in range(args.runs):
+            for entries in (2000, 0):
+                cost(Path(tmp), entries, out)
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        rows = []
+        for on in (True, False):
+            mine = [x for x in lines if bool(x["fr"]) == on]
+            rows.append(["on (2000)" if on else "off (0)", spread([x["step_us"] for x in mine]),
+                         f"{statistics.median(x['rss_kib'] for x in mine) / 1024:.1f}"])
+        print(f"\nhealthy step, all_reduce of 10 floats on 2 ranks, {args.runs} runs of 3000 steps")
+        print(table(["flight recorder", "step us, median (min-max)", "rank 0 RSS MiB"], rows))
+    print(machine_line())
+    print(reproduce_line())
+
+
+if __name__ == "__main__":
+    main()
