@@ -24,6 +24,7 @@ from runner.system.environ import helper_env
 from runner.system.output_pump import OutputPump
 from runner.system.served import describe_exit, exited, last_line, listens, log_tail
 from runner.system.shepherd import Shepherd
+from runner.system.supervised import RestartPolicy, StartFailed, supervise
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,6 +38,7 @@ ALL_INTERFACES = "0.0.0.0"  # noqa: S104 - several nodes: the groups on other no
 MAX_RESTARTS = 20  # in all, over the job
 MAX_FAILED_STARTS = 5  # in a row
 RETRY_S = 0.5
+LIGHTHOUSE_POLICY = RestartPolicy("lighthouse_restarting", MAX_RESTARTS, MAX_FAILED_STARTS, retry_s=RETRY_S)
 START_TIMEOUT_S = 15.0
 POLL_S = 0.02
 STOP_GRACE_S = 2.0
@@ -128,29 +130,36 @@ class HostedLighthouse:
     async def _supervise(self) -> None:
         """While the job runs: start it again when it dies, on the same port (its quorum state starts afresh).
 
-        A start that fails is tried again (after RETRY_S x the failures in a row); MAX_RESTARTS restarts in all, or
-        MAX_FAILED_STARTS failed starts in a row, and it is gone: `on_gone` says why (the groups cannot step).
+        Under LIGHTHOUSE_POLICY (runner/system/supervised.py): a start that fails is tried again (after RETRY_S x the
+        failures in a row); MAX_RESTARTS restarts in all, or MAX_FAILED_STARTS failed starts in a row, and it is
+        gone: `on_gone` says why (the groups cannot step).
         """
-        while self._fd is not None and not self._stopping.is_set():
-            await self._exited()
-            if self._stopping.is_set():
-                return
-            why = describe_exit(self._reap())
-            failed = 0
-            while failed < MAX_FAILED_STARTS and self.restarts < MAX_RESTARTS:
-                self.restarts += 1
-                self._log.warning("lighthouse_restarting", exit=why, restart=self.restarts)
-                try:
-                    await self._spawn()
-                    break
-                except LighthouseError as exc:
-                    self._discard()  # one that did not listen in time
-                    failed += 1
-                    why = exc.message
-                    await asyncio.sleep(RETRY_S * failed)
-            else:
-                self._gone(f"the hosted lighthouse is gone after {self.restarts} restart(s): {why}")
-                return
+        why = await supervise(self, LIGHTHOUSE_POLICY, self._log)
+        if why is not None:
+            self._gone(f"the hosted lighthouse is gone {why}")
+
+    def stopping(self) -> bool:
+        """stop() was called: no restart."""
+        return self._stopping.is_set()
+
+    async def exited(self) -> None:
+        """Wait until the running lighthouse exits (not reaped)."""
+        await self._exited()
+
+    def reaped(self) -> str:
+        """Reap the lighthouse that exited; how it ended."""
+        return describe_exit(self._reap())
+
+    async def respawn(self) -> None:
+        """Start it again and wait until it listens; StartFailed when it cannot."""
+        try:
+            await self._spawn()
+        except LighthouseError as exc:
+            raise StartFailed(exc.message) from exc
+
+    def discard(self) -> None:
+        """SIGKILL (through its pidfd) and reap the process of a failed start, if it still runs."""
+        self._discard()
 
     def _discard(self) -> None:
         """SIGKILL (through its pidfd) and reap the process of a failed start, if it still runs."""

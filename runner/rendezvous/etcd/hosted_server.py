@@ -40,6 +40,7 @@ from runner.system.private_files import private_dir
 from runner.system.served import describe_exit, exited, last_line, listens, log_tail
 from runner.system.shepherd import Shepherd
 from runner.system.soft_io import close_fd, warn_once
+from runner.system.supervised import RestartPolicy, StartFailed, supervise
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -48,7 +49,8 @@ INSTALL = "pip install 'runner[etcd]'"
 POLL_S = 0.02
 STOP_GRACE_S = 5.0
 MAX_RESTARTS = 3
-RESTART_PAUSE_S = 1.0  # before the first restart; doubled for each one after
+RESTART_PAUSE_S = 1.0  # before the first restart; doubled for each one after (a full disk or a short squeeze may pass)
+ETCD_POLICY = RestartPolicy("hosted_etcd_restarting", MAX_RESTARTS, max_failed_starts=1, pause_s=RESTART_PAUSE_S)
 LOG_TAIL_BYTES = 2000
 
 
@@ -85,6 +87,7 @@ class HostedEtcd:
         self._guard: Shepherd | None = None
         self._supervisor: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()  # set once stop() (or a failed start) ends etcd for good
+        self._start_timeout = 0.0  # how long a start may take to listen (the spec's connect_timeout)
 
     @property
     def pid(self) -> int | None:
@@ -168,32 +171,42 @@ class HostedEtcd:
         return self._proc, self._fd
 
     async def _supervise(self, timeout: float) -> None:
-        """While the job runs: start etcd again when it dies (a few times), on the same data dir and ports."""
-        while self._fd is not None and not self._stopping.is_set():
-            await self._exited()
-            if self._stopping.is_set():
-                return
-            code = self._reap()
-            tail = last_line(self.log_tail())
-            if self.restarts >= MAX_RESTARTS:
-                self._log.error("hosted_etcd_gone", exit=describe_exit(code), restarts=self.restarts, last_log=tail)
-                return
-            self.restarts += 1
-            pause = RESTART_PAUSE_S * 2 ** (self.restarts - 1)  # 1, 2, 4 s: a full disk or a short squeeze may pass
-            self._log.warning("hosted_etcd_restarting", exit=describe_exit(code), restart=self.restarts,
-                              last_log=tail, after_s=pause)
-            await asyncio.sleep(pause)
-            if self._stopping.is_set():
-                return
-            try:
-                if not await self._spawn(timeout):
-                    self._log.error("hosted_etcd_gone", error="its port was taken while it restarted")
-                    await self._end(signal.SIGKILL, 0.0)
-                    return
-            except (RendezvousError, OSError) as exc:
-                self._log.error("hosted_etcd_gone", error=str(exc))
-                await self._end(signal.SIGKILL, 0.0)
-                return
+        """While the job runs: start etcd again when it dies (ETCD_POLICY), on the same data dir and ports."""
+        self._start_timeout = timeout
+        why = await supervise(self, ETCD_POLICY, self._log)
+        if why is not None:
+            self._log.error("hosted_etcd_gone", reason=why, log=str(self.log_path))
+            await self._end(signal.SIGKILL, 0.0)
+
+    def stopping(self) -> bool:
+        """stop() was called (or a failed start ended etcd): no restart."""
+        return self._stopping.is_set()
+
+    async def exited(self) -> None:
+        """Wait until etcd exits (not reaped)."""
+        await self._exited()
+
+    def reaped(self) -> str:
+        """Reap etcd that exited; how it ended, with the last line of its log."""
+        code = self._reap()
+        tail = last_line(self.log_tail())
+        return f"{describe_exit(code)}; its log ends: {tail}" if tail else describe_exit(code)
+
+    async def respawn(self) -> None:
+        """Start etcd again on the same data dir and ports; StartFailed when it cannot (or its port was taken)."""
+        try:
+            listening = await self._spawn(self._start_timeout)
+        except (RendezvousError, OSError) as exc:
+            raise StartFailed(str(exc)) from exc
+        if not listening:
+            raise StartFailed("its port was taken while it restarted")
+
+    def discard(self) -> None:
+        """SIGKILL (through its pidfd) and reap what a failed start left running."""
+        if self._proc is not None and self._fd is not None:
+            procs.send(self._fd, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                self._reap()
 
     async def _exited(self) -> None:
         """Wait until etcd exits; it is not reaped."""
