@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from runner.agent.services import GroupLauncher, Publisher, RecoveryTimer, node_status
-from runner.core.context import Context, JobInputs, Warnings
+from runner.core.context import Context, JobInputs
 from runner.core.machine import Edge, JobState, Model, Step, build_machine, drive
 from runner.core.restart_policy import GUARDS, settle
 from runner.events import GuardLost
@@ -24,6 +24,7 @@ from runner.observe.recovery import Recoveries
 from runner.outcomes import Outcome
 from runner.states import HANDLERS
 from runner.system.shepherd import Shepherd
+from runner.system.soft_io import WarnOnce
 
 if TYPE_CHECKING:
     import structlog
@@ -46,7 +47,7 @@ def assemble(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typing.Fi
     events: asyncio.Queue[Event] = asyncio.Queue()
     shepherd = shepherd or Shepherd()
     shepherd.on_lost = lambda why: events.put_nowait(GuardLost(why))
-    warnings = Warnings(log)
+    warnings = WarnOnce(log)
     ctx: Context | None = None  # the status snapshot and the watchdog are read through it once it exists
 
     def snapshot(now: JobState) -> dict[str, object]:

@@ -69,7 +69,6 @@ class Group:
     step: int | None = None  # the last step its rank 0 committed (None: not reported yet)
     steps: list[tuple[float, int]] = field(default_factory=list)  # (epoch seconds, step) on every change
     ended: bool = False  # its run is over: SHUTDOWN's work done, what was left torn down
-    failed_writes: dict[str, str] = field(default_factory=dict)  # its own (runner/system/soft_io.py `scoped`)
 
     @property
     def ctx(self) -> Context:
@@ -447,7 +446,7 @@ class Supervisor:
     async def drive(self, group: Group) -> None:
         """Run one group's machine to SHUTDOWN; its transitions go to its own file and to the job's."""
         try:
-            with soft_io.scoped(group.failed_writes):  # its report lists its own write failures, not every group's
+            with soft_io.scoped(group.ctx.warnings):  # its report lists its own write failures, not every group's
                 await group.run.drive()
         finally:
             self.update_step(group)  # its last report, made after the last poll
@@ -554,9 +553,7 @@ class Supervisor:
         groups = []
         for g in self.groups:
             entry = group_report(g.ctx)
-            seen = g.ctx.warnings.seen  # read here, outside the group's scope: its own write failures, kept
-            entry.update(group=g.index, step=g.step, steps=g.steps,
-                         warnings=[*seen, *(k for k in g.failed_writes if k not in seen)])
+            entry.update(group=g.index, step=g.step, steps=g.steps)
             groups.append(entry)
         data = {
             "job": self.spec.name, "node": self.node, "outcome": job.outcome.value, "exit_code": job.exit_code,
@@ -571,15 +568,8 @@ class Supervisor:
             "warnings": sorted({w for g in self.groups for w in g.ctx.warnings.seen} | set(soft_io.failures())),
             "ledger": job_ledger([e["ledger"] | {"group": e["group"]} for e in groups]),  # docs/goodput.md
         }
-        warned: set[str] = set()
-
-        def warn(event: str, **fields: object) -> None:
-            if event not in warned:
-                warned.add(event)
-                self.log.warning(event, **fields)
-
         return place_report(json.dumps(data, indent=2, default=str), self.run_dir,
-                            f"{self.spec.name}-{self.run_dir.name}", warn, self.log)
+                            f"{self.spec.name}-{self.run_dir.name}", soft_io.WarnOnce(self.log).warn, self.log)
 
 
 def read_step(ctx: Context) -> int | None:

@@ -23,10 +23,11 @@ if TYPE_CHECKING:
     import structlog
 
     from runner.config.spec import JobSpec
-    from runner.core.context import Context, Warnings
+    from runner.core.context import Context
     from runner.events import Event
     from runner.rendezvous.base import Rendezvous
     from runner.system.shepherd import Shepherd
+    from runner.system.soft_io import WarnOnce
     from runner.watchdog.service import Watchdog
     from runner.workers.failures import Failure
     from runner.workers.launch_plan import LaunchPlan
@@ -74,7 +75,7 @@ def node_status(ctx: Context, state: JobState) -> dict[str, object]:
 class Publisher:
     """Writes <run dir>/status.json and publishes to the rendezvous backend, one publish at a time, in order."""
 
-    def __init__(self, run_dir: Path, rendezvous: Rendezvous, warnings: Warnings,
+    def __init__(self, run_dir: Path, rendezvous: Rendezvous, warnings: WarnOnce,
                  state: Callable[[], JobState], snapshot: Callable[[JobState], dict[str, object]]) -> None:
         self._run_dir, self._rendezvous, self._warnings = run_dir, rendezvous, warnings
         self._state, self._snapshot = state, snapshot

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from runner.events import Event, StopRequested, TimerExpired, WorkerExited
 from runner.rendezvous.ports import free_port
 from runner.system.shepherd import Shepherd
+from runner.system.soft_io import WarnOnce
 from runner.system.stop_scope import StopScope
 from runner.workers.launch_plan import LaunchPlan, build_plan
 
@@ -178,20 +179,6 @@ class RecoveryClock(Protocol):
 
 
 @dataclass
-class Warnings:
-    """Side failures (a status write, etcd, the disk) that never change the job's result: logged once per kind."""
-
-    log: structlog.typing.FilteringBoundLogger
-    seen: list[str] = field(default_factory=list)
-
-    def warn(self, event: str, **fields: object) -> None:
-        """Log `event` the first time it happens and keep it for the report."""
-        if event not in self.seen:
-            self.seen.append(event)
-            self.log.warning(event, **fields)
-
-
-@dataclass
 class Context:
     """What the handlers share: the inputs, the group's run, the services, and the agent's lifecycle."""
 
@@ -201,7 +188,7 @@ class Context:
     launcher: WorkerLauncher
     status: StatusPublisher
     recovery: RecoveryClock
-    warnings: Warnings
+    warnings: WarnOnce  # side failures that never change the job's result, logged once per kind (the run's scope)
     run: GroupRun = field(default_factory=GroupRun)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     shepherd: Shepherd = field(default_factory=Shepherd)

@@ -74,12 +74,21 @@ def report(ctx: Context) -> dict[str, Any]:
         "health": ctx.run.health,  # the failed tries of the health checks (docs/health.md), the last 20
         **ctx.recovery.report(),  # launch, recoveries, time_to_recover (docs/time_to_recover.md)
         "standby": ctx.run.standbys.summary() if ctx.run.standbys is not None else {"enabled": False},
-        "warnings": [*ctx.warnings.seen, *(k for k in soft_io.failures() if k not in ctx.warnings.seen)],
+        "warnings": [*ctx.warnings.seen, *(k for k in process_failures(ctx) if k not in ctx.warnings.seen)],
         # bytes of each rank's output its log files refused (the workers never saw a failed write; the last
         # lines of stderr were kept in memory for the root cause)
         "output_lost_bytes": {str(rank): size for rank, size in sorted(ctx.run.lost_output().items())},
         "run_dir": str(ctx.inputs.run_dir),
     }
+
+
+def process_failures(ctx: Context) -> dict[str, str]:
+    """The writes the disk refused that a run's report lists beyond its own warnings.
+
+    The process's for a job of one group; none for a replica group, whose own are among its warnings already
+    (runner/system/soft_io.py `scoped`).
+    """
+    return soft_io.failures() if ctx.inputs.replica is None else {}
 
 
 def write_report(ctx: Context) -> Path | None:

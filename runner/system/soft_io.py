@@ -6,9 +6,9 @@ job, never the job itself. ENOSPC, EDQUOT, EIO, EROFS, EACCES... at open, write,
 one record: the failure is logged once per kind as a structlog warning and kept in `failures()` for the summary,
 and the job's result stands.
 
-The failures are kept per scope: the process's, and, inside `scoped()` (a replica group's run, and every task and
-callback it starts), the scope's own too. `failures()` answers for the scope it is asked in: a replica group's
-report lists its own write failures, the job's report every one of the process.
+The failures are kept per scope (`WarnOnce`, the one warn-once facility): the process's, and, inside `scoped()` (a
+replica group's run, and every task and callback it starts), the scope's own too. `failures()` answers for the scope
+it is asked in: a replica group's report lists its own write failures, the job's report every one of the process.
 
 Appends go through `write_all` on an O_APPEND descriptor, never a userspace buffer: a write that failed leaves
 nothing behind that a later flush or close would try (and fail) again.
@@ -22,12 +22,49 @@ import errno
 import os
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import structlog
 
-_failures: dict[str, str] = {}  # the process's: kind -> "path: error" of its first failure, in order
-_scope: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("soft_io_scope", default=None)
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+class WarnOnce:
+    """The warnings of one scope (the process, a run, a replica group): each kind logged the first time, kept in order.
+
+    The one warn-once facility: a run's side failures (a status write, etcd, a report) through `warn`, and the
+    writes the disk refused (`warn_once` below) through `note`, which also keeps the first failure's detail.
+    Bounded: one entry per kind, and the kinds are the code's own event names.
+    """
+
+    def __init__(self, log: FilteringBoundLogger | None = None) -> None:
+        """`log`: where its warnings go (None: the `runner` logger, looked up when one is given)."""
+        self.log = log
+        self.seen: list[str] = []  # every kind warned of, in order
+        self.details: dict[str, str] = {}  # the writes refused: kind -> "path: error" of its first failure
+
+    def warn(self, kind: str, **fields: object) -> None:
+        """Log `kind` the first time it happens here and keep it for the report."""
+        with _lock:
+            if kind in self.seen:
+                return
+            self.seen.append(kind)
+        (self.log or structlog.get_logger("runner")).warning(kind, **fields)
+
+    def note(self, kind: str, detail: str) -> bool:
+        """Keep a refused write of kind `kind` without logging it; True the first time here."""
+        with _lock:
+            if kind in self.details:
+                return False
+            self.details[kind] = detail
+            if kind not in self.seen:
+                self.seen.append(kind)
+            return True
+
+
 _lock = threading.Lock()  # the tee's console threads never write files, but a warning may come from any thread
+_process = WarnOnce()  # every scope's failures, and those of code in none
+_scope: contextvars.ContextVar[WarnOnce | None] = contextvars.ContextVar("soft_io_scope", default=None)
 
 
 def describe(error: OSError | str) -> str:
@@ -42,17 +79,13 @@ def describe(error: OSError | str) -> str:
 def note(kind: str, path: object, error: OSError | str) -> bool:
     """Keep the failure for the summary without logging it (for the log's own sink); True the first time.
 
-    The first time in the process: a scope keeps its own first failure of each kind as well.
+    The first time in the process: the current scope keeps its own first failure of each kind as well.
     """
     detail = f"{path}: {describe(error)}"
     scope = _scope.get()
-    with _lock:
-        if scope is not None:
-            scope.setdefault(kind, detail)
-        if kind in _failures:
-            return False
-        _failures[kind] = detail
-        return True
+    if scope is not None:
+        scope.note(kind, detail)
+    return _process.note(kind, detail)
 
 
 def warn_once(kind: str, path: object, error: OSError, **fields: object) -> None:
@@ -65,23 +98,24 @@ def failures() -> dict[str, str]:
     """Every kind of write that failed in this scope (the process's outside any), with its first failure."""
     scope = _scope.get()
     with _lock:
-        return dict(_failures if scope is None else scope)
-
-
-@contextlib.contextmanager
-def scoped(kept: dict[str, str]) -> Iterator[None]:
-    """Keep the write failures of the code run inside (and of the tasks and callbacks it starts) in `kept` too."""
-    token = _scope.set(kept)
-    try:
-        yield
-    finally:
-        _scope.reset(token)
+        return dict((scope or _process).details)
 
 
 def forget() -> None:
     """Start counting afresh (tests; one process running several agents)."""
     with _lock:
-        _failures.clear()
+        _process.details.clear()
+        _process.seen.clear()
+
+
+@contextlib.contextmanager
+def scoped(scope: WarnOnce) -> Iterator[None]:
+    """Keep the write failures of the code run inside (and of the tasks and callbacks it starts) in `scope` too."""
+    token = _scope.set(scope)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
 
 
 def write_all(fd: int, data: bytes) -> tuple[int, OSError | None]:
