@@ -16,6 +16,7 @@ the others from each group's rank 0):
     ft_train step mode=ft group=0 step=41 commit=1 groups=2 samples=32 loss=2.3012 time=<epoch s>
     ft_train params group=0 step=300 params_sha=<sha256 of the parameters' bytes>    (SIGUSR1, or --sha-every)
     ft_train final group=0 step=300 params_sha=<...>
+    ft_train ckpt group=0 step=200 seconds=0.0412 bytes=21904567 time=<epoch s>      (--mode ddp, rank 0)
 `step` is the committed step (TorchFT's manager.current_step() after the step; unchanged with commit=0), `groups`
 the replica groups whose gradients the step averaged, `samples` the samples it committed (groups x per-group batch,
 0 when not committed). After each committed step, group rank 0 writes {"step": S, "loss": L} to
@@ -184,6 +185,17 @@ def say(what: str, **fields: object) -> None:
     sys.stdout.flush()
 
 
+def pin_cpus(spec: str, group: int) -> None:
+    """Pin this worker to group `group`'s CPUs: the group-th of the '|'-separated lists in `spec` ("0|1": group 0 on
+    CPU 0, group 1 on CPU 1; one list: every group on it). Nothing when `spec` is empty. bench/goodput.py uses it so
+    that a surviving group cannot speed up on the cores of a group that died."""
+    if not spec:
+        return
+    lists = spec.split("|")
+    cpus = {int(c) for c in lists[group % len(lists)].split(",") if c}
+    os.sched_setaffinity(0, cpus)
+
+
 def on_sigusr1(_signum: int, _frame: object) -> None:
     global SHA_REQUESTED  # noqa: PLW0603 - a signal handler can only set a flag
     SHA_REQUESTED = True
@@ -263,6 +275,7 @@ def train_ft(args: argparse.Namespace) -> None:
                  "`torchft_lighthouse --min_replicas 1` and point TORCHFT_LIGHTHOUSE at it), or use --mode ddp")
     group = int(os.environ.get("REPLICA_GROUP_ID", "0"))
     groups = int(os.environ.get("NUM_REPLICA_GROUPS", "1"))
+    pin_cpus(args.cpus, group)
     # The group's own world: rank 0 hosts the group's store (which the Manager uses too), and a group of more
     # than one worker averages its gradients inside the group before TorchFT averages them across groups.
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
@@ -332,6 +345,7 @@ def init_group_per_attempt(timeout: float) -> None:
 def train_ddp(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
+    pin_cpus(args.cpus, 0)
     init_group_per_attempt(args.timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     batch = per_worker_batch(args, world)
@@ -363,9 +377,12 @@ def train_ddp(args: argparse.Namespace) -> None:
                 loss=f"{lval:.4f}", time=f"{time.time():.3f}")
             report_step(step, lval)
             if ckpt is not None and step % args.ckpt_every == 0:
+                began = time.monotonic()
                 tmp = ckpt.with_name(f".{ckpt.name}.{os.getpid()}.tmp")
                 torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step}, tmp)
                 os.replace(tmp, ckpt)  # a kill mid-write leaves the previous checkpoint
+                say("ckpt", group=0, step=step, seconds=f"{time.monotonic() - began:.4f}",
+                    bytes=ckpt.stat().st_size, time=f"{time.time():.3f}")
         maybe_sha(args, model, 0, rank, step, committed=True)
         if args.step_sleep:
             time.sleep(args.step_sleep)
@@ -393,6 +410,7 @@ def main() -> None:
     p.add_argument("--ckpt-dir", default=None, help="ddp: checkpoint folder (resumed from when present)")
     p.add_argument("--ckpt-every", type=int, default=100, help="ddp: steps between checkpoints")
     p.add_argument("--sha-every", type=int, default=0, help="also print the params checksum every N committed steps")
+    p.add_argument("--cpus", default="", help="pin group k to the k-th of these '|'-separated CPU lists (0,1|2,3)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (pacing)")
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

@@ -1,0 +1,83 @@
+"""Real TorchFT LocalSGD under runner: examples/jobs/ft_local_sgd.py in 2 replica groups with the hosted lighthouse.
+
+Group 1's worker is SIGKILLed once, after a few syncs. runner restarts group 1 alone (group 0 is never restarted);
+the restarted group meets group 0 at its next sync and copies its weights (TorchFT's healing): its first committed
+sync is past the one it died at, both groups end at the same sync with equal parameters, and the job succeeds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES, Job, alive, wait_for
+from ft_records import committed, records
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(importlib.util.find_spec("torchft") is None or
+                       not (Path(sys.executable).parent / "torchft_lighthouse").exists(),
+                       reason="torchft is not installed (pip install -e '.[ft]')"),
+]
+OUTER = 12  # syncs
+EVERY = 5  # inner steps per sync
+
+
+def test_local_sgd_groups_survive_a_kill_and_end_with_the_same_weights(tmp_path):
+    j = Job(tmp_path, f"""
+        version: 1
+        name: lsgd
+        entrypoint:
+          script: "{EXAMPLES / 'ft_local_sgd.py'}"
+          args: ["--outer-steps", "{OUTER}", "--sync-every", "{EVERY}", "--step-sleep", "0.05"]
+        replica_groups:
+          count: 2
+          nproc_per_node: 1
+          min_active: 1
+          lighthouse: {{heartbeat_timeout: 1s, join_timeout: 10s, quorum_tick: 10ms}}
+        env: {{OMP_NUM_THREADS: "1"}}
+        restart: {{max_restarts: 3, backoff: {{initial: 0s}}}}
+        shutdown: {{grace_period: 5s}}
+        logs: {{dir: "${{LOGS}}"}}
+    """)
+    j.start()
+    try:
+        run = lambda: j.run_dir()  # noqa: E731 - read once the run dir exists
+        wait_for(lambda: (j.logs / "lsgd").exists() and any((run() / "group_1").glob("attempt_0/rank_0/stdout.log")),
+                 timeout=60, what="group 1's first worker")
+        log0 = run() / "group_0" / "attempt_0" / "rank_0" / "stdout.log"
+        log1 = run() / "group_1" / "attempt_0" / "rank_0" / "stdout.log"
+        wait_for(lambda: any(n == 2 and s >= 3 for s, _, n in committed(log1)), timeout=90,
+                 what="both groups in a committed sync")
+        start = records(log1, "start")[0]
+        pid = int(start["pid"])
+        assert "ft_local_sgd.py" in Path(f"/proc/{pid}/cmdline").read_text()  # proven ours before the kill
+        fd = os.pidfd_open(pid)
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        os.close(fd)
+        out, err = j.proc.communicate(timeout=150)
+    finally:
+        if j.proc.poll() is None:
+            j.proc.kill()
+            j.proc.communicate()
+    assert j.proc.returncode == 0, err[-3000:]
+    killed_at = max(s for s, _, _ in committed(log1))
+    back_log = run() / "group_1" / "attempt_1" / "rank_0" / "stdout.log"
+    back = committed(back_log)
+    assert back, back_log.read_text()[-3000:]
+    assert back[0][0] > killed_at, (killed_at, back[:3])  # healed from group 0: rejoined at the live sync
+    assert not (run() / "group_0" / "attempt_1").exists()  # group 0 was never restarted
+    steps0 = [s for s, _, _ in committed(log0)]
+    assert steps0 == sorted(set(steps0)) and steps0[-1] == OUTER  # group 0 committed every sync once, in order
+    final0, final1 = records(log0, "final"), records(back_log, "final")
+    assert final0 and final1 and final0[0]["step"] == final1[0]["step"] == str(OUTER)
+    assert final0[0]["params_sha"] == final1[0]["params_sha"]  # one model: the last sync averaged both groups
+    report = json.loads((run() / "report.json").read_text())
+    by_group = {g["group"]: g for g in report["groups"]}
+    assert (by_group[0]["attempts"], by_group[1]["attempts"]) == (1, 2)
+    assert not alive(pid) and not alive(report["replica_groups"]["lighthouse"]["pid"])
