@@ -129,6 +129,20 @@ def test_a_stop_reaches_every_inner_scope_with_its_cause() -> None:
     assert queued == [StopRequested(0, graceful=False, reason="too few groups")]  # note() alone delivers nothing
 
 
+def test_a_scope_made_after_a_stop_is_stopped_too() -> None:
+    """A stop that reached the job while its groups were being made reaches the groups made after it."""
+    async def main() -> tuple[StopScope, list[object]]:
+        job = StopScope(asyncio.Queue())
+        job.request(StopRequested(signal.SIGINT, graceful=False))
+        events: asyncio.Queue[object] = asyncio.Queue()
+        group = job.inside(events)  # type: ignore[arg-type]
+        return group, [events.get_nowait() for _ in range(events.qsize())]
+
+    group, queued = asyncio.run(main())
+    assert group.stopping() == StopRequested(signal.SIGINT, graceful=False)
+    assert queued == [StopRequested(signal.SIGINT, graceful=False)]
+
+
 @given(st.lists(st.sampled_from(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1"]), min_size=1))
 def test_torchelastic_env_lists_each_signal_once_in_order(names: list[str]) -> None:
     """TORCHELASTIC_SIGNALS_TO_HANDLE: the names, comma-separated, first occurrence order."""
@@ -176,7 +190,7 @@ def test_a_signal_that_reaches_the_workers_too_stops_the_job(job, code: int, gro
     """SIGTERM sent to the agent and its workers at once (a Slurm step, a terminal's process group): the workers may
     exit before the agent runs its handler. Made certain here by SIGSTOPping the agent meanwhile: it then sees the
     exits before the signal. The job is stopped (128+15), not succeeded (code 0) nor failed and restarted (code 1);
-    with replica groups too (the supervisor forwards the stop to each group)."""
+    with replica groups too (the job's stop scope holds each group's: the signal is recorded in every one at once)."""
     shape = "replica_groups: {count: 2, nproc_per_node: 1}" if groups else "nproc_per_node: 2"
     j = job(f"""
         version: 1

@@ -37,8 +37,13 @@ class StopScope:
         self.inner: list[StopScope] = []
 
     def inside(self, events: asyncio.Queue[Event]) -> StopScope:
-        """A scope inside this one (a replica group's, delivering to `events`): every later request reaches it."""
+        """A scope inside this one (a replica group's, delivering to `events`): every request reaches it.
+
+        Those that came before it was made too: a stop that arrived while the groups were being made stops them.
+        """
         scope = StopScope(events)
+        for stop in self.received:
+            scope.request(stop)
         self.inner.append(scope)
         return scope
 
