@@ -41,5 +41,9 @@ def test_the_culprits_node_is_named_kept_out_and_the_job_finishes_on_the_other(c
     assert "kept out of the next round: this node held up the hang of attempt 0" in left["failures"][-1]["reason"]
     assert f"hang: rank 1 (node {culprit_node.name}) never entered all_reduce #4" in other.output()
     assert other.report()["attempts"] == 2
+    ledger = {r["node"]: r for r in cluster.status()["ledger"]}  # the node ledger, in etcd (docs/hangs.md)
+    assert ledger[culprit_node.name]["counts"] == {"hang": 1}
+    assert ledger[culprit_node.name]["marks"][0]["culprit"] is True
+    assert ledger[other.name]["counts"] == {}  # it only waited: not its doing
     if mode == "skip":  # its rank kept beating: it found no hang itself, it answered the other node's query
         assert '"event": "hang_query"' in (culprit_node.run_dir() / "agent.jsonl").read_text()

@@ -39,6 +39,7 @@ class FakeRendezvous:
         self.published: list[dict] = []
         self.closed: list[str] = []
         self.charges: list[tuple[str, bool]] = []  # (failure class, charged) of each charge_restart
+        self.marks: list = []  # what the node ledger was told (note_node)
 
     async def open(self, events) -> None:
         if self.hang_open:
@@ -59,6 +60,15 @@ class FakeRendezvous:
 
     async def publish(self, state: dict) -> None:
         self.published.append(state)
+
+    async def note_node(self, mark) -> None:
+        self.marks.append(mark)
+
+    async def node_ledger(self) -> dict:
+        return {}
+
+    async def share_hang(self, local, *, timeout: float):
+        return local
 
     async def close(self, outcome: str) -> None:
         if self.close_error:

@@ -45,7 +45,7 @@ class StatusCommand(Command):
 
 def print_status(status: dict[str, Any]) -> None:
     """The one-shot text form: a header line, then one line per node (and its replica groups, if any)."""
-    from runner.runs.status import ettr, groups_table, unhealthy_reasons
+    from runner.runs.status import ettr, groups_table, ledger_table, unhealthy_reasons
 
     head = {k: v for k, v in status.items() if k not in ("nodes", "groups")}
     print("  ".join(f"{k}={v}" for k, v in head.items()))
@@ -66,6 +66,8 @@ def print_status(status: dict[str, Any]) -> None:
             print(f"    unhealthy: {reason}")
         for line in groups_table(node.get("groups")):
             print(f"    {line}" if line else "")
+    for line in ledger_table(status.get("ledger"), time.time()):  # docs/hangs.md
+        print(f"  {line}" if line else "")
 
 
 def watch(target: str, interval: float) -> int:

@@ -426,6 +426,8 @@ class Builder:
             timeout=self.duration(raw.get("timeout", default.timeout), (*here, "timeout")),
             retry_interval=self.duration(raw.get("retry_interval", default.retry_interval), (*here, "retry_interval")),
             give_up_after=self.opt_duration(raw.get("give_up_after", default.give_up_after), (*here, "give_up_after")),
+            max_failures=int(raw.get("max_failures", default.max_failures)),
+            failure_window=self.duration(raw.get("failure_window", default.failure_window), (*here, "failure_window")),
         )
 
     def metrics(self, raw: dict[str, Any]) -> Metrics:

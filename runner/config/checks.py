@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from runner.config.limits import MAX_ARG_BYTES, MAX_WORLD_SIZE
-from runner.config.spec import JobSpec, ReplicaGroups, Watchdog
+from runner.config.spec import Health, JobSpec, ReplicaGroups, Watchdog
 from runner.config.yaml_source import Document, Path
 from runner.errors import SpecProblem
 
@@ -106,6 +106,8 @@ def _watchdog_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
         ("check_interval", watchdog.check_interval != default.check_interval, "it paces the watchdog's file timer"),
         ("capture_stacks", watchdog.capture_stacks != default.capture_stacks,
          "it applies when the watchdog kills a hung worker"),
+        ("keep_out_culprit", watchdog.keep_out_culprit != default.keep_out_culprit,
+         "it applies to a hang the watchdog found"),
     )
     for key, changed, why in unused:
         if changed:
@@ -115,9 +117,13 @@ def _watchdog_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
 
 def _health(spec: JobSpec) -> Iterator[Found]:
     health, here = spec.health, ("health",)
-    for key, value in (("timeout", health.timeout), ("retry_interval", health.retry_interval)):
+    for key, value in (("timeout", health.timeout), ("retry_interval", health.retry_interval),
+                       ("failure_window", health.failure_window)):
         if value <= 0:
             yield (*here, key), f"must be greater than 0, found {value:g}", "use a positive duration such as 10s"
+    if not health.max_failures and health.failure_window != Health().failure_window:
+        why = "does nothing while health.max_failures is 0 (the node ledger keeps no node out)"
+        yield (*here, "failure_window"), why, "remove health.failure_window, or set health.max_failures"
     for i, command in enumerate(health.commands):
         where = (*here, "commands", i)
         if command.timeout <= 0:

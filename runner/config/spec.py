@@ -229,6 +229,8 @@ class Health:
     timeout: float = 60.0  # one try of every check
     retry_interval: float = 10.0
     give_up_after: float | None = 60.0
+    max_failures: int = 0  # the node ledger: this many own failures within failure_window keep a node out; 0 = off
+    failure_window: float = 86400.0
 
     @property
     def configured(self) -> bool:

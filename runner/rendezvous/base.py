@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from runner.events import Event
     from runner.hangs import RankRecord
+    from runner.rendezvous.node_ledger import Mark, NodeRecord
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,15 @@ class Rendezvous(Protocol):
         Every rank of the round within `timeout` (a node that did not answer: its ranks `silent`); one node: `local`.
         Never raises: an unreachable etcd leaves this node's own records.
         """
+
+    async def note_node(self, mark: Mark | None) -> None:
+        """Mark this node seen in the node ledger, with one failure of its own if given (docs/hangs.md).
+
+        Never raises: a ledger that cannot be written is a warning.
+        """
+
+    async def node_ledger(self) -> dict[str, NodeRecord]:
+        """Every node's ledger record ({} when it cannot be read)."""
 
     async def publish(self, state: dict[str, Any]) -> None:
         """Publish this node's live state (machine state, attempt, worker pids/exit codes) for `runner status`."""

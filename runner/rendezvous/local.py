@@ -9,7 +9,9 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from runner.rendezvous.base import RendezvousResult
+from runner.rendezvous.node_ledger import LocalLedger, Mark, NodeRecord
 from runner.rendezvous.ports import free_port
+from runner.system.soft_io import warn_once
 
 if TYPE_CHECKING:
     from runner.events import Event
@@ -20,9 +22,11 @@ class LocalRendezvous:
     """Every round completes at once with this node alone; restarts are counted in memory."""
 
     def __init__(
-        self, node: str, nproc_per_node: int, master_addr: str = "127.0.0.1", master_port: int | None = None
+        self, node: str, nproc_per_node: int, master_addr: str = "127.0.0.1", master_port: int | None = None,
+        ledger: LocalLedger | None = None,
     ) -> None:
         self.node = node
+        self.ledger = ledger  # the node ledger's file (none for a replica group's own rendezvous)
         self.master_port = master_port  # fixed (torchrun's --master-port), else a free one every round
         self.nproc_per_node = nproc_per_node
         self.master_addr = master_addr
@@ -69,6 +73,19 @@ class LocalRendezvous:
     async def share_hang(self, local: list[RankRecord], *, timeout: float) -> list[RankRecord]:  # noqa: ARG002
         """One node: its own records are every record."""
         return local
+
+    async def note_node(self, mark: Mark | None) -> None:
+        """Into the ledger's file (a warning when the state folder refuses it)."""
+        if self.ledger is None:
+            return
+        try:
+            self.ledger.note(self.node, mark)
+        except OSError as e:
+            warn_once("node_ledger_write_failed", self.ledger.path, e)
+
+    async def node_ledger(self) -> dict[str, NodeRecord]:
+        """From the ledger's file."""
+        return self.ledger.read() if self.ledger is not None else {}
 
     async def publish(self, state: dict[str, Any]) -> None:
         """Keep the latest state (the agent also writes it to <run dir>/status.json)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from runner.config.spec import JobSpec
 from runner.errors import RunnerError
+from runner.runs.index import ledger_path
 from runner.system import procs
 from runner.system.signals import GRACEFUL_SIGNAL
 
@@ -36,7 +37,14 @@ def read_status(spec: JobSpec) -> dict[str, Any]:
         ) from e
     running = node.get("state") != "SHUTDOWN" and is_agent(node)
     status = "running" if running else (node.get("outcome") or "unknown (agent gone)")
-    return {"job": spec.name, "status": status, "backend": "local", "nodes": [node]}
+    return {"job": spec.name, "status": status, "backend": "local", "nodes": [node], "ledger": local_ledger(spec.name)}
+
+
+def local_ledger(job: str) -> list[dict[str, object]]:
+    """The node ledger of a one-node job, as `runner status` shows it (docs/hangs.md)."""
+    from runner.rendezvous.node_ledger import LocalLedger
+
+    return [rec.to_json() for rec in LocalLedger(ledger_path(job)).read().values()]
 
 
 def request_stop(spec: JobSpec, graceful: bool) -> str:

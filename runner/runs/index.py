@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from runner.system.soft_io import describe, note, write_whole
 
@@ -60,6 +61,11 @@ def state_dir(environ: Mapping[str, str] | None = None) -> Path:
     base = env.get("XDG_STATE_HOME") or ""
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"  # the XDG spec: ignore relative
     return root / "runner"
+
+
+def ledger_path(job: str, environ: Mapping[str, str] | None = None) -> Path:
+    """The node ledger of a one-node job (runner/rendezvous/node_ledger.py): <state dir>/ledger/<job>.json."""
+    return state_dir(environ) / "ledger" / f"{quote(job, safe='')}.json"
 
 
 def index_path(environ: Mapping[str, str] | None = None) -> Path:

@@ -21,6 +21,7 @@ MAX_TAIL = 65536  # bytes of agent.jsonl read to find the last event
 MAX_SHOWN_S = 1e7  # a recovery figure beyond this (or negative, or not a number) is junk: shown as '?'
 PER_RANK_UP_TO = 4  # more ranks than this are counted, not listed
 MAX_REASON_SHOWN = 80  # characters of a health reason in the table's FAILURE column
+MAX_LEDGER_ROWS = 64  # nodes of the node ledger shown
 
 
 class UnknownRun(RunnerError):
@@ -60,6 +61,8 @@ def spec_of_run(run: runs_index.Run) -> JobSpec | None:
 
 def local_status(run: runs_index.Run) -> dict[str, Any]:
     """The status of a local-backend run from its run dir, shaped as runner.runs.control.read_status's."""
+    from runner.runs.control import local_ledger
+
     path = Path(run.run_dir) / "status.json"
     try:
         node = json.loads(path.read_text(encoding="utf-8"))
@@ -69,7 +72,7 @@ def local_status(run: runs_index.Run) -> dict[str, Any]:
         raise RunnerError(f"unreadable status at {path}", fix="the run dir was damaged")
     running = node.get("state") != "SHUTDOWN" and pid_alive(node.get("agent_pid"))
     status = "running" if running else (node.get("outcome") or run.outcome or "unknown (agent gone)")
-    return {"job": run.job, "status": status, "backend": "local", "nodes": [node]}
+    return {"job": run.job, "status": status, "backend": "local", "nodes": [node], "ledger": local_ledger(run.job)}
 
 
 def pid_alive(pid: object) -> bool:
@@ -197,7 +200,28 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
     lines = [title, *aligned(rows)]
     for node in status.get("nodes") or []:
         lines += groups_table(node.get("groups"))
-    return lines
+    return lines + ledger_table(status.get("ledger"), now)
+
+
+def ledger_table(ledger: object, now: float) -> list[str]:
+    """The node ledger (docs/hangs.md): each node's own failures by class across runs, its last, when last seen."""
+    records = [r for r in ledger if isinstance(r, dict)] if isinstance(ledger, list) else []
+    if not records:
+        return []
+    rows: list[tuple[str, ...]] = [("NODE", "OWN FAILURES", "LAST FAILURE", "LAST SEEN")]
+    for rec in sorted(records, key=lambda r: str(r.get("node")))[:MAX_LEDGER_ROWS]:
+        raw_counts = rec.get("counts")
+        counts = raw_counts if isinstance(raw_counts, dict) else {}
+        marks = rec.get("marks") if isinstance(rec.get("marks"), list) else []
+        last = marks[-1] if marks and isinstance(marks[-1], dict) else {}
+        raw_seen = rec.get("last_seen")
+        seen = float(raw_seen) if isinstance(raw_seen, (int, float)) and not isinstance(raw_seen, bool) else None
+        failures = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+        last_line = (f"{last.get('class')}{' (culprit)' if last.get('culprit') else ''}: "
+                     f"{str(last.get('reason', ''))[:MAX_REASON_SHOWN]}") if last else "-"
+        rows.append((str(rec.get("node")), failures, last_line,
+                     f"{duration(now - seen)} ago" if seen is not None else "-"))
+    return ["", "node ledger (across runs):", *aligned(rows)]
 
 
 def aligned(rows: list[tuple[str, ...]]) -> list[str]:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runner.core.machine import Step, Trigger
 from runner.core.restart_policy import gather
-from runner.outcomes import FailureKind
+from runner.outcomes import FailureClass, FailureKind
+from runner.rendezvous.node_ledger import Mark
 from runner.system import procs
 from runner.system.private_files import write_private
 from runner.workers import oom
@@ -29,6 +31,8 @@ async def handle(ctx: Context) -> Step:
     assert ctx.run.failure is not None  # every edge into FAILED sets it
     failure = ctx.run.failure = await with_culprit(ctx, with_evidence(ctx, ctx.run.failure))
     ctx.run.kept_out = kept_out(ctx, failure.hang)
+    if (mark := own_mark(ctx, failure)) is not None:
+        await ctx.rendezvous.note_node(mark)  # the node ledger (bounded; a warning when it cannot be written)
     ctx.run.failures.append(failure)
     save(ctx, failure)
     ctx.log.error("failure", **{k: v for k, v in failure.to_dict().items() if k not in ("traceback", "stacks")})
@@ -42,6 +46,20 @@ async def with_culprit(ctx: Context, failure: Failure) -> Failure:
         return failure
     found = await ctx.timer.settled()  # bounded by the query's own bounds
     return replace(failure, hang=found.verdict) if found is not None and found.verdict.named else failure
+
+
+def own_mark(ctx: Context, failure: Failure) -> Mark | None:
+    """The node ledger's mark when the failure is this node's own: a worker of it failed, or it held up a hang.
+
+    A hang with a culprit named elsewhere, a lost peer or a rendezvous timeout is not this node's doing: None.
+    """
+    verdict = failure.hang
+    if verdict is not None and verdict.named:
+        mine = ctx.inputs.node in {n for _, n in verdict.culprits}
+        return Mark(time.time(), FailureClass.HANG.value, verdict.reason(), culprit=True) if mine else None
+    if failure.kind in (FailureKind.WORKER, FailureKind.WATCHDOG):
+        return Mark(time.time(), failure.failure_class.value, failure.reason)
+    return None
 
 
 def kept_out(ctx: Context, verdict: Verdict | None) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
+from runner.config.durations import format_duration
 from runner.core.machine import Step, Trigger
 from runner.errors import EXIT_INFRA, JobClosed, RendezvousError, RendezvousTimeout
 from runner.outcomes import FailureKind, Outcome
@@ -22,7 +24,7 @@ async def handle(ctx: Context) -> Step:
 
     A node that held up the last attempt's hang sits this round out (docs/hangs.md): it leaves with exit 3.
     """
-    if (step := kept_out_step(ctx) or (await health_step(ctx) if ctx.spec.health.configured else None)) is not None:
+    if (step := await kept_out_step(ctx) or (await health_step(ctx) if ctx.spec.health.configured else None)):
         return step
     try:
         result = await unless_stopped(ctx, ctx.rendezvous.next_round(ctx.run.attempt))
@@ -45,14 +47,35 @@ async def handle(ctx: Context) -> Step:
     )
 
 
-def kept_out_step(ctx: Context) -> Step | None:
-    """The step out (exit 3, no worker started) for a node that held up the last hang; None for any other."""
+async def kept_out_step(ctx: Context) -> Step | None:
+    """The step out (exit 3, no worker started) for a node kept out (docs/hangs.md); None for any other.
+
+    Kept out: it held up the last hang, or its own failures in the node ledger reached health.max_failures. The
+    first round also marks the node seen in the ledger.
+    """
+    if ctx.run.attempt == 0:
+        await ctx.rendezvous.note_node(None)
+    if not ctx.run.kept_out and ctx.spec.health.max_failures:
+        ctx.run.kept_out = await ledger_verdict(ctx)
     if not ctx.run.kept_out:
         return None
     ctx.run.failure = Failure(kind=FailureKind.HEALTH, reason=ctx.run.kept_out, attempt=ctx.run.attempt,
                               hint="the other nodes go on without it; the hang's root cause is in report.json "
                                    "(watchdog.keep_out_culprit: false keeps such a node in)")
     return Step(Trigger.fatal, ctx.run.kept_out, Outcome.ERROR, EXIT_INFRA)
+
+
+async def ledger_verdict(ctx: Context) -> str:
+    """Why the node ledger keeps this node out ('' when it does not): its own failures within the window."""
+    health = ctx.spec.health
+    record = (await ctx.rendezvous.node_ledger()).get(ctx.inputs.node)
+    counts = record.counts(since=time.time() - health.failure_window) if record is not None else {}
+    total = sum(counts.values())
+    if total < health.max_failures:
+        return ""
+    by_class = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    return (f"kept out by the node ledger: {total} failures of this node in the last "
+            f"{format_duration(health.failure_window)} ({by_class}), health.max_failures is {health.max_failures}")
 
 
 async def health_step(ctx: Context) -> Step | None:

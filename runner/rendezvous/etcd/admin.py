@@ -27,7 +27,7 @@ from runner.rendezvous.etcd.client import (
     put_op,
 )
 from runner.rendezvous.etcd.connect import new_session
-from runner.rendezvous.etcd.keys import JobKeys, dump, load
+from runner.rendezvous.etcd.keys import JobKeys, dump, ledger_of, load
 
 
 def quiet_log() -> Any:
@@ -71,7 +71,8 @@ async def read_status(spec: JobSpec) -> dict[str, Any]:
             "result_round": None, "nodes_in_round": [n for g in groups for n in g["nodes_in_round"]],
             "world_size": sum(g["world_size"] for g in groups), "master_addr": None, "master_port": None,
             "restarts": sum(g["restarts"] for g in groups), "backend": "etcd",
-            "nodes": [n for g in groups for n in g["nodes"]], "groups": groups}
+            "nodes": [n for g in groups for n in g["nodes"]], "groups": groups,
+            "ledger": [rec for g in groups for rec in g["ledger"]]}
 
 
 async def read_keys_status(spec: JobSpec, keys: JobKeys) -> dict[str, Any]:
@@ -79,9 +80,9 @@ async def read_keys_status(spec: JobSpec, keys: JobKeys) -> dict[str, Any]:
     session = new_session(spec, quiet_log())
     await session.connect()
     try:
-        _, (rnd, control, restarts, live, finals) = await session.call(lambda c: c.snapshot(
+        _, (rnd, control, restarts, live, finals, ledger) = await session.call(lambda c: c.snapshot(
             [key_range(keys.round), key_range(keys.control), key_range(keys.restarts),
-             prefix_range(keys.states), prefix_range(keys.finals)]))
+             prefix_range(keys.states), prefix_range(keys.finals), prefix_range(keys.ledgers)]))
         r = int(rnd[0].value) if rnd else 0
         result, result_round = None, None
         for candidate in (r, r - 1):
@@ -93,7 +94,9 @@ async def read_keys_status(spec: JobSpec, keys: JobKeys) -> dict[str, Any]:
                 break
     finally:
         await session.close()
-    return status_dict(spec, r, result_round, result, control, restarts, live, finals)
+    status = status_dict(spec, r, result_round, result, control, restarts, live, finals)
+    status["ledger"] = [rec.to_json() for rec in ledger_of(ledger).values()]  # the node ledger (docs/hangs.md)
+    return status
 
 
 def status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[str, Any] | None,

@@ -40,17 +40,19 @@ from runner.rendezvous.etcd.client import (
     LeaseNotFound,
     absent,
     key_range,
+    prefix_range,
     put_op,
     range_op,
     value_is,
 )
 from runner.rendezvous.etcd.connect import new_session
 from runner.rendezvous.etcd.hang_exchange import share
-from runner.rendezvous.etcd.keys import JobKeys, check_node_id, dump, load
+from runner.rendezvous.etcd.keys import JobKeys, check_node_id, dump, ledger_of, load
 from runner.rendezvous.etcd.lease import LeaseKeeper, revoke_ticket
 from runner.rendezvous.etcd.lease_revoke import LeaseListener
 from runner.rendezvous.etcd.monitor import RoundMonitor
 from runner.rendezvous.etcd.round import RoundRules, RoundWaiter
+from runner.rendezvous.node_ledger import Mark, NodeRecord, record_of
 from runner.rendezvous.ports import free_port
 from runner.rendezvous.spec_check import diff_paths, shared_tree, tree_digest
 
@@ -414,6 +416,31 @@ class EtcdRendezvous:
         if result is None or len(result.nodes) < 2 or self._lost is not None:
             return local
         return await share(self.session, self._keys, result, local, timeout=timeout, log=self._log)
+
+    async def note_node(self, mark: Mark | None) -> None:
+        """This node's ledger record, read, noted and put back (only this node writes it); a warning on failure."""
+        key = self._keys.ledger(self._node)
+
+        async def note() -> None:
+            raw = await self.session.call(lambda c: c.get(key))
+            old = record_of(load(raw.value)) if raw is not None else None
+            new = (old or NodeRecord(self._node)).noted(mark, time.time())
+            await self.session.call(lambda c: c.put(key, dump(new.to_json())))
+
+        try:
+            await self._bounded("note_node", note())
+        except RendezvousError as e:
+            self._log.warning("node_ledger_write_failed", error=e.message)
+
+    async def node_ledger(self) -> dict[str, NodeRecord]:
+        """Every node's record under the job's keys ({} when etcd does not answer)."""
+        try:
+            _, (kvs,) = await self._bounded("node_ledger", self.session.call(
+                lambda c: c.snapshot([prefix_range(self._keys.ledgers)])))
+        except RendezvousError as e:
+            self._log.warning("node_ledger_read_failed", error=e.message)
+            return {}
+        return ledger_of(kvs)
 
     async def publish(self, state: dict[str, Any]) -> None:
         """Put this node's live state (plus node, round, time) on the lease; bounded by the connect timeout."""

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from runner.events import Event
     from runner.hangs import RankRecord
+    from runner.rendezvous.node_ledger import Mark, NodeRecord
 
 LINGER_POLL_S = 0.25
 
@@ -110,6 +111,14 @@ class HostedRendezvous:
     async def share_hang(self, local: list[RankRecord], *, timeout: float) -> list[RankRecord]:
         """As the etcd backend."""
         return await self._inner.share_hang(local, timeout=timeout)
+
+    async def note_node(self, mark: Mark | None) -> None:
+        """As the etcd backend."""
+        await self._inner.note_node(mark)
+
+    async def node_ledger(self) -> dict[str, NodeRecord]:
+        """As the etcd backend."""
+        return await self._inner.node_ledger()
 
     async def publish(self, state: dict[str, Any]) -> None:
         """As the etcd backend."""

@@ -12,6 +12,9 @@ from typing import Any
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from runner.errors import JobClosed, RendezvousError
+from runner.rendezvous.node_ledger import MAX_NODES, NodeRecord, record_of
+
+MAX_RECORD_BYTES = 64 << 10  # a node ledger record larger than this is damaged
 
 # Longest node id accepted (UTF-8 bytes): ids become etcd keys and appear in every round's result.
 MAX_NODE_ID_BYTES = 512
@@ -135,6 +138,15 @@ class JobKeys:
         """First member of round `round_` found lost (its ring neighbour writes it once): every member reads it."""
         return self._annex(round_, "lost")
 
+    def ledger(self, node: str) -> bytes:
+        """`node`'s record in the node ledger (no lease: it outlives runs; runner/rendezvous/node_ledger.py)."""
+        return self._k("ledger", encode_node(node))
+
+    @property
+    def ledgers(self) -> bytes:
+        """Prefix of the node ledger's records."""
+        return self._k("ledger", "")
+
     def hang(self, round_: int) -> bytes:
         """A node found a hang in round `round_`: every member reads its flight recorders, answers (docs/hangs.md)."""
         return self._annex(round_, "hang")
@@ -198,6 +210,16 @@ class JobKeys:
         if control:
             state = str(control.get("state", "closed")) if isinstance(control, dict) else "closed"
             raise JobClosed(self.job, state)
+
+
+def ledger_of(kvs: list[Any]) -> dict[str, NodeRecord]:
+    """The node ledger's records read from etcd (a damaged or oversized one left out), by node."""
+    out: dict[str, NodeRecord] = {}
+    for kv in kvs[:MAX_NODES]:
+        rec = record_of(load(kv.value)) if len(kv.value) <= MAX_RECORD_BYTES else None
+        if rec is not None:
+            out[rec.node] = rec
+    return out
 
 
 def encode_closed(record: dict[str, Any]) -> bytes:
