@@ -75,7 +75,7 @@ def review(phase: JobPhase, f: JobFacts) -> tuple[bool, JobPhase, JobTrigger | N
     machine.set_state(phase)
 
     async def go() -> bool:
-        return bool(await model.trigger(T.review.value, facts=f))  # type: ignore[misc]
+        return bool(await model.trigger(T.review.value, facts=f))
 
     took = asyncio.run(go())
     return took, model.state, model.taken.trigger if took and model.taken is not None else None
@@ -143,7 +143,7 @@ def test_triggers_outside_the_table_are_refused(src):
     machine.set_state(src)
     for trigger in set(JobTrigger) - allowed:
         with pytest.raises(Exception):  # noqa: B017 - transitions raises MachineError
-            asyncio.run(model.trigger(trigger.value, facts=facts()))  # type: ignore[misc]
+            asyncio.run(model.trigger(trigger.value, facts=facts()))
         assert model.state is src
 
 

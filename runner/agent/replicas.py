@@ -5,9 +5,11 @@ MASTER_PORT every attempt: its own store), guard, attempts, restart budget, fail
 <run dir>/group_<k>/. A failure in one group stops and restarts that group only; the others keep stepping (TorchFT
 leaves the failed group out of the quorum until it rejoins and copies the live weights from a healthy peer).
 
-This supervisor owns what the groups share: the lighthouse, the stop signals (fanned out to every group), the
-minimum (when fewer than `min_active` groups can go on, the rest is stopped: they could never take a step), the
-job's status.json (each group's state, attempt, restarts and committed step) and report.json.
+This supervisor owns what the groups share, under the job's own machine (runner/core/job_machine.py: STARTING,
+TRAINING, DEGRADED, STOPPING, ENDED; pure guards in runner/core/job_policy.py): the lighthouse, the stop signals (the
+job's stop scope holds every group's), the minimum (when fewer than `min_active` groups can go on, the rest is
+stopped with that cause: they could never take a step), the job's status.json (its phase, each group's state,
+attempt, restarts and committed step) and report.json.
 """
 
 from __future__ import annotations
@@ -232,7 +234,7 @@ class Supervisor:
         while self.model.state is not JobPhase.ENDED:
             facts = self.facts()
             src = self.model.state
-            if not await self.model.trigger(JobTrigger.review.value, facts=facts):  # type: ignore[misc]
+            if not await self.model.trigger(JobTrigger.review.value, facts=facts):
                 return
             edge = self.model.taken
             assert edge is not None
@@ -288,7 +290,7 @@ class Supervisor:
     async def fire(self, trigger: JobTrigger, step: JobStep) -> None:
         """Fire one of the job's unguarded edges (out of STARTING) and record it."""
         src = self.model.state
-        took = await self.model.trigger(trigger.value, facts=self.facts())  # type: ignore[misc]
+        took = await self.model.trigger(trigger.value, facts=self.facts())
         edge = self.model.taken
         assert took, f"{trigger.value} took no edge from {src.value}"
         assert edge is not None

@@ -14,7 +14,7 @@ edge that ended it carries the job's outcome.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -115,7 +115,7 @@ class JobModel:
 
     state: JobPhase
     taken: JobEdge | None = None
-    trigger: Callable[..., object]  # added by `transitions`
+    trigger: Callable[..., Awaitable[bool]]  # added by `transitions`
 
 
 def build_job_machine(guards: Mapping[JobGuard, JobGuardCheck]) -> tuple[JobModel, AsyncMachine]:
