@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, alive
@@ -75,6 +76,10 @@ def test_the_root_cause_names_the_rank_that_held_the_others_up(job, mode, findin
         assert [e["collective_seq_id"] for e in rank0["entries"]][-1] == 4  # torch's own record, kept as it came
     if mode == "sleep":
         assert "rank 1 (culprit)" in failure["stacks"] and "hang_culprit.py" in failure["stacks"]
+        page = j.cli("report")  # `runner report job.yaml`: the page shows the culprit and what the watchdog saw
+        assert page.returncode == 0, page.stderr
+        html = Path(page.stdout.strip()).read_text()
+        assert f"culprit: rank 1 (node {node})" in html and "detected: watchdog: rank 0" in html
 
 
 def test_a_mismatched_collective_names_the_odd_rank_out(job):

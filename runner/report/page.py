@@ -96,7 +96,7 @@ def root_cause(story: Story, outcome: str) -> str:
     recovered = outcome == "succeeded"
     title = "Recovered from" if recovered else "Root cause"
     lines = [f"<b>{title}</b> (node {esc(node)}, attempt {esc(f.get('attempt'))}): {esc(f.get('reason', ''))}"]
-    lines += [f"{key}: {esc(f[key])}" for key in ("error", "hint") if f.get(key)]
+    lines += [f"{key}: {esc(f[key])}" for key in ("detected", "culprit_note", "error", "hint") if f.get(key)]
     if f.get("log_dir"):
         lines.append(f"logs: <code>{esc(f['log_dir'])}</code>")
     cls = "cause recovered" if recovered else "cause"
@@ -218,11 +218,31 @@ def failures_section(story: Story) -> str:
     return "\n".join(blocks) or "<p>None.</p>"
 
 
+def hang_lines(hang: object) -> list[str]:
+    """A hang's culprit as the flight recorders showed it (docs/hangs.md): who held up whom, in which call."""
+    if not isinstance(hang, dict):
+        return []
+
+    def who(key: str) -> str:
+        ranks = hang.get(key)
+        return ", ".join(f"rank {r.get('rank')} (node {r.get('node')})" for r in ranks if isinstance(r, dict)) \
+            if isinstance(ranks, list) else ""
+
+    call = f"{hang.get('collective')} #{hang.get('collective_seq')}" if hang.get("collective") else ""
+    items = [("finding", hang.get("finding")), ("culprit", who("culprits")), ("waiting", who("waiting")),
+             ("collective", call),
+             ("waited", f"{hang.get('waited_s')} s" if hang.get("waited_s") is not None else ""),
+             ("ranks not read", ", ".join(map(str, hang.get("ranks_unread") or [])))]
+    return [f'<div class="hang">{esc(k)}: {esc(v)}</div>' for k, v in items if v]
+
+
 def failure_block(node: NodeStory, f: dict[str, Any]) -> str:
     """One failure."""
     head = f"node {node.node} · attempt {f.get('attempt')} · {f.get('kind', '?')}: {f.get('reason', '')}"
     parts = [f'<details class="failure" data-attempt="{esc(f.get("attempt"))}" open><summary>{esc(head)}</summary>']
-    parts += [f"<div>{esc(key)}: {esc(f[key])}</div>" for key in ("error", "hint", "log_dir") if f.get(key)]
+    parts += [f"<div>{esc(key)}: {esc(f[key])}</div>" for key in ("detected", "culprit_note", "error", "hint",
+                                                                  "log_dir") if f.get(key)]
+    parts += hang_lines(f.get("hang"))
     for key, label in (("traceback", "traceback"), ("stderr_tail", "last lines of stderr"),
                        ("stacks", "stacks before the kill")):
         if f.get(key):
