@@ -18,7 +18,9 @@ Prints the lines of ft_train.py (parsed by tests and bench/goodput.py), one `ste
 rank 0: `step` is the sync count (TorchFT's manager.current_step()), `samples` the samples the sync committed
 (groups in it x N x the group's batch; 0 when not committed):
     ft_train start mode=localsgd group=0 groups=2 rank=0 world=1 pid=123 attempt=0 params=1820586 time=<epoch s>
-    ft_train step mode=localsgd group=0 step=7 commit=1 groups=2 samples=640 loss=2.3012 time=<epoch s>
+    ft_train step mode=localsgd group=0 step=7 commit=1 groups=2 samples=640 loss=2.3 pid=123 time=<epoch s>
+    ft_train inner group=0 samples=16 pid=123 time=<epoch s>      (every inner step: its samples, kept once a
+                                                                 later sync of the same process commits)
     ft_train final group=0 step=30 params_sha=<sha256 of the parameters' bytes>
 After every inner step, group rank 0 writes {"step": S, "loss": L} to $RUNNER_HEARTBEAT_FILE (S: the syncs
 committed), runner's view of the group's progress and its heartbeat.
@@ -105,7 +107,7 @@ def train(args: argparse.Namespace) -> None:
             participants = manager.num_participants()
             say("step", mode="localsgd", group=group, step=step, commit=int(committed), groups=participants,
                 samples=participants * args.sync_every * batch * world if committed and inner else 0,
-                loss=f"{lval:.4f}", time=f"{time.time():.3f}")
+                loss=f"{lval:.4f}", pid=os.getpid(), time=f"{time.time():.3f}")
             report_step(step, lval)
 
     # LocalSGD syncs from the optimizer's post-step hook: after every N-th opt.step() it takes a quorum, averages
@@ -123,6 +125,8 @@ def train(args: argparse.Namespace) -> None:
             average_in_group(model, world)
             lval = loss.item()
             inner += 1
+            if rank == 0:  # kept once a later sync of this process commits (a failed sync keeps the local steps)
+                say("inner", group=group, samples=batch * world, pid=os.getpid(), time=f"{time.time():.3f}")
             opt.step()  # the N-th one syncs
             if inner == args.sync_every:
                 synced(manager.current_step() > before)
