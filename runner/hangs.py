@@ -10,7 +10,9 @@ what makes them wait:
 - ranks that entered the same call number with a different op or different sizes: **mismatch** (the odd ones out
   are the culprits; with no majority, every side is named);
 - a rank whose process is stopped (SIGSTOP: state T), which can answer nothing: **stopped**;
-- a rank that did not answer the query while its peers wait: **silent**.
+- a rank that did not answer the query while its peers wait: **silent**;
+- after a collective timeout (the rank that waited is gone, its records with it): the ranks that are in no
+  collective at all, with their last call: **away**.
 
 Anything else (every rank inside the same call, or no rank waiting in a collective) is **unknown**, and says so.
 Point-to-point calls (send/recv) are not matched: only collectives, which every rank of a group must call in order.
@@ -35,12 +37,14 @@ class Answer(enum.Enum):
     SILENT = "silent"  # no answer within the bound (blocked, or its recorder's server is not running)
     NO_RECORDER = "no_recorder"  # nothing listens: a cold worker, a script without torch, the recorder off
     EXITED = "exited"  # the process was gone before it was asked
+    TIMED_OUT = "timed_out"  # it ended on a collective timeout: it waited in a collective (its records are gone)
 
 
 class Finding(enum.Enum):
     """What the records show."""
 
     NEVER_ENTERED = "never_entered"
+    AWAY = "away"  # in no collective at all while a peer gave up waiting in one (a collective timeout)
     MISMATCH = "mismatch"
     STOPPED = "stopped"
     SILENT = "silent"
@@ -111,6 +115,9 @@ class Verdict:
             if self.waiting:
                 return f"{head}{who} called {self.odd} while {ranks_on_nodes(self.waiting)} called {self.op}"
             return f"{head}{who} disagree: {self.odd}"
+        if self.finding is Finding.AWAY:
+            gave_up = ranks_on_nodes(self.waiting)
+            return f"hang: {who} was in no collective (last call: {self.odd}) while {gave_up} timed out waiting in one"
         if self.finding is Finding.STOPPED:
             return f"hang: {who} is stopped (SIGSTOP or SIGTSTP: process state T)" + (f"; {waited}" if where else "")
         if self.finding is Finding.SILENT:
@@ -220,45 +227,60 @@ def sizes_of(value: object) -> tuple[tuple[int, ...], ...]:
 
 def analyse(records: list[RankRecord], now_ns: int) -> Verdict:
     """The culprit of the hang these records were taken in (`now_ns`: when, epoch nanoseconds)."""
-    node_of = {r.rank: r.node for r in records}
     read = [r for r in records if r.answer is Answer.ANSWERED]
-    unread = tuple(sorted(r.rank for r in records if r.answer is not Answer.ANSWERED))
-    stopped = tuple(sorted((r.rank, r.node) for r in records if r.answer is Answer.STOPPED))
-    silent = tuple(sorted((r.rank, r.node) for r in records if r.answer is Answer.SILENT))
-    found = Verdict(Finding.UNKNOWN, (), ranks=len(read), missing=unread)
+    found = Verdict(Finding.UNKNOWN, (), ranks=len(read),
+                    missing=tuple(sorted(r.rank for r in records if r.answer is not Answer.ANSWERED)))
+    stopped = those(records, Answer.STOPPED)
     stuck = first_stuck(read)
     if stuck is not None:
-        group, seq = stuck
-        in_call = {r.rank: call for r in read if (call := call_at(r, group, seq)) is not None}
-        open_calls = {rank: c for rank, c in in_call.items() if not c.done}
-        oldest = min((c.created_ns for c in open_calls.values() if c.created_ns), default=0)
-        found = replace(
-            found, group=group, seq=seq, op=next(iter(open_calls.values())).describe(),
-            waiting=tuple(sorted((rank, node_of[rank]) for rank in open_calls)),
-            waited_s=max(0.0, (now_ns - oldest) / 1e9) if oldest else None,
-        )
-        never = tuple(sorted((r.rank, r.node) for r in read if r.rank not in in_call and takes_part(r, group)))
-        if stopped:
-            return replace(found, finding=Finding.STOPPED, culprits=stopped)
-        if never:
-            return replace(found, finding=Finding.NEVER_ENTERED, culprits=never)
-        odd = mismatch(found, in_call, node_of)
-        if odd is not None:
-            return odd
+        found = in_call(found, records, read, stuck, now_ns)
+        if found.finding is not Finding.UNKNOWN or stopped:
+            return replace(found, finding=Finding.STOPPED, culprits=stopped) if stopped else found
     if stopped:
         return replace(found, finding=Finding.STOPPED, culprits=stopped)
-    if silent:
+    if silent := those(records, Answer.SILENT):
         return replace(found, finding=Finding.SILENT, culprits=silent)
+    gave_up = those(records, Answer.TIMED_OUT)
+    if stuck is None and gave_up and read:
+        lasts = "; ".join((f"rank {r.rank}: " if len(read) > 1 else "")
+                          + (f"{r.calls[-1].describe()} #{r.calls[-1].seq}" if r.calls else "none yet")
+                          for r in sorted(read, key=lambda r: r.rank))
+        return replace(found, finding=Finding.AWAY, culprits=tuple(sorted((r.rank, r.node) for r in read)),
+                       waiting=gave_up, odd=lasts)
     return found
 
 
-def mismatch(found: Verdict, in_call: dict[int, Call], node_of: dict[int, str]) -> Verdict | None:
+def those(records: list[RankRecord], answer: Answer) -> tuple[tuple[int, str], ...]:
+    """(rank, node) of the records that answered so, lowest rank first."""
+    return tuple(sorted((r.rank, r.node) for r in records if r.answer is answer))
+
+
+def in_call(found: Verdict, records: list[RankRecord], read: list[RankRecord], stuck: tuple[str, int],
+            now_ns: int) -> Verdict:
+    """The verdict around the stuck call: who waits in it, who never entered it, who called something else."""
+    node_of = {r.rank: r.node for r in records}
+    group, seq = stuck
+    calls = {r.rank: call for r in read if (call := call_at(r, group, seq)) is not None}
+    open_calls = {rank: c for rank, c in calls.items() if not c.done}
+    oldest = min((c.created_ns for c in open_calls.values() if c.created_ns), default=0)
+    found = replace(
+        found, group=group, seq=seq, op=next(iter(open_calls.values())).describe() if open_calls else "",
+        waiting=tuple(sorted((rank, node_of[rank]) for rank in open_calls)),
+        waited_s=max(0.0, (now_ns - oldest) / 1e9) if oldest else None,
+    )
+    never = tuple(sorted((r.rank, r.node) for r in read if r.rank not in calls and takes_part(r, group)))
+    if never:
+        return replace(found, finding=Finding.NEVER_ENTERED, culprits=never)
+    return mismatch(found, calls, node_of) or found
+
+
+def mismatch(found: Verdict, calls: dict[int, Call], node_of: dict[int, str]) -> Verdict | None:
     """The ranks that called something else at the stuck call number; None when every rank called the same.
 
     With a majority, the others are the culprits and the majority waits; without one, every side is named.
     """
     sides: dict[tuple[str, tuple[tuple[int, ...], ...]], list[int]] = defaultdict(list)
-    for rank, c in sorted(in_call.items()):
+    for rank, c in sorted(calls.items()):
         sides[c.signature].append(rank)
     if len(sides) < 2:
         return None
@@ -266,13 +288,13 @@ def mismatch(found: Verdict, in_call: dict[int, Call], node_of: dict[int, str]) 
     if len(ordered[0]) > len(ordered[1]):
         normal, odd = ordered[0], sorted(r for ranks in ordered[1:] for r in ranks)
     else:  # no majority: nobody can tell who is right
-        normal, odd = [], sorted(in_call)
-    calls = "; ".join(in_call[ranks[0]].describe() + ("" if normal else f" (rank {rank_list(ranks)})")
+        normal, odd = [], sorted(calls)
+    odd_calls = "; ".join(calls[ranks[0]].describe() + ("" if normal else f" (rank {rank_list(ranks)})")
                       for ranks in ordered if ranks is not normal)
     return replace(
         found, finding=Finding.MISMATCH, culprits=tuple((r, node_of[r]) for r in odd),
         waiting=tuple((r, node_of[r]) for r in normal),
-        op=in_call[normal[0]].describe() if normal else "", odd=calls,
+        op=calls[normal[0]].describe() if normal else "", odd=odd_calls,
     )
 
 

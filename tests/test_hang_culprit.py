@@ -120,3 +120,21 @@ def test_the_agent_reads_the_recorder_without_importing_torch():
     code = "import runner.hangs, runner.watchdog.flight, sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_a_collective_timeout_with_the_watchdog_off_names_the_rank_that_was_away(job):
+    """The default (no watchdog): rank 0 gives up after init_process_group's 3 s timeout; its records go with it,
+    but rank 1's show it in no collective: it is named, the failure classed a hang, rank 0's traceback kept."""
+    spec = SPEC.replace("watchdog:\n  heartbeat_timeout: 3s\n", "")
+    j = job(spec.format(script=EXAMPLES / "hang_culprit.py", args=json.dumps(["sleep", "--pg-timeout", "3"]),
+                        nproc=2, extra=""))
+    res = j.run(timeout=120)
+    assert res.returncode == 1, res.stderr[-3000:]
+    (failure,) = json.loads((j.run_dir() / "report.json").read_text())["failures"]
+    assert failure["kind"] == "worker" and failure["class"] == "hang" and failure["rank"] == 0
+    hang = failure["hang"]
+    assert hang["finding"] == "away" and [c["rank"] for c in hang["culprits"]] == [1]
+    assert hang["waiting"] == [{"rank": 0, "node": hang["culprits"][0]["node"]}]
+    assert "was in no collective (last call: all_reduce [[10]] #3) while rank 0" in res.stderr
+    assert "Timed out waiting 3000ms" in failure["stderr_tail"]
+    assert "rank 1 (culprit)" in failure["stacks"]

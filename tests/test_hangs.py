@@ -60,6 +60,18 @@ def test_a_stopped_or_silent_rank_is_the_culprit_of_peers_waiting_in_a_collectiv
     assert silent.finding is Finding.SILENT and silent.culprits == ((1, "b"),)
 
 
+def test_after_a_collective_timeout_the_ranks_in_no_collective_are_named():
+    """The rank that gave up is gone with its records; the others that are in no collective held it up."""
+    gone = RankRecord(0, "a", Answer.TIMED_OUT)
+    verdict = analyse([gone, record(1, calls_up_to(3, last_open=False), "b")], NOW)
+    assert verdict.finding is Finding.AWAY and verdict.culprits == ((1, "b"),) and verdict.waiting == ((0, "a"),)
+    assert verdict.reason() == ("hang: rank 1 (node b) was in no collective (last call: all_reduce [[10]] #3) "
+                                "while rank 0 (node a) timed out waiting in one")
+    waiting = analyse([gone, record(1, calls_up_to(4, last_open=True)), record(2, calls_up_to(3, last_open=False))],
+                      NOW)
+    assert waiting.finding is Finding.NEVER_ENTERED and waiting.culprits == ((2, "a"),)  # a waiter still answers
+
+
 def test_no_open_collective_or_everyone_inside_one_names_nobody_and_says_so():
     done = analyse([record(0, calls_up_to(3, last_open=False)), record(1, calls_up_to(3, last_open=False))], NOW)
     assert done.finding is Finding.UNKNOWN and not done.named

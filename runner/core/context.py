@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from runner.core.machine import JobState
     from runner.outcomes import Outcome
     from runner.rendezvous.base import Rendezvous, RendezvousResult
+    from runner.watchdog.flight import FlightRecorder
     from runner.watchdog.service import Watchdog
     from runner.workers.failures import Failure
     from runner.workers.group import Worker, WorkerGroup
@@ -197,6 +198,7 @@ class Context:
     outcome: Outcome | None = None  # set once a step settles it (None while the job goes on)
     exit_code: int = 0
     timer: Watchdog | None = None  # the file-timer server and heartbeat monitor, when the watchdog is on
+    recorder: FlightRecorder | None = None  # every rank's flight recorder, read on a hang (docs/hangs.md)
     deadline_armed: bool = False
     report_path: Path | None = None  # where report.json went (the run dir, or a fallback when it could not)
     stops: StopScope = field(init=False)  # the stop requests this run received (runner/system/stop_scope.py)
@@ -211,6 +213,15 @@ class Context:
         """The job's spec (the inputs' own, for the many handlers that read it)."""
         return self.inputs.spec
 
+    def rank_env(self, nproc: int) -> dict[int, dict[str, str]]:
+        """Per local rank: the watchdog's timer FIFO and the flight recorder's socket, for those that are on."""
+        env: dict[int, dict[str, str]] = {r: {} for r in range(nproc)}
+        for part in (self.timer.worker_env(range(nproc)) if self.timer is not None else {},
+                     self.recorder.worker_env(range(nproc)) if self.recorder is not None else {}):
+            for r, values in part.items():
+                env[r].update(values)
+        return env
+
     def make_plan(self) -> LaunchPlan:
         """Plan this node's workers for the current attempt from the last rendezvous result."""
         run, replica = self.run, self.inputs.replica
@@ -222,5 +233,5 @@ class Context:
             run_dir=str(self.inputs.run_dir),
             base_env=os.environ,
             extra_env=replica.env(free_port("127.0.0.1")) if replica is not None else None,
-            rank_env=self.timer.worker_env(range(run.result.nproc_per_node)) if self.timer is not None else None,
+            rank_env=self.rank_env(run.result.nproc_per_node),
         )

@@ -42,9 +42,9 @@ async def handle(ctx: Context) -> Step:
 
 async def with_culprit(ctx: Context, failure: Failure) -> Failure:
     """A failure seen here while this node answered another node's hang query carries the culprit it found."""
-    if failure.hang is not None or ctx.timer is None:
+    if failure.hang is not None or ctx.recorder is None:
         return failure
-    found = await ctx.timer.settled()  # bounded by the query's own bounds
+    found = await ctx.recorder.settled()  # bounded by the query's own bounds
     return replace(failure, hang=found.verdict) if found is not None and found.verdict.named else failure
 
 

@@ -40,6 +40,7 @@ async def handle(ctx: Context) -> Step:
         ctx.rendezvous.on_lease(ctx.shepherd.revoke_at_death)
     try:
         await unless_stopped(ctx, ctx.rendezvous.open(ctx.events))
+        start_recorder(ctx)
         if ctx.spec.watchdog.enabled or os.environ.get("TORCHELASTIC_ENABLE_FILE_TIMER") == "1":  # as torchrun
             await start_watchdog(ctx)
     except Stopped:
@@ -61,11 +62,22 @@ def start_standbys(ctx: Context) -> None:
     ctx.run.standbys.fill()  # now, whatever the rendezvous: attempt 0 runs in them (docs/standby.md)
 
 
+def start_recorder(ctx: Context) -> None:
+    """Every rank's flight recorder, read when a hang is found (docs/hangs.md); none with flight_recorder: 0."""
+    if not ctx.spec.watchdog.flight_recorder:
+        return
+    from runner.watchdog.flight import FlightRecorder
+
+    ctx.recorder = FlightRecorder(ctx.spec.watchdog.flight_recorder, ctx.inputs.node, ctx.log,
+                                  ctx.rendezvous.share_hang)
+    ctx.recorder.capture = ctx.spec.watchdog.capture_stacks
+
+
 async def start_watchdog(ctx: Context) -> None:
     """Start the file-timer server; its expiries become TimerExpired events."""
     from runner.watchdog.service import Watchdog
 
     timer = Watchdog(ctx.spec.watchdog, run_dir=ctx.inputs.run_dir, events=ctx.events, log=ctx.log,
-                     group=lambda: ctx.run.group, node=ctx.inputs.node, share=ctx.rendezvous.share_hang)
+                     group=lambda: ctx.run.group, recorder=ctx.recorder)
     await timer.start()
     ctx.timer = timer

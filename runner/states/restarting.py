@@ -31,6 +31,8 @@ async def handle(ctx: Context) -> Step:
         ctx.run.group = None
         if ctx.timer is not None:
             ctx.timer.clear()
+    if ctx.recorder is not None:
+        ctx.recorder.clear()  # the next attempt's hang is asked about afresh
     drop_stale(ctx)
     if ctx.run.standbys is not None:
         ctx.run.standbys.fill()  # normally a no-op: every hand-off already asked the fork server for the next one

@@ -23,7 +23,7 @@ from runner.events import (
     WorkerExited,
 )
 from runner.outcomes import FailureKind, Outcome
-from runner.workers.failures import Failure, watchdog_failure, worker_failure
+from runner.workers.failures import Failure, collective_timeout, watchdog_failure, with_hang, worker_failure
 
 if TYPE_CHECKING:
     from runner.core.context import Context
@@ -116,9 +116,9 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
 def on_hang(ctx: Context, event: TimerExpired | HangQuery) -> Step | None:
     """A watchdog expiry fails the attempt, its root cause the hang's culprit; another node's hang: answer it."""
     if isinstance(event, HangQuery):
-        if ctx.timer is not None:
+        if ctx.recorder is not None and ctx.run.group is not None:
             ctx.log.info("hang_query", by=event.by)
-            ctx.timer.ask()
+            ctx.recorder.ask(ctx.run.group.workers.values())
         return None
     workers = ctx.run.group.workers.values() if ctx.run.group is not None and event.culprit is not None else ()
     ctx.run.failure = watchdog_failure(
@@ -139,8 +139,12 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
                           detail="its code and atexit handlers had ended cleanly: counted as exit 0")
         event = dataclasses.replace(event, exit_code=0)
     if event.exit_code != 0:
-        ctx.run.failure = worker_failure(ctx.run.attempt, event.rank, event.local_rank, event.exit_code,
-                                         worker.plan.log_dir, ctx.run.group.stderr_tail(event.local_rank))
+        failure = worker_failure(ctx.run.attempt, event.rank, event.local_rank, event.exit_code,
+                                 worker.plan.log_dir, ctx.run.group.stderr_tail(event.local_rank))
+        if ctx.recorder is not None and collective_timeout(failure):  # a hang that a peer gave up on: its culprit
+            found = await ctx.recorder.named(ctx.run.group.workers.values(), timed_out=(event.rank,))
+            failure = with_hang(failure, found)
+        ctx.run.failure = failure
         return Step(Trigger.worker_failed, ctx.run.failure.reason)
     if not ctx.run.group.running():
         if not all(ended_well(w.exited.result(), w.plan.log_dir) for w in ctx.run.group.workers.values()):

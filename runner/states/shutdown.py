@@ -37,6 +37,8 @@ async def handle(ctx: Context) -> None:
         await ctx.run.group.stop(forwarded_signal(ctx), spec.shutdown.grace_period, ctx.hurry)
     if ctx.timer is not None:
         await ctx.timer.stop()
+    if ctx.recorder is not None:
+        ctx.recorder.close()
     if ctx.outcome is None:  # reached by stop_requested
         ctx.outcome = Outcome.STOPPED
         signum = ctx.stop.signum if ctx.stop is not None and ctx.stop.signum else signal.SIGTERM

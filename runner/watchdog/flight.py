@@ -21,6 +21,7 @@ from typing import Protocol
 
 import structlog
 
+from runner.contract import FLIGHT_SOCKET_VAR
 from runner.hangs import Answer, Culprit, RankRecord, analyse, parse_dump
 from runner.system import procs
 from runner.system.soft_io import warn_once
@@ -52,6 +53,8 @@ class FlightRecorder:
         self.log = log
         self.share = share  # several nodes: gives this node's records, returns every node's (the rendezvous)
         self.folder: Path | None = None
+        self.capture = True  # py-spy the culprits (watchdog.capture_stacks)
+        self._query: asyncio.Task[Culprit | None] | None = None  # one query of every rank per attempt
 
     def socket(self, local_rank: int) -> str:
         """The socket `local_rank`'s worker serves on ('' when the recorder is off or there is no folder)."""
@@ -65,19 +68,64 @@ class FlightRecorder:
                 return ""
         return str(self.folder / f"{local_rank}.sock")
 
+    def worker_env(self, local_ranks: Iterable[int]) -> dict[int, dict[str, str]]:
+        """Per local rank: the socket its worker serves its records on (none when the recorder is off)."""
+        return {r: {FLIGHT_SOCKET_VAR: sock} for r in local_ranks if (sock := self.socket(r))}
+
+    def ask(self, workers: Iterable[Worker], timed_out: Iterable[int] = ()) -> asyncio.Task[Culprit | None]:
+        """This attempt's query of every worker, started by the first to ask; the others share it.
+
+        Askers: a watchdog expiry, a worker's collective timeout (`timed_out`: its rank), another node's hang query.
+        No worker is signalled for it.
+        """
+        if self._query is None:
+            work = self.culprit(list(workers), capture=self.capture, timed_out=frozenset(timed_out))
+            self._query = asyncio.get_running_loop().create_task(work)
+        return self._query
+
+    async def named(self, workers: Iterable[Worker], timed_out: Iterable[int] = ()) -> Culprit | None:
+        """The culprit of this attempt's hang (None: the recorder is off, or the query failed: logged)."""
+        try:
+            return await asyncio.shield(self.ask(workers, timed_out))
+        except Exception:  # the hang is still reported, as it was seen
+            self.log.exception("hang_culprit_failed")
+            return None
+
+    async def settled(self) -> Culprit | None:
+        """The culprit once this attempt's query is over, if one was asked for (None: nobody asked)."""
+        if self._query is None:
+            return None
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.shield(self._query)
+        return self.found()
+
+    def found(self) -> Culprit | None:
+        """The culprit this attempt's query found, once it is done (None: not asked, not done, or off)."""
+        task = self._query
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
+    def clear(self) -> None:
+        """A new attempt: forget the last one's query."""
+        if self._query is not None and not self._query.done():
+            self._query.cancel()
+        self._query = None
+
     def close(self) -> None:
         """Remove the sockets' folder."""
+        self.clear()
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
 
-    async def culprit(self, workers: Iterable[Worker], *, capture: bool) -> Culprit | None:
+    async def culprit(self, workers: list[Worker], *, capture: bool, timed_out: frozenset[int]) -> Culprit | None:
         """Ask every worker, analyse, take the local culprits' stacks; None when the recorder is off."""
         if not self.entries:
             return None
         began = time.monotonic()
         chosen = list(workers)
-        records = list(await asyncio.gather(*(self.read(w) for w in chosen)))
+        records = list(await asyncio.gather(*(self.read(w, timed_out) for w in chosen)))
         if self.share is not None:
             records = await self.share(records, timeout=SHARE_TIMEOUT_S)
         verdict = analyse(records, time.time_ns())
@@ -92,13 +140,22 @@ class FlightRecorder:
                          culprits=[r for r, _ in verdict.culprits], took_s=round(took, 3))
         return Culprit(verdict, stacks, took)
 
-    async def read(self, worker: Worker) -> RankRecord:
-        """One worker's records, or how it failed to answer."""
-        rank, path = worker.plan.rank, self.socket(worker.plan.local_rank)
+    def unasked(self, worker: Worker, timed_out: frozenset[int]) -> RankRecord | None:
+        """The record of a worker that cannot be asked: it timed out in a collective, exited, or is stopped."""
+        rank = worker.plan.rank
+        if rank in timed_out:
+            return RankRecord(rank, self.node, Answer.TIMED_OUT, detail="it gave up waiting in a collective")
         if worker.exited.done():
             return RankRecord(rank, self.node, Answer.EXITED, detail="exited before the query")
         if stopped(worker.pid):
             return RankRecord(rank, self.node, Answer.STOPPED, detail="process state T")
+        return None
+
+    async def read(self, worker: Worker, timed_out: frozenset[int] = frozenset()) -> RankRecord:
+        """One worker's records, or how it failed to answer."""
+        rank, path = worker.plan.rank, self.socket(worker.plan.local_rank)
+        if (unasked := self.unasked(worker, timed_out)) is not None:
+            return unasked
         try:
             body = await asyncio.wait_for(query(path), QUERY_TIMEOUT_S)
         except (FileNotFoundError, ConnectionRefusedError) as e:

@@ -7,7 +7,6 @@ the worker is signalled, and RUNNING turns the event into FAILED so the restart 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -16,12 +15,11 @@ from typing import Protocol
 import structlog
 
 from runner.config.spec import Watchdog as WatchdogSpec
-from runner.contract import FLIGHT_SOCKET_VAR
 from runner.events import TimerExpired
 from runner.hangs import Culprit
 from runner.system.soft_io import warn_once
 from runner.watchdog.clock import Clock, SystemClock
-from runner.watchdog.flight import FlightRecorder, Share
+from runner.watchdog.flight import FlightRecorder
 from runner.watchdog.heartbeat import HeartbeatMonitor
 from runner.watchdog.stacks import capture_stacks
 from runner.watchdog.timer_server import Expiry, FileTimerServer
@@ -54,12 +52,10 @@ class Watchdog:
         log: structlog.typing.FilteringBoundLogger,
         group: Callable[[], WorkerGroup | None],
         clock: Clock | None = None,
-        node: str = "",
-        share: Share | None = None,
+        recorder: FlightRecorder | None = None,
     ) -> None:
         self.cfg = cfg
-        self.recorder = FlightRecorder(cfg.flight_recorder, node, log, share)
-        self._culprit: asyncio.Task[Culprit | None] | None = None  # one query of every rank per attempt
+        self.recorder = recorder  # every rank's flight recorder (docs/hangs.md); None: off
         self.events = events
         self.log = log
         self.group = group
@@ -92,56 +88,19 @@ class Watchdog:
         return group.owner(pid) if group is not None else None
 
     def worker_env(self, local_ranks: Iterable[int]) -> dict[int, dict[str, str]]:
-        """Per local rank: TORCHELASTIC_TIMER_FILE and the socket its flight recorder answers on (docs/hangs.md).
-
-        TORCHELASTIC_TIMER_FILE is that rank's own FIFO (FileTimerClient's channel); there is no socket with
-        watchdog.flight_recorder: 0.
-        """
-        env = {r: {TIMER_ENV: self.server.channel(r)} for r in local_ranks}
-        for r, values in env.items():
-            if sock := self.recorder.socket(r):
-                values[FLIGHT_SOCKET_VAR] = sock
-        return env
+        """Per local rank: TORCHELASTIC_TIMER_FILE, that rank's own FIFO (FileTimerClient's channel)."""
+        return {r: {TIMER_ENV: self.server.channel(r)} for r in local_ranks}
 
     async def culprit(self) -> Culprit | None:
         """Every worker's flight recorder, read once per attempt (the first expiry asks; the others wait for it)."""
-        task = self.ask()
-        if task is None:
-            return None
-        try:
-            return await asyncio.shield(task)
-        except Exception:  # logged; the hang is still reported, as the watchdog saw it
-            self.log.exception("hang_culprit_failed")
-            return None
-
-    def ask(self) -> asyncio.Task[Culprit | None] | None:
-        """Start this attempt's query of every worker's flight recorder, unless it was started (None: no workers).
-
-        Also what another node's hang query does here: no worker is signalled for it.
-        """
         group = self.group()
-        if group is None:
+        if group is None or self.recorder is None:
             return None
-        if self._culprit is None:
-            self._culprit = asyncio.get_running_loop().create_task(
-                self.recorder.culprit(list(group.workers.values()), capture=self.cfg.capture_stacks)
-            )
-        return self._culprit
-
-    async def settled(self) -> Culprit | None:
-        """The culprit of this attempt's hang once its query is over (None: nobody asked, or it failed)."""
-        if self._culprit is None:
-            return None
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.shield(self._culprit)
-        return self.found()
+        return await self.recorder.named(group.workers.values())
 
     def found(self) -> Culprit | None:
-        """The culprit this attempt's query found, once it is done (None: not asked, not done, or off)."""
-        task = self._culprit
-        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
-            return None
-        return task.result()
+        """The culprit this attempt's query found, once it is done."""
+        return self.recorder.found() if self.recorder is not None else None
 
     def first_request(self, local_rank: int, at: float) -> None:
         """The first timer request of `local_rank`'s current worker was read at `at`: pass it on (readiness)."""
@@ -207,11 +166,8 @@ class Watchdog:
         self.events.put_nowait(event)
 
     def clear(self) -> None:
-        """Forget every timer and heartbeat (workers are being replaced), and the last attempt's culprit."""
+        """Forget every timer and heartbeat (workers are being replaced)."""
         self.server.clear()
-        if self._culprit is not None and not self._culprit.done():
-            self._culprit.cancel()
-        self._culprit = None
         if self.monitor is not None:
             self.monitor.clear()
 
@@ -225,5 +181,4 @@ class Watchdog:
             task.cancel()
         self.clear()
         await self.server.stop()
-        self.recorder.close()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.events import PEER_REPORTED, TimerExpired
-from runner.hangs import Verdict
+from runner.hangs import Culprit, Verdict
 from runner.outcomes import FailureClass, FailureKind
 from runner.workers.launch_plan import error_file
 
@@ -233,6 +233,33 @@ def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
 def peer_reported(failure: Failure) -> bool:
     """A peer's loss seen through its own FAILED state: that peer is alive and charges the failure with its class."""
     return failure.kind is FailureKind.PEER and failure.reason.endswith(PEER_REPORTED)
+
+
+# A worker that gave up waiting in a collective: gloo's transport, NCCL's watchdog, c10d's wait (torch 2.13 words)
+COLLECTIVE_TIMEOUT = re.compile(
+    r"Timed out waiting \d+ms for \w+ operation|Watchdog caught collective operation timeout"
+    r"|[Cc]ollective operation timeout|wait timeout after \d+ ?ms|DistBackendError.*[Tt]imed out"
+)
+
+
+def collective_timeout(failure: Failure) -> bool:
+    """Whether the worker's error is a collective timeout: a hang a rank gave up on (docs/hangs.md)."""
+    return bool(COLLECTIVE_TIMEOUT.search(f"{failure.error}\n{failure.traceback}\n{failure.stderr_tail}"))
+
+
+def with_hang(failure: Failure, found: Culprit | None) -> Failure:
+    """A collective timeout's failure with the hang's culprit as its root cause, when the records name one.
+
+    Classed `hang` (evidence: the timeout). The rank that timed out stays the failure's rank (its traceback, its
+    logs; `restart.scope: worker` replaces it), and what it saw is kept as `detected`.
+    """
+    if found is None or not found.verdict.named:
+        note = unnamed(found.verdict if found is not None else None, recorder=True)
+        return replace(failure, hang=found.verdict if found is not None else None, culprit_note=note,
+                       classified=FailureClass.HANG, evidence="a collective timeout")
+    stacks = "\n".join(f"rank {r} (culprit):\n{text.rstrip()}" for r, text in sorted(found.stacks.items()))
+    return replace(failure, reason=found.verdict.reason(), detected=f"{failure.reason}: a collective timeout",
+                   hang=found.verdict, stacks=stacks, classified=FailureClass.HANG, evidence="a collective timeout")
 
 
 def watchdog_failure(event: TimerExpired, attempt: int, *, local_ranks: dict[int, int], log_dir: str,
