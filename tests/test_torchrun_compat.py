@@ -45,6 +45,7 @@ ONLY_RUNNER = {
     "RUNNER_WORKER_TAG": "the runner marks each worker to find every process it starts and kill them all at the end",
     "RUNNER_HEARTBEAT_FILE": "a worker may touch it to say it is ready (time to recover) or alive (heartbeat_timeout)",
     "TORCH_FR_BUFFER_SIZE": "torch's flight recorder on (watchdog.flight_recorder): a hang's culprit is named from it",
+    "RUNNER_FLIGHT_RECORDER_SOCKET": "where torch's worker server answers the agent's flight-recorder query on a hang",
 }
 ONLY_TORCHRUN: dict[str, str] = {}  # none: every variable torchrun gives its workers, the runner gives too
 
