@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 NODE_SCRIPT = """
 import asyncio, json, sys
-sys.path.insert(0, {root!r})
+sys.path[:0] = [{root!r}, {root!r} + "/tests"]
 from rdzv_helpers import Node, make_spec
 
 async def main():
