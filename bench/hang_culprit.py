@@ -9,8 +9,8 @@ instead of entering the all_reduce rank 0 waits in (it writes the time it starts
             is its only detection), --max-restarts 0. Times from the stamp to torchrun's exit, and the rank its
             "Root Cause" names.
 Part 2, a healthy loop (bench/workers/fr_cost.py: 2 ranks, all_reduce of 10 floats, the smallest step, where a
-per-collective cost shows most) under runner with watchdog.flight_recorder 2000 (recorder and worker server on) and
-0 (both off), alternately: median step time and rank 0's RSS.
+per-collective cost shows most, and of 1 MiB) under runner's defaults with watchdog.flight_recorder 2000 (the
+default: recorder and worker server on) and 0 (both off), alternately: median step time and rank 0's RSS.
 
     python bench/hang_culprit.py [--runs 5] [--timeout 3]
 """
@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "jobs" / "hang_culprit.py"
 COST = ROOT / "bench" / "workers" / "fr_cost.py"
 RUNNER = [sys.executable, "-m", "runner"]
+NUMELS = (10, 262144)  # the smallest step (a per-collective cost shows most) and 1 MiB of floats
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
@@ -74,9 +75,9 @@ def torchrun_hang(work: Path, timeout: float) -> dict[str, float | str]:
             "names": ranks[0] if ranks else "none"}
 
 
-def cost(work: Path, entries: int, out: Path) -> None:
+def cost(work: Path, entries: int, numel: int, out: Path) -> None:
     job = work / f"cost{entries}.yaml"
-    job.write_text(spec(COST, ["--out", str(out)], f"watchdog:\n  enabled: true\n  flight_recorder: {entries}\n"))
+    job.write_text(spec(COST, ["--out", str(out), "--numel", str(numel)], f"watchdog:\n  flight_recorder: {entries}\n"))
     subprocess.run([*RUNNER, str(job)], cwd=work, capture_output=True, text=True, timeout=300, check=True)
 
 
@@ -108,16 +109,21 @@ def main() -> None:
                      "rank blamed (culprit: 1)"], rows))
         out = Path(tmp, "cost.jsonl")
         for _ in range(args.runs):
-            for entries in (2000, 0):
-                cost(Path(tmp), entries, out)
+            for numel in NUMELS:
+                for entries in (2000, 0):
+                    cost(Path(tmp), entries, numel, out)
         lines = [json.loads(line) for line in out.read_text().splitlines()]
         rows = []
-        for on in (True, False):
-            mine = [x for x in lines if bool(x["fr"]) == on]
-            rows.append(["on (2000)" if on else "off (0)", spread([x["step_us"] for x in mine]),
-                         f"{statistics.median(x['rss_kib'] for x in mine) / 1024:.1f}"])
-        print(f"\nhealthy step, all_reduce of 10 floats on 2 ranks, {args.runs} runs of 3000 steps")
-        print(table(["flight recorder", "step us, median (min-max)", "rank 0 RSS MiB"], rows))
+        for numel in NUMELS:
+            medians = {}
+            for on in (True, False):
+                mine = [x for x in lines if bool(x["fr"]) == on and x["numel"] == numel]
+                medians[on] = statistics.median(x["step_us"] for x in mine)
+                rows.append([f"{numel} floats", "on (2000)" if on else "off (0)", spread([x["step_us"] for x in mine]),
+                             f"{statistics.median(x['rss_kib'] for x in mine) / 1024:.1f}"])
+            rows.append([f"{numel} floats", "on / off", f"{medians[True] / medians[False]:.3f}", ""])
+        print(f"\nhealthy step: all_reduce on 2 ranks (gloo), {args.runs} runs of 3000 steps each, alternating")
+        print(table(["tensor", "flight recorder", "step us, median (min-max)", "rank 0 RSS MiB"], rows))
     print(machine_line())
     print(reproduce_line())
 
