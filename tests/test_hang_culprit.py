@@ -138,3 +138,19 @@ def test_a_collective_timeout_with_the_watchdog_off_names_the_rank_that_was_away
     assert "was in no collective (last call: all_reduce [[10]] #3) while rank 0" in res.stderr
     assert "Timed out waiting 3000ms" in failure["stderr_tail"]
     assert "rank 1 (culprit)" in failure["stacks"]
+
+
+def test_a_progress_stall_is_a_hang_whose_culprit_is_named(job):
+    """watchdog.progress_timeout alone: the workers report {"step": N} in their heartbeat files; rank 1 skips the
+    all_reduce and keeps touching its file (alive, step stuck), rank 0 waits in it (step stuck too). The stall is
+    found, the records read, rank 1 named."""
+    spec = SPEC.replace("heartbeat_timeout: 3s", "progress_timeout: 3s")
+    j = job(spec.format(script=EXAMPLES / "hang_culprit.py", args=json.dumps(["skip", "--report-steps"]), nproc=2,
+                        extra=""))
+    res = j.run(timeout=120)
+    assert res.returncode == 1, res.stderr[-3000:]
+    (failure,) = json.loads((j.run_dir() / "report.json").read_text())["failures"]
+    assert failure["class"] == "hang" and [c["rank"] for c in failure["hang"]["culprits"]] == [1]
+    assert "reported no new step for" in failure["detected"] and "(last step 3; progress_timeout 3 s)" in (
+        failure["detected"])
+    assert '"event": "progress_stalled"' in (j.run_dir() / "agent.jsonl").read_text()

@@ -157,3 +157,30 @@ def test_clear_stops_reporting(tmp_path: Path) -> None:
 
     clock.run(main())
     assert silent == []
+
+
+def test_a_progress_monitor_times_only_workers_that_reported_a_step(tmp_path: Path) -> None:
+    """progress_timeout: touches are no progress, a new step is; a worker that never reported a step is not timed."""
+    from runner.watchdog.steps import reported_step
+
+    clock = AutojumpClock()
+    stalled: list[tuple[int, float]] = []
+
+    async def main() -> None:
+        monitor = HeartbeatMonitor(5.0, lambda r, s: stalled.append((r, clock.monotonic())), clock=clock,
+                                   sign=reported_step, first_sign=True, event="progress_stalled")
+        for rank in (0, 1, 2):
+            (tmp_path / f"hb{rank}").touch()
+            monitor.watch(rank, tmp_path / f"hb{rank}")
+        (tmp_path / "hb0").write_text('{"step": 1}')  # rank 0: one step, then only touches
+        for step in range(2, 8):  # rank 1: a new step every 2 s
+            await asyncio.sleep(2)
+            (tmp_path / "hb1").write_text(f'{{"step": {step}}}')
+            os.utime(tmp_path / "hb0")
+            os.utime(tmp_path / "hb2")  # rank 2: touches only, never a step: not timed
+        await asyncio.sleep(60)
+
+    clock.run(main())
+    assert [r for r, _ in stalled] == [0, 1]
+    assert 5.0 <= stalled[0][1] <= 5.0 + 1.25 + 1e-6  # one check interval late at most
+    assert stalled[1][1] >= 12 + 5.0

@@ -28,6 +28,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--pg-timeout", type=float, default=0, help="init_process_group's timeout in s (0: torch's)")
     p.add_argument("--stamp", default="", help="the culprit writes the time it starts to hang here (benchmarks)")
+    p.add_argument("--report-steps", action="store_true",
+                   help='write {"step": N} into the heartbeat file each step (watchdog.progress_timeout reads it)')
     args = p.parse_args()
     dist.init_process_group("gloo", **({"timeout": timedelta(seconds=args.pg_timeout)} if args.pg_timeout else {}))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -36,6 +38,10 @@ def main() -> None:
     beat = Path(os.environ.get("RUNNER_HEARTBEAT_FILE", os.devnull))  # torchrun sets none
     t = torch.ones(10)
     for step in range(args.steps):
+        if args.report_steps and beat != Path(os.devnull):
+            part = beat.with_name(beat.name + ".tmp")
+            part.write_text(f'{{"step": {step}}}')
+            part.replace(beat)  # atomically: a reader never sees half of it
         beat.touch()
         if first and rank == culprit and step == 3:
             if args.stamp:

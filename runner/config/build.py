@@ -390,11 +390,13 @@ class Builder:
         """
         default, here = Watchdog(), ("watchdog",)
         return Watchdog(
-            enabled=raw.get("enabled", raw.get("heartbeat_timeout") is not None),
+            enabled=raw.get("enabled", raw.get("heartbeat_timeout") is not None
+                            or raw.get("progress_timeout") is not None),
             check_interval=self.duration(raw.get("check_interval", default.check_interval),
                                          (*here, "check_interval")),
             capture_stacks=raw.get("capture_stacks", default.capture_stacks),
             heartbeat_timeout=self.opt_duration(raw.get("heartbeat_timeout"), (*here, "heartbeat_timeout")),
+            progress_timeout=self.opt_duration(raw.get("progress_timeout"), (*here, "progress_timeout")),
             max_run_time=self.opt_duration(raw.get("max_run_time"), (*here, "max_run_time")),
             flight_recorder=int(raw.get("flight_recorder", default.flight_recorder)),
             keep_out_culprit=bool(raw.get("keep_out_culprit", default.keep_out_culprit)),

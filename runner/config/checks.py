@@ -84,6 +84,7 @@ def _positive(spec: JobSpec) -> Iterator[Found]:
         (("shutdown", "grace_period"), spec.shutdown.grace_period),
         (("watchdog", "check_interval"), watchdog.check_interval),
         (("watchdog", "heartbeat_timeout"), watchdog.heartbeat_timeout),
+        (("watchdog", "progress_timeout"), watchdog.progress_timeout),
         (("watchdog", "max_run_time"), watchdog.max_run_time),
     ):
         if value is not None and value <= 0:
@@ -103,6 +104,7 @@ def _watchdog_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
         return
     unused = (
         ("heartbeat_timeout", watchdog.heartbeat_timeout is not None, "no worker would ever be found hung"),
+        ("progress_timeout", watchdog.progress_timeout is not None, "no stalled step would ever be found"),
         ("check_interval", watchdog.check_interval != default.check_interval, "it paces the watchdog's file timer"),
         ("capture_stacks", watchdog.capture_stacks != default.capture_stacks,
          "it applies when the watchdog kills a hung worker"),

@@ -191,6 +191,7 @@ class Watchdog:
     check_interval: float = 0.1
     capture_stacks: bool = True
     heartbeat_timeout: float | None = None
+    progress_timeout: float | None = None  # a worker whose reported step stays the same this long is hung
     max_run_time: float | None = None
     flight_recorder: int = 2000  # entries of each worker's torch flight recorder (TORCH_FR_BUFFER_SIZE); 0 = off
     keep_out_culprit: bool = True  # a hang's culprit node sits out the next round when nodes.min allows

@@ -48,8 +48,9 @@ def signature(path: Path) -> Signature:
 @dataclass
 class _Watched:
     path: Path
-    seen: Signature  # the file as of the last check
+    seen: object  # the file as of the last check (its signature, or what `sign` reads from it)
     alive_at: float  # monotonic time of the last sign of life
+    timed: bool = True  # silence counts (with `first_sign`: once the file said something)
 
 
 class HeartbeatMonitor:
@@ -67,9 +68,15 @@ class HeartbeatMonitor:
         clock: Clock | None = None,
         activity: Callable[[int], float | None] | None = None,
         log: structlog.typing.FilteringBoundLogger | None = None,
+        sign: Callable[[Path], object] = signature,
+        first_sign: bool = False,
+        event: str = "heartbeat_silent",
     ) -> None:
         self._timeout = timeout
         self._activity = activity
+        self._sign = sign  # what counts as a change: the file's signature, or (progress) the step it reports
+        self._first_sign = first_sign  # time a worker only once `sign` read something (None: nothing yet)
+        self._event = event
         self._interval = max(min(timeout / 4, MAX_CHECK_INTERVAL_S), MIN_CHECK_INTERVAL_S)
         self._on_silent = on_silent
         self._clock: Clock = clock if clock is not None else SystemClock()
@@ -80,7 +87,9 @@ class HeartbeatMonitor:
     def watch(self, local_rank: int, path: Path) -> None:
         """Start watching a worker's heartbeat file (call from the event loop, when the worker starts)."""
         path = Path(path)
-        self._watched[local_rank] = _Watched(path, signature(path), self._clock.monotonic())
+        seen = self._sign(path)
+        self._watched[local_rank] = _Watched(path, seen, self._clock.monotonic(),
+                                             timed=not self._first_sign or seen is not None)
         self._arm()
 
     def watching(self, local_rank: int, path: Path) -> bool:
@@ -99,7 +108,7 @@ class HeartbeatMonitor:
             self._handle = None
         if self._watched:  # stat every interval (changes are only seen by looking), or at the first silence
             now = self._clock.monotonic()
-            silent_at = min(w.alive_at for w in self._watched.values()) + self._timeout
+            silent_at = min((w.alive_at for w in self._watched.values() if w.timed), default=now) + self._timeout
             when = min(now + self._interval, max(now, silent_at))
             self._handle = asyncio.get_running_loop().call_at(when, self._check)
 
@@ -107,16 +116,17 @@ class HeartbeatMonitor:
         self._handle = None
         now = self._clock.monotonic()
         for rank, w in list(self._watched.items()):
-            seen = signature(w.path)
+            seen = self._sign(w.path)
             if seen != w.seen:
                 w.seen, w.alive_at = seen, now
+                w.timed = w.timed or seen is not None
             other = self._activity(rank) if self._activity is not None else None
             if other is not None and other > w.alive_at:
                 w.alive_at = other
             silent_s = now - w.alive_at
-            if silent_s >= self._timeout:
+            if silent_s >= self._timeout and w.timed:
                 del self._watched[rank]
-                self._log.warning("heartbeat_silent", local_rank=rank, silent_s=round(silent_s, 3))
+                self._log.warning(self._event, local_rank=rank, silent_s=round(silent_s, 3))
                 try:
                     self._on_silent(rank, silent_s)
                 except Exception:  # a callback's bug must not stop the monitor

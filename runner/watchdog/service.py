@@ -22,6 +22,7 @@ from runner.watchdog.clock import Clock, SystemClock
 from runner.watchdog.flight import FlightRecorder
 from runner.watchdog.heartbeat import HeartbeatMonitor
 from runner.watchdog.stacks import capture_stacks
+from runner.watchdog.steps import reported_step
 from runner.watchdog.timer_server import Expiry, FileTimerServer
 from runner.workers.group import Worker, WorkerGroup
 
@@ -79,6 +80,12 @@ class Watchdog:
             if cfg.heartbeat_timeout
             else None
         )
+        self.progress = (  # a progress stall: the step in the heartbeat file stays the same (a worker that reports)
+            HeartbeatMonitor(cfg.progress_timeout, self.on_stalled, clock=self.clock, log=log, sign=reported_step,
+                             first_sign=True, event="progress_stalled")
+            if cfg.progress_timeout
+            else None
+        )
         self._pids: dict[int, int] = {}  # local rank -> pid of the worker last watched
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -119,8 +126,9 @@ class Watchdog:
                 self.server.forget(rank)
             self._pids[rank] = w.pid
             path = Path(w.plan.heartbeat_file)
-            if self.monitor is not None and not self.monitor.watching(rank, path):
-                self.monitor.watch(rank, path)
+            for monitor in (self.monitor, self.progress):
+                if monitor is not None and not monitor.watching(rank, path):
+                    monitor.watch(rank, path)
 
     def on_expiry(self, e: Expiry) -> None:
         """A FileTimerClient scope expired and the worker was signalled: report it as TimerExpired."""
@@ -134,15 +142,34 @@ class Watchdog:
 
     def on_silent(self, local_rank: int, silent_s: float) -> None:
         """No heartbeat (file change or timer request) for heartbeat_timeout: hung. Stacks, SIGKILL, report."""
-        worker = self._worker(local_rank)
         timeout = self.cfg.heartbeat_timeout
-        if worker is None or worker.exited.done() or timeout is None:
+        if timeout is not None:
+            self.kill_hung(local_rank, silent_s, timeout, "heartbeat",
+                           f"sent no heartbeat for {silent_s:.1f} s (heartbeat_timeout {timeout:g} s)")
+
+    def on_stalled(self, local_rank: int, silent_s: float) -> None:
+        """The step a worker reports has not moved for progress_timeout: a progress stall, hung like a silence."""
+        timeout, path = self.cfg.progress_timeout, self._heartbeat_file(local_rank)
+        if timeout is not None:
+            step = reported_step(path) if path is not None else None
+            self.kill_hung(local_rank, silent_s, timeout, "progress",
+                           f"reported no new step for {silent_s:.1f} s (last step {step}; progress_timeout "
+                           f"{timeout:g} s)")
+
+    def _heartbeat_file(self, local_rank: int) -> Path | None:
+        worker = self._worker(local_rank)
+        return Path(worker.plan.heartbeat_file) if worker is not None else None
+
+    def kill_hung(self, local_rank: int, silent_s: float, timeout: float, scope: str, what: str) -> None:
+        """Read every rank's recorder, take stacks, SIGKILL the worker (its pidfd), report it as TimerExpired."""
+        worker = self._worker(local_rank)
+        if worker is None or worker.exited.done():
             return
-        task = asyncio.get_running_loop().create_task(self._kill_silent(worker, silent_s, timeout))
+        task = asyncio.get_running_loop().create_task(self._kill_silent(worker, silent_s, timeout, scope, what))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _kill_silent(self, worker: Worker, silent_s: float, timeout: float) -> None:
+    async def _kill_silent(self, worker: Worker, silent_s: float, timeout: float, scope: str, what: str) -> None:
         found = await self.culprit()
         stacks = await capture_stacks(worker.pid, log=self.log) if self.cfg.capture_stacks else ""
         if worker.exited.done():  # not reaped before exited is set: until then the pid is still our worker's
@@ -150,9 +177,9 @@ class Watchdog:
         if not worker.send_signal(signal.SIGKILL):  # through its pidfd: never a recycled pid
             return
         rank = worker.plan.rank
-        reason = f"watchdog: rank {rank} sent no heartbeat for {silent_s:.1f} s (heartbeat_timeout {timeout:g} s)"
+        reason = f"watchdog: rank {rank} {what}"
         overdue = silent_s - timeout
-        self.emit(TimerExpired(worker.plan.local_rank, rank, worker.pid, "heartbeat", overdue, stacks, reason, found))
+        self.emit(TimerExpired(worker.plan.local_rank, rank, worker.pid, scope, overdue, stacks, reason, found))
 
     def emit(self, event: TimerExpired) -> None:
         """Queue the event for RUNNING and keep the stacks beside the rank's logs."""
@@ -168,8 +195,9 @@ class Watchdog:
     def clear(self) -> None:
         """Forget every timer and heartbeat (workers are being replaced)."""
         self.server.clear()
-        if self.monitor is not None:
-            self.monitor.clear()
+        for monitor in (self.monitor, self.progress):
+            if monitor is not None:
+                monitor.clear()
 
     async def start(self) -> None:
         """Open every worker's FIFO and start serving timer requests."""

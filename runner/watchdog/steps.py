@@ -67,6 +67,12 @@ def read(path: Path) -> tuple[int, int | None, float] | None:
     return None if found is None else (*found, mtime)
 
 
+def reported_step(path: Path) -> int | None:
+    """The step a worker's heartbeat file reports now (None: no file, or no step report in it)."""
+    found = read(path)
+    return found[0] if found is not None else None
+
+
 def signature(path: Path) -> Signature:
     """What changes when the file is rewritten; None while it does not exist."""
     try:
