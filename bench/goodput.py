@@ -3,8 +3,8 @@ against one reference (the best failure-free samples/s of any arm: plain torchru
 failure-free rate, in a realistic regime (steps of >= 250 ms, checkpoints at a user's cadence), over rounds.
 
 Every arm trains the same model on the same data with the same global batch (examples/jobs/ft_train.py: a
-character-level transformer, gloo on the CPU; by default d_model 192, 4 layers, 128-character windows, 32
-sequences a step: about 300 ms a step on 2 workers of a 2-CPU machine), on the same W workers:
+character-level transformer, gloo on the CPU; by default d_model 256, 4 layers, 128-character windows, 32
+sequences a step: 0.3-0.4 s a step on 2 workers of a 2-CPU machine), on the same W workers:
   ref    torchrun --standalone --nproc-per-node W, --mode ddp, no checkpoint: plain DDP, failure-free only.
   a      torchrun ... --max-restarts 1000, --mode ddp, a checkpoint every --ckpt-every steps: a failure restarts
          every worker, which resume from the last checkpoint (the steps since are redone).
@@ -21,12 +21,13 @@ sequences a step: about 300 ms a step on 2 workers of a 2-CPU machine), on the s
 Every launcher itself runs with the affinity of --cpus.
 
 Each round runs every arm failure-free (--baseline-duration s), then every arm under a failure every F s for each F
-of --failure-every (for --periods x F s), the arms in an order rotated each round. The clock starts at the first
-step any worker prints. In period i of a run (t0 + i F, t0 + (i+1) F], one worker, drawn by random.Random, is
-SIGKILLed at a moment drawn uniformly in the middle 80% of the period: the same draws for every arm in a round
-(so the same moments and roles), other draws in the next round. The kill goes through a pidfd, after /proc with
-the pidfd open still shows the same start time and the launcher as an ancestor (a recycled pid is never
-signalled). This process is a child subreaper: whatever the launchers leave behind is killed and reaped.
+of --failure-every (for --periods x F s), the arms in an order rotated each round. The clock (t0) starts at the
+first step in which every group took part: the start-up is not measured (with LocalSGD the first group to start
+syncs alone, and the others join at its next sync). In period i of a run (t0 + i F, t0 + (i+1) F], one worker,
+drawn by random.Random, is SIGKILLed at a moment drawn uniformly in the middle 80% of the period: the same draws
+for every arm in a round (so the same moments and roles), other draws in the next round. The kill goes through a
+pidfd, after /proc with the pidfd open still shows the same start time and the launcher as an ancestor (a
+recycled pid is never signalled). This process is a child subreaper: whatever the launchers leave behind is killed and reaped.
 
 Figures, from the workers' own lines (`ft_train step ... samples=S time=T`, see the scripts):
 - committed samples: each step number counts once, at the first time any group committed it (a step redone after
@@ -42,15 +43,15 @@ Figures, from the workers' own lines (`ft_train step ... samples=S time=T`, see 
   1.5x their failure-free median, summed from the kill until the killed group committed again), the killed
   worker's group committing again (kill -> its first committed step).
 
-The full measurement (about 65 minutes on a 2-CPU machine: 3 rounds x (6 failure-free runs of 40 s + 5 arms x
-(120 s + 60 s) under failures), plus about 10 s of start and stop per run):
+The full measurement (about 60 minutes on a 2-CPU machine: 3 rounds x (6 failure-free runs of 30 s + 5 arms x
+(120 s + 60 s) under failures), plus about 6 s of start and stop per run):
 
     python bench/goodput.py --rounds 3
 
 A smoke run of every arm (about 6 minutes): python bench/goodput.py --rounds 1 --periods 1 --failure-every 30
---baseline-duration 20. Options: [--arms ref,a,b,c,c-pin,d-pin] [--failure-every 60,30] [--periods 2]
-[--baseline-duration 40] [--seed 1] [--workers 2] [--groups 2] [--global-batch 32] [--d-model 192] [--layers 4]
-[--block 128] [--ckpt-every 100] [--sync-every 20] [--heartbeat-timeout 1] [--quorum-tick 0.01] [--cpus 0,1]
+--baseline-duration 20 --ckpt-every 30. Options: [--arms ref,a,b,c,c-pin,d-pin] [--failure-every 60,30] [--periods 2]
+[--baseline-duration 30] [--seed 1] [--workers 2] [--groups 2] [--global-batch 32] [--d-model 256] [--layers 4]
+[--block 128] [--ckpt-every 100] [--sync-every 10] [--heartbeat-timeout 1] [--quorum-tick 0.01] [--cpus 0,1]
 [--keep DIR] [--report-from DIR]
 """
 
@@ -286,10 +287,6 @@ class Lines:
                 with contextlib.suppress(ValueError):
                     self.recs.append(Rec(m.group(1), dict(kv.split("=", 1) for kv in m.group(2).split())))
 
-    def steps(self) -> list[Rec]:
-        """Step lines, and LocalSGD's inner steps."""
-        return [r for r in self.recs if r.kind in ("step", "inner")]
-
 
 @dataclass
 class Kill:
@@ -322,8 +319,9 @@ def kill_moments(every: float, duration: float, seed: int) -> tuple[list[float],
 
 
 def run_once(arm: str, argv: list[str], work: Path, cpus: set[int], *, duration: float, every: float,
-             seed: int, rnd: int) -> Run:
-    """Launch, wait for the first step, inject failures, stop at t0 + duration; everything killed and reaped."""
+             seed: int, rnd: int, groups: int) -> Run:
+    """Launch, wait for the first step every group took part in (t0), inject failures, stop at t0 + duration;
+    everything killed and reaped."""
     run = Run(arm, every, duration, rnd, load=(os.getloadavg()[0], 0.0))
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -345,7 +343,7 @@ def run_once(arm: str, argv: list[str], work: Path, cpus: set[int], *, duration:
                 break
             now = time.time()
             if run.t0 is None:
-                first = lines.steps()
+                first = [r for r in lines.recs if r.kind == "step" and r.i("groups") >= groups]
                 if first:
                     run.t0 = first[0].t
                 elif time.monotonic() - started > START_TIMEOUT_S:
@@ -557,17 +555,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--arms", default=DEFAULT_ARMS, help=f"a comma-separated subset of {','.join(ARMS)}")
     p.add_argument("--failure-every", default="60,30", help="seconds between two SIGKILLs; one regime per value")
     p.add_argument("--periods", type=int, default=2, help="failure periods measured per run (duration = periods x F)")
-    p.add_argument("--baseline-duration", type=float, default=40.0, help="seconds measured per failure-free run")
+    p.add_argument("--baseline-duration", type=float, default=30.0, help="seconds measured per failure-free run")
     p.add_argument("--rounds", type=int, default=3, help="rounds of every arm and regime (median, min-max)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=2, help="W: workers of every arm")
     p.add_argument("--groups", type=int, default=2, help="N: replica groups of c/d (W/N workers each)")
     p.add_argument("--global-batch", type=int, default=32, help="sequences per step over all W workers")
-    p.add_argument("--d-model", type=int, default=192)
+    p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--block", type=int, default=128, help="characters per sequence")
     p.add_argument("--ckpt-every", type=int, default=100, help="a/b: steps between checkpoints (~30 s at 300 ms)")
-    p.add_argument("--sync-every", type=int, default=20, help="d: steps between LocalSGD syncs")
+    p.add_argument("--sync-every", type=int, default=10, help="d: steps between LocalSGD syncs")
     p.add_argument("--heartbeat-timeout", type=float, default=1.0,
                    help="c/d: the lighthouse's heartbeat_timeout, seconds (TorchFT's default: 5)")
     p.add_argument("--quorum-tick", type=float, default=0.01, help="c/d: the lighthouse's quorum_tick, seconds")
@@ -618,7 +616,8 @@ def main() -> None:
                     folder = work / f"{arm}-{'ok' if not every else f'f{every:g}'}-{rnd}"
                     duration = args.periods * every if every else args.baseline_duration
                     r = run_once(arm, cmds[arm], folder, set(cpus), duration=duration, every=every,
-                                 seed=args.seed * 1000 + rnd * 100 + int(every), rnd=rnd)
+                                 seed=args.seed * 1000 + rnd * 100 + int(every), rnd=rnd,
+                                 groups=1 if arm in WHOLE_JOB else args.groups)
                     runs.append(r)
                     rt = rate(r)
                     print(f"[{time.monotonic() - began:6.0f} s] round {rnd} {arm} "
