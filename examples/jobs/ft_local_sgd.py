@@ -12,7 +12,9 @@ A failure costs less than a whole-job restart and more than per-step TorchFT: th
 leaves the dead group out), the dead group's steps since the last sync are lost, and the restarted group waits at
 its first sync for the survivors' next one, where it copies their weights (TorchFT's healing) and steps with them
 again. That first sync is the script's own, before any step: without it the restarted group would take N steps
-on its fresh weights, to be thrown away by the healing.
+on its fresh weights, to be thrown away by the healing. At a fresh start it costs the groups that start last up to N
+steps once: the first group to ask gets a quorum of its own (TorchFT's lighthouse does not know the others yet) and
+steps on, and the others wait for its next sync.
 
 Prints the lines of ft_train.py (parsed by tests and bench/goodput.py), one `step` line per sync from each group's
 rank 0: `step` is the sync count (TorchFT's manager.current_step()), `samples` the samples the sync committed
