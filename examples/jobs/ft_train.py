@@ -290,7 +290,10 @@ def train_ft(args: argparse.Namespace) -> None:
         attempt=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
         params=sum(p.numel() for p in model.parameters()), time=f"{time.time():.3f}")
     while manager.current_step() < args.steps:
-        manager.start_quorum()  # asynchronous: the lighthouse is asked while the forward pass runs
+        # Asynchronous (the Manager's default use_async_quorum=True): the lighthouse is asked while the forward pass
+        # runs, so the quorum's round trip costs nothing while the forward pass is longer; a group that heals sits
+        # this step out (docs/replica_groups.md, "When fault tolerance pays").
+        manager.start_quorum()
         opt.zero_grad()
         x, y = corpus.batch(manager.current_step(), worker, batch)
         loss = functional.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
