@@ -460,7 +460,7 @@ def test_plan_shows_the_section() -> None:
     assert plan_view(spec)["spec"]["health"] == {
         "min_free": 1024, "paths": [], "min_free_memory": 0, "gpus": 0,
         "commands": [{"run": "df -h", "timeout": 30.0}], "timeout": 60.0, "retry_interval": 10.0,
-        "give_up_after": 60.0}
+        "give_up_after": 60.0, "max_failures": 0, "failure_window": 86400.0}
 
 
 def test_a_resolved_spec_loads_again() -> None:
