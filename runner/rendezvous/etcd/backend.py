@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 FINAL_STATE_TTL_S = 3600
+LEDGER_BUDGET_S = 2.0  # the node ledger's write, at most (runner/rendezvous/node_ledger.py)
 CHARGE_POLL_S = 0.05  # while deferring to a peer's own charge of the round
 LOST_PEER = "etcd"  # the PeerLost.node of a data loss
 
@@ -418,17 +419,26 @@ class EtcdRendezvous:
         return await share(self.session, self._keys, result, local, timeout=timeout, log=self._log)
 
     async def note_node(self, mark: Mark | None) -> None:
-        """This node's ledger record, read, noted and put back (only this node writes it); a warning on failure."""
+        """This node's ledger record, read, noted and put back (only this node writes it); a warning on failure.
+
+        Bounded by LEDGER_BUDGET_S, not the connect timeout: it is bookkeeping on the recovery path (FAILED), and an
+        etcd that is down must not delay the restart by it; nothing of it once the job's keys are lost.
+        """
+        if self._lost is not None:
+            return
         key = self._keys.ledger(self._node)
 
         async def note() -> None:
-            raw = await self.session.call(lambda c: c.get(key))
+            raw = await self.session.call(lambda c: c.get(key), budget=LEDGER_BUDGET_S)
             old = record_of(load(raw.value)) if raw is not None else None
             new = (old or NodeRecord(self._node)).noted(mark, time.time())
-            await self.session.call(lambda c: c.put(key, dump(new.to_json())))
+            await self.session.call(lambda c: c.put(key, dump(new.to_json())), budget=LEDGER_BUDGET_S)
 
         try:
-            await self._bounded("note_node", note())
+            async with asyncio.timeout(LEDGER_BUDGET_S):
+                await note()
+        except TimeoutError:
+            self._log.warning("node_ledger_write_failed", error=f"etcd did not answer within {LEDGER_BUDGET_S:g} s")
         except RendezvousError as e:
             self._log.warning("node_ledger_write_failed", error=e.message)
 
