@@ -67,7 +67,6 @@ from typing import Any
 from bench.common import ROOT, argv_of
 from bench.soak.bounds import (
     GONE_BOUND_S,
-    GRACE_S,
     HANG_BOUND_S,
     HEARTBEAT_TIMEOUT_S,
     LOST,
@@ -83,7 +82,6 @@ from bench.soak.procs import (
     describe,
     ident,
     port_listening,
-    reap_orphans,
     running,
     set_subreaper,
     signal_proven,
@@ -240,17 +238,8 @@ class ReplicaSoak(Soak):
               lighthouse: {{hosted: true, heartbeat_timeout: {LIGHTHOUSE_HEARTBEAT_S:g}s, join_timeout: {LIGHTHOUSE_JOIN_S:g}s,
                            quorum_tick: {LIGHTHOUSE_TICK_S:g}s}}
             env: {{OMP_NUM_THREADS: "1"}}
-            restart:
-              max_restarts: 10000
-              crash_loop: 0          # the soak repeats the same fault on purpose: no crash-loop stop
-              standby: {str(self.args.standby).lower()}  # the product's default unless --no-standby
-              backoff: {{initial: 0.5s, max: 2s}}
-            watchdog:
-              enabled: true
-              heartbeat_timeout: {HEARTBEAT_TIMEOUT_S}s
-            shutdown: {{grace_period: {GRACE_S}s}}
-            logs: {{dir: "${{CHAOS_LOGS}}", format: json, tee: false}}
-            """)
+            {{tail}}
+            """).replace("{tail}", self.spec_tail())
 
     def new_job(self) -> Job:
         """Folders and spec of the next job, drawing from its own generator (seed, job number) as the base soak's."""
@@ -411,12 +400,7 @@ class ReplicaSoak(Soak):
 
     def check_outcome(self, job: Job, a: Agent, report: dict[str, Any], text: str) -> None:
         """Exit code, report, each group's outcome and the workers' own markers agree; then the groups' report."""
-        outcome, code = report.get("outcome"), report.get("exit_code")
-        where = f"{a.label}: exit {a.code}, report outcome {outcome} exit_code {code}"
-        if code != a.code:
-            raise Violation("outcome_matches_workers", f"{where}: the report's exit code is not the process's")
-        if (outcome == "succeeded") != (a.code == 0):
-            raise Violation("outcome_matches_workers", f"{where}: succeeded iff exit code 0")
+        where, outcome = self.check_exit(a, report), report.get("outcome")
         rd = str(self.run_dir(job, a))
         groups = self.entries(a, report)
         starts = [m for m in job.markers("start") if m.get("job_run_dir") == rd]
@@ -558,13 +542,7 @@ class ReplicaSoak(Soak):
 
     def check_job_end(self, job: Job) -> None:
         """Nothing of the job survives (lighthouses included); the survivors advanced; the job completed."""
-        deadline = time.monotonic() + GONE_BOUND_S
-        while (left := self.job_processes(job)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-            reap_orphans(self.own_pids())
-        if left:
-            raise Violation("nothing_survives", f"{len(left)} process(es) of job {job.index} outlived it by "
-                            f"{GONE_BOUND_S:g} s: " + "; ".join(d for _, d in left))
+        self.wait_nothing_survives(job)
         alive = [describe(p) for a in job.agents for p in self.lighthouses.get(a.me, ()) if running(p)]
         if alive:
             raise Violation("nothing_survives", f"lighthouse(s) of job {job.index} outlived it: " + "; ".join(alive))

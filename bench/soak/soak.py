@@ -219,6 +219,21 @@ class Soak(JobProcesses, Faults, Checks):
 
     # ------------------------------------------------------------------ jobs
 
+    def spec_tail(self) -> str:
+        """What every soak job's spec ends with: the restart policy, the watchdog, the shutdown and the logs."""
+        return textwrap.dedent(f"""\
+            restart:
+              max_restarts: 10000
+              crash_loop: 0          # the soak repeats the same fault on purpose: no crash-loop stop
+              standby: {str(self.args.standby).lower()}  # the product's default unless --no-standby
+              backoff: {{initial: 0.5s, max: 2s}}
+            watchdog:
+              enabled: true
+              heartbeat_timeout: {HEARTBEAT_TIMEOUT_S}s
+            shutdown: {{grace_period: {GRACE_S}s}}
+            logs: {{dir: "${{CHAOS_LOGS}}", format: json, tee: false}}
+            """)
+
     def spec_text(self, job: Job, endpoint: str) -> str:
         """The job's spec (the same file for every node; per-node values come from each agent's environment)."""
         k = self.args.nodes
@@ -241,17 +256,8 @@ class Soak(JobProcesses, Faults, Checks):
               lease_ttl: {LEASE_TTL_S}s
               join_timeout: {JOIN_TIMEOUT_S}s
               connect_timeout: {CONNECT_TIMEOUT_S}s
-            restart:
-              max_restarts: 10000
-              crash_loop: 0          # the soak repeats the same fault on purpose: no crash-loop stop
-              standby: {str(self.args.standby).lower()}  # the product's default unless --no-standby
-              backoff: {{initial: 0.5s, max: 2s}}
-            watchdog:
-              enabled: true
-              heartbeat_timeout: {HEARTBEAT_TIMEOUT_S}s
-            shutdown: {{grace_period: {GRACE_S}s}}
-            logs: {{dir: "${{CHAOS_LOGS}}", format: json, tee: false}}
-            """)
+            {{tail}}
+            """).replace("{tail}", self.spec_tail())
 
     def new_job(self) -> Job:
         """Folders, spec; nodes are started by run_job(). Each job draws from its own generator, seeded with the
