@@ -151,6 +151,10 @@ class Culprit:
     stacks: dict[int, str]
     took_s: float
 
+    def stacks_text(self) -> list[str]:
+        """Each culprit's stacks under its rank, lowest rank first (the failure's stacks)."""
+        return [f"rank {r} (culprit):\n{text.rstrip()}" for r, text in sorted(self.stacks.items())]
+
 
 def rank_list(ranks: list[int]) -> str:
     """`0-2, 5`."""

@@ -79,7 +79,7 @@ class FlightRecorder:
         No worker is signalled for it.
         """
         if self._query is None:
-            work = self.culprit(list(workers), capture=self.capture, timed_out=frozenset(timed_out))
+            work = self.culprit(list(workers), timed_out=frozenset(timed_out))
             self._query = asyncio.get_running_loop().create_task(work)
         return self._query
 
@@ -119,20 +119,19 @@ class FlightRecorder:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
 
-    async def culprit(self, workers: list[Worker], *, capture: bool, timed_out: frozenset[int]) -> Culprit | None:
+    async def culprit(self, workers: list[Worker], *, timed_out: frozenset[int]) -> Culprit | None:
         """Ask every worker, analyse, take the local culprits' stacks; None when the recorder is off."""
         if not self.entries:
             return None
         began = time.monotonic()
-        chosen = list(workers)
-        records = list(await asyncio.gather(*(self.read(w, timed_out) for w in chosen)))
+        records = list(await asyncio.gather(*(self.read(w, timed_out) for w in workers)))
         if self.share is not None:
             records = await self.share(records, timeout=SHARE_TIMEOUT_S)
         verdict = analyse(records, time.time_ns())
-        by_rank = {w.plan.rank: w for w in chosen}
+        by_rank = {w.plan.rank: w for w in workers}
         culprits = [by_rank[r] for r, n in verdict.culprits if n == self.node and r in by_rank]
         stacks: dict[int, str] = {}
-        if capture and culprits:
+        if self.capture and culprits:
             texts = await asyncio.gather(*(capture_stacks(w.pid, log=self.log) for w in culprits))
             stacks = {w.plan.rank: text for w, text in zip(culprits, texts, strict=True) if text}
         took = time.monotonic() - began

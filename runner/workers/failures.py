@@ -257,7 +257,7 @@ def with_hang(failure: Failure, found: Culprit | None) -> Failure:
         note = unnamed(found.verdict if found is not None else None, recorder=True)
         return replace(failure, hang=found.verdict if found is not None else None, culprit_note=note,
                        classified=FailureClass.HANG, evidence="a collective timeout")
-    stacks = "\n".join(f"rank {r} (culprit):\n{text.rstrip()}" for r, text in sorted(found.stacks.items()))
+    stacks = "\n".join(found.stacks_text())
     return replace(failure, reason=found.verdict.reason(), detected=f"{failure.reason}: a collective timeout",
                    hang=found.verdict, stacks=stacks, classified=FailureClass.HANG, evidence="a collective timeout")
 
@@ -276,7 +276,7 @@ def watchdog_failure(event: TimerExpired, attempt: int, *, local_ranks: dict[int
     if verdict is None or not verdict.named:
         return replace(base, culprit_note=unnamed(verdict, recorder=recorder))
     assert event.culprit is not None
-    stacks = [f"rank {r} (culprit):\n{text.rstrip()}" for r, text in sorted(event.culprit.stacks.items())]
+    stacks = event.culprit.stacks_text()
     if event.stacks:
         stacks.append(f"rank {event.rank} (timed out by the watchdog):\n{event.stacks.rstrip()}")
     first = verdict.culprits[0][0]
