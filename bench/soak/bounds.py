@@ -13,6 +13,8 @@ STEP_TIME_S = 0.1
 
 
 LEASE_TTL_S = 5.0
+# etcd renews every lease when it starts: its TTL counts again from there, plus an election timeout (1 s by default).
+ETCD_RENEW_EXTRA_S = 1.0
 HEARTBEAT_TIMEOUT_S = 8.0
 GRACE_S = 3.0
 CONNECT_TIMEOUT_S = 30.0
@@ -49,6 +51,8 @@ LOST = {
     "nothing_survives": "processes that outlived their job",
     "etcd_keys_expire": "etcd keys left on a live lease",
 }
+# Not the runner's: our etcd's own crashes (printed with its log's end, and started again).
+ETCD_CRASHED = "infrastructure: the soak's etcd exited by itself (no fault stopped it); started again at once"
 # The times the soak measures, from each fault to its expectation met.
 MEASURED = {
     "hang_detected": "a worker left stopped gone (heartbeat_timeout 8 s)",

@@ -9,7 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.soak.bounds import EVIDENCE, FINAL_TTL_S, GONE_BOUND_S, INTERNAL_ERRORS, LEASE_TTL_S, RACE_S
+from bench.soak.bounds import (
+    ETCD_RENEW_EXTRA_S,
+    EVIDENCE,
+    FINAL_TTL_S,
+    GONE_BOUND_S,
+    INTERNAL_ERRORS,
+    LEASE_TTL_S,
+    RACE_S,
+)
 from bench.soak.model import Agent, Job, Violation, console_transitions, context, excerpt, read_text, tail
 from bench.soak.procs import port_listening, reap_orphans
 from bench.soak.verdict import MOOT_WHY
@@ -196,13 +204,31 @@ class Checks:
         self.tally.held("nothing_survives")
         self.check_completed(job)
 
+    def check_own_etcd(self) -> None:
+        """Our etcd runs unless a fault holds it down. Killed by a signal no fault sent: a violation (something
+        signalled a process that is not the job's). Exited by itself (etcd's own crash, its log says why): printed
+        with its log's end, counted under "infrastructure", and started again at once, as etcd_restart does."""
+        etcd = self.etcd
+        if etcd is None or (code := etcd.exited_unasked()) is None:
+            return
+        if code < 0:
+            name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            raise Violation("etcd_unharmed", f"the soak's etcd died of {name} and no fault sent it (the OOM killer "
+                            f"sends SIGKILL too); its log ends:\n{etcd.log_tail()}")
+        crash = f"the soak's etcd exited by itself with code {code} (no fault stopped it); started again"
+        self.say(f"{crash}; its log ends:\n{etcd.log_tail()}")
+        self.etcd_crashes.append(crash)
+        etcd.start()
+
     def check_keys(self, job: Job) -> None:
         """After the last agent's end plus lease_ttl: no key of the job on a live lease, but the final states (on
-        their own lease, at most an hour)."""
-        last_end = max((a.ended for a in job.agents), default=time.time())
-        time.sleep(max(0.0, last_end + LEASE_TTL_S + 2 - time.time()))
+        their own lease, at most an hour). etcd renews every lease when it starts (a lease's TTL counts again from
+        there, plus an election timeout): after a restart, the wait counts from the restart."""
         if self.etcd is not None and not self.etcd.up:
             self.etcd_start()
+        last_end = max((a.ended for a in job.agents), default=time.time())
+        since = max(last_end, self.etcd.started_at + ETCD_RENEW_EXTRA_S if self.etcd is not None else 0.0)
+        time.sleep(max(0.0, since + LEASE_TTL_S + 2 - time.time()))
         keys = self.etcd_keys(job)
         if keys is None:
             raise Violation("etcd_keys_expire", "cannot read the job's keys from etcd")

@@ -7,6 +7,7 @@ import errno
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from runner.testing.etcd_server import EtcdServer
@@ -18,6 +19,26 @@ class ChaosEtcd(EtcdServer):
 
     def __init__(self, data_dir: Path, extra_host: str | None) -> None:
         super().__init__(data_dir, extra_client_hosts=(extra_host,) if extra_host else ())
+        self.started_at = 0.0  # time.time() of the last start: etcd renews every lease's TTL when it starts
+        self.held_down = False  # stopped by a fault until the fault starts it again
+
+    def start(self) -> None:
+        """Start etcd (same data, same ports) and note when."""
+        super().start()
+        self.started_at = time.time()
+        self.held_down = False
+
+    def stop(self) -> None:
+        """SIGTERM etcd: down until start() (a fault holds it down)."""
+        self.held_down = True
+        super().stop()
+
+    def exited_unasked(self) -> int | None:
+        """etcd's exit status (a negative signal number, as Popen gives it) when it ended and nothing of the soak
+        stopped it; None while it runs or stays down on purpose."""
+        if self.proc is None or self.held_down or self.proc.poll() is None:
+            return None
+        return self.proc.returncode
 
     def wipe(self) -> None:
         """SIGKILL, delete the data dir, start fresh on the same ports."""

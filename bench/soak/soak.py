@@ -23,6 +23,7 @@ from bench.soak.bounds import (
     ALL_CLASSES,
     CLASSES,
     CONNECT_TIMEOUT_S,
+    ETCD_CRASHED,
     GRACE_S,
     HEARTBEAT_TIMEOUT_S,
     JOIN_TIMEOUT_S,
@@ -70,6 +71,7 @@ class Soak(JobProcesses, Faults, Checks):
         self.disabled = self.tally.disabled  # class -> why it is not enabled (the tally's own dict)
         self.firing = ""  # the class of the fault being injected: the expectations it sets up are that class's
         self.lost: dict[str, int] = dict.fromkeys(self.lost_rows, 0)
+        self.etcd_crashes: list[str] = []  # our etcd's exits that no fault caused (its exit code and log's end)
         self.jobs: list[Job] = []
         self.job: Job | None = None
         self.filled = False
@@ -347,6 +349,7 @@ class Soak(JobProcesses, Faults, Checks):
         for _, _what, action in sorted(due, key=lambda t: t[0]):
             action()
         self.check_expects(job)
+        self.check_own_etcd()
         if now >= self.next_scan:
             self.next_scan = now + 1.0
             for a in job.live():
@@ -541,7 +544,8 @@ class Soak(JobProcesses, Faults, Checks):
         print(table(["invariant", "held", "broke", "did not apply", "min held", "brought by"],
                     self.tally.invariant_rows()))
         print()
-        print(table(["lost", "count"], [[what, str(self.lost[key])] for key, what in self.lost_rows.items()]))
+        print(table(["lost", "count"], [*([what, str(self.lost[key])] for key, what in self.lost_rows.items()),
+                                        [ETCD_CRASHED, str(len(self.etcd_crashes))]]))
         if self.timings:
             print()
             rows = [[self.measured.get(k, k), str(len(v)), f"{statistics.median(v):.2f}", f"{max(v):.2f}"]

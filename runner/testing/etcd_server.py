@@ -121,6 +121,16 @@ class EtcdServer:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT)
         self._wait_healthy()
 
+    def log_tail(self, lines: int = 8, limit: int = 4096) -> str:
+        """The last `lines` lines of etcd's own log (at most `limit` bytes read): why it exited, when it did."""
+        try:
+            with self._log.open("rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+                text = f.read().decode("utf-8", "replace")
+        except OSError as e:
+            return f"(its log {self._log} cannot be read: {e.strerror})"
+        return "\n".join(text.splitlines()[-lines:]) or "(its log is empty)"
+
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + HEALTH_TIMEOUT_S
         while time.monotonic() < deadline:
