@@ -192,3 +192,26 @@ def test_start_time_identifies_a_process() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_guard_removes_only_the_agents_private_runner_folders(tmp_path: Path) -> None:
+    """`D PATH` lines: at the guard's end, a private runner-* directory goes; one open to others, one named
+    otherwise, and a link to a private one (the link's target included) stay, whatever the agent said."""
+    from runner.system.shepherd import Shepherd
+
+    made = {name: tmp_path / name for name in ("runner-fr-mine", "runner-open", "someone-else", "target")}
+    for path in made.values():
+        path.mkdir(mode=0o700)
+        (path / "0.sock").write_text("")
+    made["runner-open"].chmod(0o755)
+    link = tmp_path / "runner-link"
+    link.symlink_to(made["target"])
+    guard = Shepherd(agent=False, cgroup=False)
+    for path in (made["runner-fr-mine"], made["runner-open"], made["someone-else"], link):
+        guard.remove_at_death(path)
+    guard_pid = guard.pid
+    assert guard_pid is not None and alive(guard_pid)
+    assert made["runner-fr-mine"].exists()  # nothing removed while the agent lives
+    guard.close()  # its pipe's EOF: what the agent's death gives it too
+    assert not made["runner-fr-mine"].exists()
+    assert all(made[n].exists() for n in ("runner-open", "someone-else", "target")) and link.is_symlink()

@@ -204,17 +204,23 @@ def test_a_command_entrypoint_never_gets_a_standby(job: Any) -> None:
     assert not list(j.logs.glob("*/*/standby"))
 
 
-def test_standbys_die_with_a_sigkilled_agent(job: Any) -> None:
-    """The guard kills the waiting standbys too: nothing of the job outlives its agent."""
+def test_standbys_die_with_a_sigkilled_agent(job: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard kills the waiting standbys too: nothing of the job outlives its agent. Then it removes the flight
+    recorder's sockets folder the agent made in the temp dir: nothing of the job is left there either."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     j = standby_job(job, crash=1, preload="[json]")
     proc = j.start()
     try:
         wait_for(lambda: all(ready_lines(j, r) >= 2 for r in (0, 1)), timeout=60, what="waiting standbys")
         standbys = [pid for pid in _pids() if _is_standby(pid, j)]
         assert standbys
+        assert list(temp.glob("runner-fr-*")), "the agent made no recorder folder: nothing to test"
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
         wait_for(lambda: not any(alive(p) for p in standbys), timeout=30, what="standbys to die")
+        wait_for(lambda: not list(temp.glob("runner-*")), timeout=30, what="the recorder's folder to be removed")
     finally:
         j.stop()
 

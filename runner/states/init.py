@@ -71,6 +71,8 @@ def start_recorder(ctx: Context) -> None:
     ctx.recorder = FlightRecorder(ctx.spec.watchdog.flight_recorder, ctx.inputs.node, ctx.log,
                                   ctx.rendezvous.share_hang)
     ctx.recorder.capture = ctx.spec.watchdog.capture_stacks
+    if (folder := ctx.recorder.open_folder()) is not None:
+        ctx.shepherd.remove_at_death(folder)  # an agent SIGKILLed leaves no sockets' folder behind
 
 
 async def start_watchdog(ctx: Context) -> None:

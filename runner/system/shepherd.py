@@ -73,6 +73,7 @@ class Shepherd:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watched: dict[int, int] = {}  # worker pid -> start time
         self._lease_line = b""  # `L ...` line telling the guard which etcd lease to revoke if the agent dies
+        self._folders: list[bytes] = []  # `D ...` lines: private temp folders the guard removes if the agent dies
         self._closed = False
         self._started = False
 
@@ -137,6 +138,8 @@ class Shepherd:
             self._send(f"+ {pid} {start}\n")
         if self._lease_line:
             self._send_bytes(self._lease_line)
+        for line in self._folders:
+            self._send_bytes(line)
 
     @property
     def pid(self) -> int | None:
@@ -214,6 +217,19 @@ class Shepherd:
             self.start()
             self._lease_line = b"L " + ticket.handler().encode() + b" " + ticket.encode() + b"\n"
         self._send_bytes(self._lease_line)
+
+    def remove_at_death(self, folder: Path) -> None:
+        """If the agent dies, the guard removes `folder` last; starts the guard.
+
+        `folder`: a private `runner-*` temp folder the agent made and removes itself at its end (the flight
+        recorder's sockets).
+        """
+        line = b"D " + os.fsencode(folder.absolute()) + b"\n"
+        if b"\n" in line[:-1] or line in self._folders:
+            return  # a newline in the path cannot go over the pipe: the folder stays, as it would have
+        self.start()
+        self._folders.append(line)
+        self._send_bytes(line)
 
     def _send(self, line: str) -> None:
         self._send_bytes(line.encode())

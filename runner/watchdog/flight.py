@@ -58,15 +58,19 @@ class FlightRecorder:
 
     def socket(self, local_rank: int) -> str:
         """The socket `local_rank`'s worker serves on ('' when the recorder is off or there is no folder)."""
+        folder = self.open_folder()
+        return str(folder / f"{local_rank}.sock") if folder is not None else ""
+
+    def open_folder(self) -> Path | None:
+        """The sockets' folder, made on first call (None when the recorder is off or the temp dir refuses it)."""
         if not self.entries:
-            return ""
+            return None
         if self.folder is None:
             try:  # short (a unix socket's path is at most 107 bytes) and private (0700)
                 self.folder = Path(tempfile.mkdtemp(prefix="runner-fr-"))
             except OSError as e:
                 warn_once("flight_recorder_no_folder", Path(tempfile.gettempdir()), e)
-                return ""
-        return str(self.folder / f"{local_rank}.sock")
+        return self.folder
 
     def worker_env(self, local_ranks: Iterable[int]) -> dict[int, dict[str, str]]:
         """Per local rank: the socket its worker serves its records on (none when the recorder is off)."""
