@@ -220,3 +220,28 @@ def test_the_lighthouse_node_lost_and_replaced_the_groups_move_to_its_new_lighth
     final0, final1 = records(log_of(spare, 0), "final"), records(log_of(other, last), "final")
     assert final0 and final1 and final0[0]["step"] == final1[0]["step"] == str(STEPS)
     assert final0[0]["params_sha"] == final1[0]["params_sha"]
+
+
+@pytest.mark.integration
+@FT
+def test_runner_stop_through_etcd_stops_the_job_not_only_its_groups(cluster: Cluster) -> None:
+    """`runner stop` writes the job's control key; each group's rendezvous sees it. It reaches the job's own machine
+    too (TRAINING -stop_requested-> STOPPING), so every node ends `stopped` with 143, as a job of one group does.
+    Before, only the groups stopped: the job read "0 group(s) finished, fewer than min_active" and exited 1."""
+    cluster.write(spec(cluster.endpoint))
+    cluster.start("a")
+    cluster.start("b")
+    groups = both_seated(cluster, ("a", "b"))
+    wait_for(lambda: all(log_of(n, 0).exists() for n in groups.values()), timeout=90, what="both groups' workers")
+    pids = [worker_pid(n) for n in groups.values()]
+    done = cluster.cli("stop")
+    assert done.returncode == 0, done.stderr
+    assert cluster.wait_all(90) == {"a": 143, "b": 143}
+    for node in groups.values():
+        report = node.report()
+        assert report["outcome"] == "stopped" and report["exit_code"] == 143, report
+        job_edges = [(t["src"], t["trigger"], t["dst"]) for t in map(json.loads, (
+            node.run_dir() / "transitions.jsonl").read_text().splitlines()) if t.get("event") == "job_transition"]
+        assert ("TRAINING", "stop_requested", "STOPPING") in job_edges, job_edges
+    assert cluster.status()["status"] == "stopped"
+    assert not any(alive(p) for p in pids)

@@ -219,3 +219,22 @@ def test_a_signal_that_reaches_the_workers_too_stops_the_job(job, code: int, gro
     triggers = [e[1] for e in j.edges()]
     assert "workers_succeeded" not in triggers and "worker_failed" not in triggers, triggers
     assert triggers.count("stop_requested") == (2 if groups else 1), triggers
+
+
+def test_a_stop_a_group_sees_goes_to_the_job_once_and_reaches_every_group() -> None:
+    """`runner stop` through etcd is seen by each group's rendezvous: given to the job's scope (outermost), it is
+    recorded once by the job and delivered once to each group."""
+    async def main() -> tuple[StopScope, list[StopScope], list[list[object]]]:
+        job = StopScope(asyncio.Queue())
+        queues: list[asyncio.Queue[object]] = [asyncio.Queue(), asyncio.Queue()]
+        groups = [job.inside(q) for q in queues]  # type: ignore[arg-type]
+        stop = StopRequested(0, graceful=False)
+        for g in groups:  # each group's monitor hands it on
+            assert g.outermost() is job
+            g.outermost().request_once(stop)
+        return job, groups, [[q.get_nowait() for _ in range(q.qsize())] for q in queues]
+
+    job, groups, queued = asyncio.run(main())
+    assert job.received == [StopRequested(0, graceful=False)] and job.stopping() is not None
+    assert all(g.stopping() == StopRequested(0, graceful=False) for g in groups)
+    assert queued == [[StopRequested(0, graceful=False)]] * 2

@@ -41,6 +41,9 @@ class FakeRendezvous:
         self.charges: list[tuple[str, bool]] = []  # (failure class, charged) of each charge_restart
         self.marks: list = []  # what the node ledger was told (note_node)
 
+    def on_stop(self, sink) -> None:
+        self.stop_sink = sink
+
     async def open(self, events) -> None:
         if self.hang_open:
             await asyncio.Event().wait()  # an etcd that never answers

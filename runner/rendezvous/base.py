@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from runner.events import Event
+    from collections.abc import Callable
+
+    from runner.events import Event, StopRequested
     from runner.hangs import RankRecord
     from runner.rendezvous.node_ledger import Mark, NodeRecord
 
@@ -45,6 +47,13 @@ class Rendezvous(Protocol):
 
     async def open(self, events: asyncio.Queue[Event]) -> None:
         """Connect (retrying up to the connect timeout) and start background watches."""
+
+    def on_stop(self, sink: Callable[[StopRequested], None]) -> None:
+        """Give the job-wide stop requests this backend sees (`runner stop` through etcd) to `sink`.
+
+        Not to the events queue: `sink` is the job's stop scope, so the stop reaches the job above replica groups,
+        once.
+        """
 
     async def next_round(self, attempt: int) -> RendezvousResult:
         """Join the next round and wait until it closes. Raises RendezvousTimeout or JobClosed."""

@@ -14,7 +14,9 @@ from runner.rendezvous.ports import free_port
 from runner.system.soft_io import warn_once
 
 if TYPE_CHECKING:
-    from runner.events import Event
+    from collections.abc import Callable
+
+    from runner.events import Event, StopRequested
     from runner.hangs import RankRecord
 
 
@@ -37,6 +39,9 @@ class LocalRendezvous:
 
     async def open(self, events: asyncio.Queue[Event]) -> None:
         """Nothing to connect to."""
+
+    def on_stop(self, sink: Callable[[StopRequested], None]) -> None:
+        """Never called back: one node's `runner stop` signals its agent (runner.runs.control)."""
 
     async def next_round(self, attempt: int) -> RendezvousResult:
         """Round `attempt`: this node is group rank 0 on a port not used by the previous round."""

@@ -38,6 +38,7 @@ async def handle(ctx: Context) -> Step:
     start_standbys(ctx)  # their imports overlap the agent's own start and the rendezvous
     if isinstance(ctx.rendezvous, LeaseHolder):  # etcd: if this agent dies, its guard revokes its lease at once
         ctx.rendezvous.on_lease(ctx.shepherd.revoke_at_death)
+    ctx.rendezvous.on_stop(ctx.stops.outermost().request_once)  # `runner stop` reaches the job above the groups
     try:
         await unless_stopped(ctx, ctx.rendezvous.open(ctx.events))
         start_recorder(ctx)

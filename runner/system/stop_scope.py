@@ -30,9 +30,10 @@ MAX_KEPT = 64  # requests kept per scope (a signal storm keeps the first ones: t
 class StopScope:
     """The stop requests of one run and of the runs inside it."""
 
-    def __init__(self, events: asyncio.Queue[Event]) -> None:
-        """`events`: the run's queue, where delivered requests go."""
+    def __init__(self, events: asyncio.Queue[Event], outer: StopScope | None = None) -> None:
+        """`events`: the run's queue, where delivered requests go; `outer`: the scope this one is inside."""
         self.events = events
+        self.outer = outer
         self.received: list[StopRequested] = []
         self.inner: list[StopScope] = []
 
@@ -41,7 +42,7 @@ class StopScope:
 
         Those that came before it was made too: a stop that arrived while the groups were being made stops them.
         """
-        scope = StopScope(events)
+        scope = StopScope(events, self)
         for stop in self.received:
             scope.request(stop)
         self.inner.append(scope)
@@ -64,6 +65,18 @@ class StopScope:
         """Record and deliver `stop` (from the event loop)."""
         self.note(stop)
         self.deliver(stop)
+
+    def outermost(self) -> StopScope:
+        """The job's scope: this one, or the one every scope this one is inside is inside."""
+        scope = self
+        while scope.outer is not None:
+            scope = scope.outer
+        return scope
+
+    def request_once(self, stop: StopRequested) -> None:
+        """`request(stop)` unless an equal one arrived already (each group's rendezvous sees one `runner stop`)."""
+        if stop not in self.received:
+            self.request(stop)
 
     def pass_down(self, stop: StopRequested) -> None:
         """Stop the inner runs only, with `stop`'s cause (the outer run decided it; it did not receive it)."""

@@ -57,9 +57,11 @@ from runner.rendezvous.ports import free_port
 from runner.rendezvous.spec_check import diff_paths, shared_tree, tree_digest
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from structlog.typing import FilteringBoundLogger
 
-    from runner.events import Event
+    from runner.events import Event, StopRequested
     from runner.hangs import RankRecord
 
 T = TypeVar("T")
@@ -86,6 +88,7 @@ class EtcdRendezvous:
         self._lease: LeaseKeeper | None = None
         self._events: asyncio.Queue[Event] | None = None
         self._monitor: RoundMonitor | None = None
+        self._stop_sink: Callable[[StopRequested], None] | None = None  # None: onto the events queue
         self._result: RendezvousResult | None = None
         self._state: dict[str, Any] = {}
         self._admitted = False  # open() passed the spec and closed-job checks: this node belongs to the job
@@ -126,6 +129,12 @@ class EtcdRendezvous:
         await self._lease.grant()
         await self._admit()
         self._admitted = True
+
+    def on_stop(self, sink: Callable[[StopRequested], None]) -> None:
+        """`runner stop` (the control key's "stopping"), seen by this round's monitor, goes to `sink`."""
+        self._stop_sink = sink
+        if self._monitor is not None:
+            self._monitor.stops = sink
 
     def on_lease(self, listener: LeaseListener) -> None:
         """Tell `listener` how to revoke this node's lease whenever it is granted or replaced (None: given up).
@@ -228,6 +237,7 @@ class EtcdRendezvous:
         self._result = result
         self._monitor = RoundMonitor(self.session, self._keys, result, self._spec.nodes.max, self._events, self._log,
                                      since=since)
+        self._monitor.stops = self._stop_sink
         await self._monitor.start(waiter[-1].take_watch())  # a follower's stream goes on watching for it
         self._log.info("rendezvous_complete", round=result.round, group_rank=result.group_rank,
                        nodes=result.group_world_size, master_addr=result.master_addr, master_port=result.master_port)

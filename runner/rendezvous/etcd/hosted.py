@@ -36,9 +36,11 @@ from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.etcd.lease_revoke import LeaseListener
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from structlog.typing import FilteringBoundLogger
 
-    from runner.events import Event
+    from runner.events import Event, StopRequested
     from runner.hangs import RankRecord
     from runner.rendezvous.node_ledger import Mark, NodeRecord
 
@@ -64,6 +66,10 @@ class HostedRendezvous:
     def on_lease(self, listener: LeaseListener) -> None:
         """As the etcd backend's: `listener` learns how to revoke this node's lease (its guard, if the agent dies)."""
         self._inner.on_lease(listener)
+
+    def on_stop(self, sink: Callable[[StopRequested], None]) -> None:
+        """As the etcd backend's: `runner stop` goes to `sink`."""
+        self._inner.on_stop(sink)
 
     async def open(self, events: asyncio.Queue[Event]) -> None:
         """Host etcd when the rule says so, else wait for the hosting node's (join_timeout); then join the job."""

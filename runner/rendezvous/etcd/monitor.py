@@ -29,6 +29,8 @@ from runner.rendezvous.etcd.keys import JobKeys, dump, load
 from runner.rendezvous.etcd.watch import PUT, Event, Watch
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from structlog.typing import FilteringBoundLogger
 
     from runner.events import Event as AgentEvent
@@ -45,6 +47,7 @@ class RoundMonitor:
         self._s, self._k, self._res, self._max = session, keys, result, max_nodes
         self._since = since  # the leader's view revision (record "rev"): replay changes from there
         self._events = events
+        self.stops: Callable[[StopRequested], None] | None = None  # where `runner stop` goes (None: the queue)
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
         self._watched = result.group_rank  # ring position of the member watched (itself: nobody)
         self._state: dict[str, Any] = {}  # the watched member's last live state
@@ -215,7 +218,13 @@ class RoundMonitor:
 
     def _on_control(self, control: Any) -> None:
         if isinstance(control, dict) and control.get("state") == "stopping":
-            self._emit(("stop", ""), StopRequested(signum=0, graceful=bool(control.get("graceful", True))))
+            stop = StopRequested(signum=0, graceful=bool(control.get("graceful", True)))
+            if self.stops is None:
+                self._emit(("stop", ""), stop)
+            elif ("stop", "") not in self._reported:
+                self._reported.add(("stop", ""))
+                self._log.info("rendezvous_event", kind="StopRequested", detail="", round=self._res.round)
+                self.stops(stop)
 
     def _lost(self, node: str, why: str) -> None:
         if node != self._res.node and node in self._res.nodes:
