@@ -205,3 +205,23 @@ def test_each_groups_report_lists_only_its_own_write_failures(tmp_path):
     assert "worker_log_write_failed" in r["warnings"]
     own = {k: json.loads((j.run_dir() / f"group_{k}" / "report.json").read_text())["warnings"] for k in (0, 1)}
     assert "worker_log_write_failed" in own[1] and "worker_log_write_failed" not in own[0]
+
+
+@needs_lighthouse
+def test_a_stop_signal_after_a_graceful_stop_ends_the_job_stopped(tmp_path):
+    """`runner stop --graceful` (SIGUSR2) lets the workers go on; a SIGTERM after it stops them. The job's outcome is
+    the SIGTERM's, as for a job of one group: stopped, 143 (before: the first stop decided, the graceful one, and the
+    stopped groups read as "fewer than min_active": failed, exit 1)."""
+    j = Job(tmp_path, spec('"--steps", "600"', nproc=1))
+    j.start()
+    wait_for(lambda: len(pids(j)) == 2, what="every group's workers")
+    j.proc.send_signal(signal.SIGUSR2)
+    wait_for(lambda: "graceful_stop" in (j.run_dir() / "agent.jsonl").read_text(), what="the graceful stop seen")
+    assert all(alive(p) for p in pids(j).values())  # a graceful stop signals no worker
+    j.proc.send_signal(signal.SIGTERM)
+    _, err = j.proc.communicate(timeout=60)
+    assert j.proc.returncode == 128 + signal.SIGTERM, err
+    r = report(j)
+    assert r["outcome"] == "stopped", r
+    assert {g["outcome"] for g in r["groups"]} == {"stopped"}
+    nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])

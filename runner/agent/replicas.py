@@ -224,10 +224,10 @@ class Supervisor:
 
     def facts(self) -> job_policy.JobFacts:
         """What the job's guards read now."""
-        stopping = self.stops.stopping() is not None or (self.passed_down is not None
-                                                          and not self.passed_down.graceful)
+        stopping = self.stops.stopping()
+        groups_stopping = stopping is not None or (self.passed_down is not None and not self.passed_down.graceful)
         return job_policy.JobFacts(tuple(g.view() for g in self.groups), self.groups_spec.min_active,
-                                   self.stops.requested(), self.lighthouse_lost, stopping)
+                                   stopping or self.stops.requested(), self.lighthouse_lost, groups_stopping)
 
     async def review(self) -> None:
         """Fire `review` until no guarded edge holds (or the job ENDED); act on every edge taken."""

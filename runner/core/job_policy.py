@@ -51,7 +51,7 @@ class JobFacts:
 
     groups: tuple[GroupView, ...]
     min_active: int
-    stop: StopRequested | None = None  # the first stop the job received (a signal, `runner stop`)
+    stop: StopRequested | None = None  # the first stop that ends the work, else the first (graceful) one
     lighthouse_gone: str = ""  # why the hosted lighthouse could not be restarted ("" while it serves)
     groups_stopping: bool = False  # a stop that ends the groups' work (not graceful) reached them
 
