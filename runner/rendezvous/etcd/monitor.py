@@ -219,23 +219,20 @@ class RoundMonitor:
     def _on_control(self, control: Any) -> None:
         if isinstance(control, dict) and control.get("state") == "stopping":
             stop = StopRequested(signum=0, graceful=bool(control.get("graceful", True)))
-            if self.stops is None:
-                self._emit(("stop", ""), stop)
-            elif ("stop", "") not in self._reported:
-                self._reported.add(("stop", ""))
-                self._log.info("rendezvous_event", kind="StopRequested", detail="", round=self._res.round)
-                self.stops(stop)
+            self._emit(("stop", ""), stop, self.stops)
 
     def _lost(self, node: str, why: str) -> None:
         if node != self._res.node and node in self._res.nodes:
             self._emit(("lost", node), PeerLost(node, why))
 
-    def _emit(self, tag: tuple[str, str], event: Any) -> None:
-        if tag in self._reported or self._events is None:
+    def _emit(self, tag: tuple[str, str], event: Any, sink: Callable[[Any], None] | None = None) -> None:
+        """`event` once per tag, to `sink` if given, else onto the events queue."""
+        deliver = sink or (self._events.put_nowait if self._events is not None else None)
+        if tag in self._reported or deliver is None:
             return
         self._reported.add(tag)
         self._log.info("rendezvous_event", kind=type(event).__name__, detail=tag[1], round=self._res.round)
-        self._events.put_nowait(event)
+        deliver(event)
 
     async def stop(self) -> None:
         """Stop watching."""
