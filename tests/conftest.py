@@ -34,6 +34,17 @@ def alive(pid: int) -> bool:
         return False
 
 
+def kill_proven(pid: int, program: str) -> None:
+    """SIGKILL `pid` through a pidfd, after asserting (with the pidfd open, so the pid cannot be reused meanwhile)
+    that its command line names `program`: a test kills only the process it means."""
+    fd = os.pidfd_open(pid)
+    try:
+        assert program in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"), f"pid {pid} is not {program}"
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)
+
+
 def wait_for(cond: Any, timeout: float = 60.0, what: str = "condition") -> None:
     """Wait until cond() is true (generous timeout: the machines are shared and slow)."""
     deadline = time.monotonic() + timeout

@@ -7,23 +7,18 @@ sync is past the one it died at, both groups end at the same sync with equal par
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, Job, alive, wait_for
-from ft_records import committed, records
+from conftest import EXAMPLES, Job, alive, kill_proven, wait_for
+from ft_records import committed, needs_torchft, records
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(importlib.util.find_spec("torchft") is None or
-                       not (Path(sys.executable).parent / "torchft_lighthouse").exists(),
-                       reason="torchft is not installed (pip install -e '.[ft]')"),
+    needs_torchft,
 ]
 OUTER = 12  # syncs
 EVERY = 5  # inner steps per sync
@@ -57,10 +52,7 @@ def test_local_sgd_groups_survive_a_kill_and_end_with_the_same_weights(tmp_path)
                  what="both groups in a committed sync")
         start = records(log1, "start")[0]
         pid = int(start["pid"])
-        assert "ft_local_sgd.py" in Path(f"/proc/{pid}/cmdline").read_text()  # proven ours before the kill
-        fd = os.pidfd_open(pid)
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-        os.close(fd)
+        kill_proven(pid, "ft_local_sgd.py")
         out, err = j.proc.communicate(timeout=150)
     finally:
         if j.proc.poll() is None:

@@ -7,24 +7,17 @@ group 0's live weights: both end at the same step with equal parameters (sha256 
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-import os
-import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, Job, alive, wait_for
-from ft_records import committed, records
+from conftest import EXAMPLES, Job, alive, kill_proven, wait_for
+from ft_records import committed, needs_torchft, records
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(importlib.util.find_spec("torchft") is None or
-                       not (Path(sys.executable).parent / "torchft_lighthouse").exists(),
-                       reason="torchft is not installed (pip install -e '.[ft]')"),
+    needs_torchft,
 ]
 STEPS = 400
 
@@ -57,12 +50,9 @@ def test_a_killed_group_restarts_alone_and_rejoins_with_the_survivors_weights(tm
         status = json.loads((run() / "group_1" / "status.json").read_text())
         [worker] = status["workers"]
         pid = worker["pid"]
-        assert "ft_train.py" in Path(f"/proc/{pid}/cmdline").read_text()  # proven ours before the kill
         start = records(log1, "start")[0]
         assert int(start["pid"]) == pid
-        fd = os.pidfd_open(pid)
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-        os.close(fd)
+        kill_proven(pid, "ft_train.py")
         t_kill = time.time()
         out, err = j.proc.communicate(timeout=180)
     finally:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Job
+from conftest import Job, kill_proven
 
 pytestmark = pytest.mark.integration
 
@@ -259,7 +259,6 @@ def test_a_full_logs_disk_does_not_kill_the_hosted_lighthouse(tmpfs, tmp_path: P
     """Replica groups with logs.dir on a tmpfs filled during the run, then the lighthouse SIGKILLed: its restart
     prints to a pipe the agent drains (fail soft), not to the full disk, so it starts and the job succeeds. Before,
     torchft_lighthouse exited 120 on its first failed write and the agent gave up on it."""
-    import signal
     import time
 
     from conftest import ROOT, wait_for
@@ -287,12 +286,9 @@ def test_a_full_logs_disk_does_not_kill_the_hosted_lighthouse(tmpfs, tmp_path: P
 
     wait_for(lambda: lighthouse().get("pid"), what="the hosted lighthouse")
     first = lighthouse()["pid"]
-    assert "torchft_lighthouse" in Path(f"/proc/{first}/cmdline").read_text()  # ours, before the kill
     fill(logs)
     top_up(j.run_dir() / "lighthouse.log")  # its last page's slack too: any write of the lighthouse's now fails
-    fd = os.pidfd_open(first)
-    signal.pidfd_send_signal(fd, signal.SIGKILL)
-    os.close(fd)
+    kill_proven(first, "torchft_lighthouse")
     time.sleep(0.5)  # the status file cannot be rewritten on the full disk: the agent's own word is the summary
     _, err = j.proc.communicate(timeout=120)
     assert j.proc.returncode == 0, err[-3000:]

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Job, alive, wait_for
+from conftest import ROOT, Job, alive, kill_proven, wait_for
 
 pytestmark = pytest.mark.integration
 WORKER = ROOT / "tests" / "workers" / "group_worker.py"
@@ -131,10 +131,7 @@ def test_the_hosted_lighthouse_is_restarted_when_it_dies(tmp_path):
 
     wait_for(lambda: status().get("lighthouse", {}).get("pid"), what="the hosted lighthouse")
     first = status()["lighthouse"]["pid"]
-    assert "torchft_lighthouse" in Path(f"/proc/{first}/cmdline").read_text()  # ours, proven before the kill
-    fd = os.pidfd_open(first)
-    signal.pidfd_send_signal(fd, signal.SIGKILL)
-    os.close(fd)
+    kill_proven(first, "torchft_lighthouse")
     wait_for(lambda: status().get("lighthouse", {}).get("restarts") == 1, what="the lighthouse's restart")
     second = status()["lighthouse"]["pid"]
     assert second != first and alive(second)

@@ -10,24 +10,18 @@ lighthouse. Real agents on loopback, a real etcd, real TorchFT training (example
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-import os
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, alive, wait_for
-from ft_records import committed, records
+from conftest import EXAMPLES, alive, kill_proven, wait_for
+from ft_records import committed, needs_torchft, records
 from multinode_helpers import Cluster, Node
 
-FT = pytest.mark.skipif(importlib.util.find_spec("torchft") is None or
-                        not (Path(sys.executable).parent / "torchft_lighthouse").exists(),
-                        reason="torchft is not installed (pip install -e '.[ft]')")
 STEPS = 300
 
 
@@ -73,15 +67,6 @@ def worker_pid(node: Node) -> int:
     return pid
 
 
-def sigkill(pid: int) -> None:
-    """SIGKILL through a pidfd (the pid was just proven to be the worker's)."""
-    fd = os.pidfd_open(pid)
-    try:
-        signal.pidfd_send_signal(fd, signal.SIGKILL)
-    finally:
-        os.close(fd)
-
-
 def both_seated(c: Cluster, names: tuple[str, str]) -> dict[int, Node]:
     """Wait until the two nodes took the two seats; group -> node."""
     wait_for(lambda: all(group_of(c.nodes[n]) is not None for n in names), timeout=60, what="both seats taken")
@@ -96,7 +81,7 @@ def stepping_together(log: Path) -> bool:
 
 
 @pytest.mark.integration
-@FT
+@needs_torchft
 def test_a_killed_group_restarts_alone_on_its_node_while_the_other_node_steps(cluster: Cluster) -> None:
     # standby false: a warm restart is back within TorchFT's heartbeat (1 s), before group 0 could step alone; a
     # cold one (its worker imports torch) keeps group 1 down long enough to watch group 0 step on alone.
@@ -112,7 +97,7 @@ def test_a_killed_group_restarts_alone_on_its_node_while_the_other_node_steps(cl
     text = cluster.cli("status").stdout
     assert "group 0: running" in text and f"node {victim.name} (group 1): RUNNING" in text, text
     pid = worker_pid(victim)
-    sigkill(pid)
+    kill_proven(pid, "ft_train.py")
     t_kill = time.time()
     codes = cluster.wait_all(timeout=180)
     assert codes == {"a": 0, "b": 0}, survivor.output()[-2000:] + victim.output()[-2000:]
@@ -135,7 +120,7 @@ def test_a_killed_group_restarts_alone_on_its_node_while_the_other_node_steps(cl
 
 
 @pytest.mark.integration
-@FT
+@needs_torchft
 def test_a_lost_node_is_replaced_by_a_new_one_in_its_seat(cluster: Cluster) -> None:
     cluster.write(spec(cluster.endpoint))
     cluster.start("a")
@@ -194,7 +179,7 @@ replica_groups: {{count: 2, nodes_per_group: 2}}
 
 
 @pytest.mark.integration
-@FT
+@needs_torchft
 def test_the_lighthouse_node_lost_and_replaced_the_groups_move_to_its_new_lighthouse(cluster: Cluster) -> None:
     """The documented failure mode: seat (0, 0)'s node (and so the hosted lighthouse) SIGKILLed. Group 1's quorum
     times out, it restarts; the node that takes seat (0, 0) hosts a new lighthouse, group 1's next attempt uses its
@@ -223,7 +208,7 @@ def test_the_lighthouse_node_lost_and_replaced_the_groups_move_to_its_new_lighth
 
 
 @pytest.mark.integration
-@FT
+@needs_torchft
 def test_runner_stop_through_etcd_stops_the_job_not_only_its_groups(cluster: Cluster) -> None:
     """`runner stop` writes the job's control key; each group's rendezvous sees it. It reaches the job's own machine
     too (TRAINING -stop_requested-> STOPPING), so every node ends `stopped` with 143, as a job of one group does.
