@@ -73,7 +73,7 @@ class FakeRendezvous:
     async def share_hang(self, local, *, timeout: float):
         return local
 
-    async def close(self, outcome: str) -> None:
+    async def close(self, outcome: str, *, alone: bool = False) -> None:
         if self.close_error:
             raise self.close_error
         self.closed.append(outcome)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from runner.events import Event, StopRequested, TimerExpired, WorkerExited
+from runner.outcomes import FailureKind
 from runner.rendezvous.ports import free_port
 from runner.system.shepherd import Shepherd
 from runner.system.soft_io import WarnOnce
@@ -97,6 +98,11 @@ class GroupRun:
     unhealthy: dict[str, object] | None = None  # the last try, while the node stays out of a round for its health
     output_lost: dict[int, int] = field(default_factory=dict)  # by rank: worker output the logs disk refused
     kept_out: str = ""  # why this node sits out the next round: it held up the last hang (docs/hangs.md)
+
+    @property
+    def leaves_alone(self) -> bool:
+        """This node stepped out on its own (kept out, or its health checks gave up): the others go on."""
+        return self.failure is not None and self.failure.kind is FailureKind.HEALTH
 
     def keep_lost_output(self) -> None:
         """Keep what the current group's log files refused in the run's count (before the group is dropped)."""

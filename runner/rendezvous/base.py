@@ -90,5 +90,9 @@ class Rendezvous(Protocol):
     async def publish(self, state: dict[str, Any]) -> None:
         """Publish this node's live state (machine state, attempt, worker pids/exit codes) for `runner status`."""
 
-    async def close(self, outcome: str) -> None:
-        """Leave the rendezvous; `outcome` is the job's final outcome as this node saw it."""
+    async def close(self, outcome: str, *, alone: bool = False) -> None:
+        """Leave the rendezvous; `outcome` is the job's final outcome as this node saw it.
+
+        `alone`: only this node leaves (kept out of the next round, or given up on its own health) while the others
+        go on; its outcome never closes the job, whatever its rank.
+        """

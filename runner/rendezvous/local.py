@@ -96,5 +96,5 @@ class LocalRendezvous:
         """Keep the latest state (the agent also writes it to <run dir>/status.json)."""
         self.state = state
 
-    async def close(self, outcome: str) -> None:
+    async def close(self, outcome: str, *, alone: bool = False) -> None:
         """Nothing to leave."""

@@ -47,7 +47,7 @@ async def handle(ctx: Context) -> None:
         ctx.exit_code = EXIT_OK
     await ctx.status.publish()
     try:
-        await ctx.rendezvous.close(ctx.outcome.value)
+        await ctx.rendezvous.close(ctx.outcome.value, alone=ctx.run.leaves_alone)
     except Exception as e:
         ctx.warnings.warn("rendezvous_close_failed", error=str(e) or type(e).__name__)
     ctx.shepherd.close()

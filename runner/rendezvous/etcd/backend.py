@@ -482,8 +482,8 @@ class EtcdRendezvous:
         self._state = {**state, "node": self._node, "round": r, "time": time.time()}
         return self._state
 
-    async def close(self, outcome: str) -> None:
-        """Publish the final state, close the job when this node decides it, revoke the lease.
+    async def close(self, outcome: str, *, alone: bool = False) -> None:
+        """Publish the final state, close the job when this node decides it (not `alone`), revoke the lease.
 
         Bounded by the connect timeout; etcd unreachable is a RendezvousError (after everything local was
         released), never a hang.
@@ -491,7 +491,7 @@ class EtcdRendezvous:
         if self._session is None:
             return
         try:
-            await self._bounded("close", self._leave(outcome))
+            await self._bounded("close", self._leave(outcome, alone=alone))
         finally:
             await self._stop_monitor()
             if self._lease is not None:
@@ -499,15 +499,16 @@ class EtcdRendezvous:
             await self._session.close()
             self._log.info("rendezvous_closed", outcome=outcome)
 
-    async def _leave(self, outcome: str) -> None:
+    async def _leave(self, outcome: str, *, alone: bool) -> None:
         await self._stop_monitor()
         if not self._admitted or self._lost is not None:
             return
         final = {**self._state, "state": "SHUTDOWN", "outcome": outcome}
         await self._publish(final)
-        # Only the job's end closes it. A node stopped by a signal just leaves: the others go on with
-        # the nodes left (elastic), and a scheduler's requeue can rejoin. `runner stop` closes it.
-        if outcome != "stopped" and self._result is not None and self._result.group_rank == 0:
+        # Only the job's end closes it. A node stopped by a signal, kept out or given up on its own health just
+        # leaves: the others go on with the nodes left (elastic), and a scheduler's requeue can rejoin (a kept-out
+        # node once the next round formed). `runner stop` closes it.
+        if outcome != "stopped" and not alone and self._result is not None and self._result.group_rank == 0:
             await write_control(self.session, self._keys, {"state": outcome, "by": self._node})
         long = await self.session.call(lambda c: c.lease_grant(FINAL_STATE_TTL_S))
         await self.session.call(lambda c: c.put(self._keys.final(self._node), dump(self._state), lease=long))

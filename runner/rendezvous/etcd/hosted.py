@@ -130,16 +130,16 @@ class HostedRendezvous:
         """As the etcd backend."""
         await self._inner.publish(state)
 
-    async def close(self, outcome: str) -> None:
+    async def close(self, outcome: str, *, alone: bool = False) -> None:
         """Leave; the hosting node then waits for the others to leave (bounded) and stops its etcd."""
         server = self._server
         if server is None:
-            await self._inner.close(outcome)
+            await self._inner.close(outcome, alone=alone)
             return
         try:
             if outcome == "stopped" and self._admitted:
                 await self._stop_others()
-            await self._inner.close(outcome)
+            await self._inner.close(outcome, alone=alone)
         finally:
             try:
                 if self._admitted:
