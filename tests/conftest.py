@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from runner.testing.etcd_cluster import EtcdCluster
 from runner.testing.etcd_server import EtcdServer, etcd_server
+from runner.testing.hosts import Lab, why_not
 
 if TYPE_CHECKING:
     from multinode_helpers import Cluster
@@ -167,12 +169,34 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, etcd: EtcdServer) -> Iterator[Cluster]:
-    """A multi-node Cluster (tests/multinode_helpers.py) on the test's etcd; every node process and worker is reaped
-    afterwards."""
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    """Simulated hosts (runner/testing/hosts.py) sharing tmp_path/shared; every host, namespace and veth deleted after
+    the test. Skipped, with the reason, where namespaces cannot be made (not root)."""
+    why = why_not()
+    if why:
+        pytest.skip(why)
+    with Lab(tmp_path / "shared") as made:
+        yield made
+
+
+@pytest.fixture
+def host_etcd(lab: Lab) -> Iterator[EtcdCluster]:
+    """A one-member etcd on a host of its own ("etcd"), as the multi-node tests' rendezvous; killed afterwards."""
+    server = EtcdCluster([lab.add("etcd")])
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def cluster(lab: Lab, host_etcd: EtcdCluster) -> Iterator[Cluster]:
+    """A multi-node Cluster (tests/multinode_helpers.py): one host per node, on the etcd host; every agent and host is
+    reaped afterwards."""
     from multinode_helpers import Cluster
 
-    c = Cluster(tmp_path / "cluster", etcd.endpoint)
+    c = Cluster(lab.shared / "cluster", lab, host_etcd.endpoint)
     try:
         yield c
     finally:

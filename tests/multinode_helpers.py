@@ -1,13 +1,13 @@
-"""Multi-node test helpers: a `Cluster` of real `runner run` processes (one per simulated node) on one etcd, the
-probe job's spec. Imported as `multinode_helpers` (tests/ is on the path) by every multi-node test; the `cluster`
-fixture that builds one per test is in conftest.py.
+"""Multi-node test helpers: a `Cluster` of real `runner` processes, one per simulated host (runner/testing/hosts.py:
+own network namespace and address, hostname, /tmp and processes), on one etcd, and the probe job's spec. Each node's
+identity is its hostname (no `--node`), each node advertises its own address (no loopback anywhere); `runner status`
+and `runner stop` run from a "login" host that runs no agent. Imported as `multinode_helpers` (tests/ is on the path)
+by every multi-node test; the `lab` and `cluster` fixtures that build them per test are in conftest.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -16,17 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conftest import EXAMPLES, PROBE, alive
+from conftest import EXAMPLES, PROBE
+
+from runner.testing.hosts import Host, HostProcess, Lab
 
 HELLO = EXAMPLES / "hello.py"
 RUN_TIMEOUT_S = 120.0
 
 
-def spec_text(endpoint: str, *, name: str = "mn", nodes: str = "2", nproc: int = 1, script: Path = PROBE,
+def spec_text(endpoint: str | list[str], *, name: str = "mn", nodes: str = "2", nproc: int = 1, script: Path = PROBE,
               args: str = "", restart: str = "max_restarts: 2", extra: str = "") -> str:
     """A multi-node job spec on `endpoint`; logs go to ${LOGS} (set per node), probe output to ${OUT}."""
     arglist = f"args: [{args}]" if args else "args: []"
     preload = "preload: []  # the probe imports nothing: preload nothing (docs/standby.md); still forked warm from the fork server" if script == PROBE else ""
+    endpoints = json.dumps([endpoint] if isinstance(endpoint, str) else endpoint)
     return textwrap.dedent(f"""\
         version: 1
         name: {name}
@@ -37,8 +40,7 @@ def spec_text(endpoint: str, *, name: str = "mn", nodes: str = "2", nproc: int =
         nproc_per_node: {nproc}
         rendezvous:
           backend: etcd
-          endpoints: ["{endpoint}"]
-          master_addr: 127.0.0.1
+          endpoints: {endpoints}
           last_call: 1s
           lease_ttl: 3s
           join_timeout: 90s
@@ -59,13 +61,19 @@ def probe_args(out: Path, *more: str) -> str:
 
 @dataclass
 class Node:
-    """One simulated node: a `runner` process with its own logs dir and output files."""
+    """One simulated node: a `runner` process on its own host, with its own logs dir and output files."""
 
     name: str
-    proc: subprocess.Popen[bytes]
-    home: Path  # cwd of the agent; logs under home/logs (${LOGS}) or home/runner-logs (the default)
+    proc: HostProcess  # signals reach the agent itself; its exit status is the agent's
+    home: Path  # cwd of the agent (in the shared folder); logs under home/logs (${LOGS}) or home/runner-logs
     stdout: Path
     stderr: Path
+    host: Host
+
+    @property
+    def agent_pid(self) -> int:
+        """The agent's pid as this test's PID namespace numbers it (0 once it exited)."""
+        return self.proc.inner_pid()
 
     def wait(self, timeout: float = RUN_TIMEOUT_S) -> int:
         """Wait for the agent to exit; its exit code."""
@@ -104,10 +112,13 @@ class Node:
 
 
 class Cluster:
-    """Nodes of one job, each a real `python -m runner job.yaml --node NAME` process; all reaped by close()."""
+    """Nodes of one job, each a real `python -m runner job.yaml` process on a host of its own (named as the node);
+    every agent and host is reaped by close()."""
 
-    def __init__(self, tmp: Path, endpoint: str) -> None:
-        self.tmp, self.endpoint = tmp, endpoint
+    def __init__(self, tmp: Path, lab: Lab, endpoint: str | list[str] = "") -> None:
+        self.tmp, self.lab = tmp, lab
+        self.endpoint = endpoint if isinstance(endpoint, str) else endpoint[0]
+        self.endpoints = [endpoint] if isinstance(endpoint, str) else endpoint
         self.out = tmp / "out"
         self.out.mkdir(parents=True, exist_ok=True)
         self.spec = tmp / "job.yaml"
@@ -120,27 +131,32 @@ class Cluster:
         path.write_text(text)
         return path
 
-    def _env(self, logs: Path) -> dict[str, str]:
-        return {**os.environ, "LOGS": str(logs), "OUT": str(self.out), "PYTHONUNBUFFERED": "1", **self.env}
+    def host(self, name: str) -> Host:
+        """The host called `name`, started on first use."""
+        return self.lab.hosts.get(name) or self.lab.add(name)
+
+    def _env(self, host: Host, logs: Path) -> dict[str, str]:
+        return host.env({"LOGS": str(logs), "OUT": str(self.out), "PYTHONUNBUFFERED": "1", **self.env})
 
     def start(self, name: str, *args: str, spec: Path | None = None) -> Node:
-        """Start node `name` (its logs under tmp/nodes/NAME)."""
+        """Start the agent of node `name` on host `name` (its logs under tmp/nodes/NAME); its id is the hostname."""
+        host = self.host(name)
         home = self.tmp / "nodes" / name
         home.mkdir(parents=True, exist_ok=True)
         stdout, stderr = home / "stdout", home / "stderr"
         with stdout.open("wb") as out, stderr.open("wb") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "runner", str(spec or self.spec), "--node", name, *args],
-                cwd=home, env=self._env(home / "logs"), stdout=out, stderr=err)
-        node = Node(name, proc, home, stdout, stderr)
+            proc = host.popen([sys.executable, "-m", "runner", str(spec or self.spec), *args], cwd=home,
+                              env=self._env(host, home / "logs"), stdout=out, stderr=err)
+        node = Node(name, proc, home, stdout, stderr, host)
         self.nodes[name] = node
         return node
 
-    def cli(self, *args: str, spec: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run `runner ARGS job.yaml` (status, stop) to completion."""
-        return subprocess.run(
-            [sys.executable, "-m", "runner", *args, str(spec or self.spec)], cwd=self.tmp,
-            env=self._env(self.tmp / "cli-logs"), capture_output=True, text=True, timeout=timeout, check=False)
+    def cli(self, *args: str, spec: Path | None = None, timeout: float = 60,
+            on: str = "login") -> subprocess.CompletedProcess[str]:
+        """Run `runner ARGS job.yaml` (status, stop) to completion on host `on` (a login host: no agent runs there)."""
+        host = self.host(on)
+        return host.run([sys.executable, "-m", "runner", *args, str(spec or self.spec)], cwd=self.tmp,
+                        env=self._env(host, self.tmp / "cli-logs"), timeout=timeout)
 
     def status(self) -> dict[str, Any]:
         """`runner status --json`, parsed."""
@@ -154,7 +170,7 @@ class Cluster:
         return {n: node.wait(max(1.0, deadline - time.monotonic())) for n, node in self.nodes.items()}
 
     def worker_files(self) -> list[dict[str, Any]]:
-        """What every probe worker recorded (pid, env)."""
+        """What every probe worker recorded (pid on its host, host, env)."""
         found = []
         for path in sorted(self.out.glob("rank*.attempt*.json")):
             try:
@@ -163,13 +179,19 @@ class Cluster:
                 continue
         return found
 
+    def alive(self, info: dict[str, Any], key: str = "pid") -> bool:
+        """Whether the process a worker file names (its `key` pid, on its `host`) still lives there."""
+        pid = info.get(key)
+        host = self.lab.hosts.get(str(info.get("host")))
+        return bool(pid) and host is not None and host.alive(int(pid))
+
     def close(self) -> None:
-        """SIGKILL every agent still running, reap it, and kill any worker left behind."""
+        """SIGKILL every agent still running and reap it; the lab's close then kills whatever its hosts still run."""
         for node in self.nodes.values():
             if node.proc.poll() is None:
                 node.proc.kill()
-            node.proc.wait()
-        for info in self.worker_files():
-            for pid in (info.get("pid"), info.get("child_pid")):
-                if pid and alive(pid):
-                    os.kill(pid, signal.SIGKILL)
+            try:
+                node.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                subprocess.Popen.kill(node.proc)
+                node.proc.wait()

@@ -1,4 +1,5 @@
-"""Multi-node runs end to end: real `runner` processes (one per simulated node) against a real etcd on loopback.
+"""Multi-node runs end to end: real `runner` processes, one per simulated host (own address, hostname, /tmp and
+processes), against a real etcd on a host of its own; node ids from the hostnames, no loopback address anywhere.
 
 The `Cluster` helper is tests/multinode_helpers.py's, the `cluster` fixture conftest.py's.
 """
@@ -68,8 +69,12 @@ def test_status_during_and_after_a_run(cluster: Cluster) -> None:
     during = cluster.status()
     assert during["status"] == "running"
     assert during["world_size"] == 4 and during["round"] == 0
-    assert during["master_addr"] == "127.0.0.1" and isinstance(during["master_port"], int)
-    assert [n["node"] for n in during["nodes"]] == ["a", "b"]
+    assert [n["node"] for n in during["nodes"]] == ["a", "b"]  # the hostnames
+    assert during["master_addr"] == "a" and isinstance(during["master_port"], int)  # group rank 0's own name
+    workers = cluster.worker_files()
+    assert {w["host"] for w in workers} == {"a", "b"}
+    for w in workers:  # every rank reaches the master by the name rank 0's host has, never a loopback address
+        assert w["env"]["MASTER_ADDR"] == "a", w
     for node in during["nodes"]:
         assert node["attempt"] == 0 and node["heartbeat"] > 0
         assert all(w["pid"] > 0 and w["exit_code"] is None for w in node["workers"])
@@ -86,7 +91,7 @@ def test_multinode_example_trains_on_two_nodes(cluster: Cluster) -> None:
     """examples/jobs/multinode.yaml on two simulated nodes: DDP over 4 ranks converges toward w=3."""
     cluster.spec = EXAMPLES / "multinode.yaml"
     cluster.env.update(ETCD=cluster.endpoint, STEPS="30", JOB_NAME="mn-example")
-    a, b = cluster.start("a", "--advertise-addr", "127.0.0.1"), cluster.start("b", "--advertise-addr", "127.0.0.1")
+    a, b = cluster.start("a"), cluster.start("b")
     assert cluster.wait_all() == {"a": 0, "b": 0}, a.output() + b.output()
     line = next(ln for ln in (a.output() + b.output()).splitlines() if "done: 30 steps on 4 ranks" in ln)
     assert 2.0 < float(line.split("w=")[1].split()[0]) < 4.0, line
@@ -97,10 +102,10 @@ def test_elastic_example_resumes_with_a_late_node(cluster: Cluster) -> None:
     cluster.spec = EXAMPLES / "elastic.yaml"
     ckpt = cluster.tmp / "elastic.pt"
     cluster.env.update(ETCD=cluster.endpoint, STEPS="4000", CKPT=str(ckpt), LAST_CALL="1s", JOB_NAME="el-example")
-    a = cluster.start("a", "--advertise-addr", "127.0.0.1")
-    cluster.start("b", "--advertise-addr", "127.0.0.1")
+    a = cluster.start("a")
+    cluster.start("b")
     wait_for(ckpt.exists, what="a first checkpoint")
-    cluster.start("c", "--advertise-addr", "127.0.0.1")
+    cluster.start("c")
     assert cluster.wait_all() == {"a": 0, "b": 0, "c": 0}, a.output()
     out = "".join(n.output() for n in cluster.nodes.values())
     assert "done: 4000 steps, last world size 3" in out, out

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,6 +40,7 @@ def main() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) if a.spawn_child else None
     info = {
         "pid": os.getpid(),
+        "host": socket.gethostname(),
         "child_pid": child.pid if child else None,
         "env": {k: v for k, v in os.environ.items() if k.startswith(("TORCHELASTIC", "RANK", "LOCAL", "WORLD",
                                                                        "GROUP", "ROLE", "MASTER", "OMP", "RUNNER"))},
