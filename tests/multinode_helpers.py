@@ -138,14 +138,18 @@ class Cluster:
     def _env(self, host: Host, logs: Path) -> dict[str, str]:
         return host.env({"LOGS": str(logs), "OUT": str(self.out), "PYTHONUNBUFFERED": "1", **self.env})
 
-    def start(self, name: str, *args: str, spec: Path | None = None) -> Node:
-        """Start the agent of node `name` on host `name` (its logs under tmp/nodes/NAME); its id is the hostname."""
-        host = self.host(name)
+    def start(self, name: str, *args: str, spec: Path | None = None, on: str | None = None) -> Node:
+        """Start the agent of node `name` on host `name` (its logs under tmp/nodes/NAME); its id is the hostname.
+
+        `on`: another host to start it on, beside the agents already there; its id is then given with --node.
+        """
+        host = self.host(on or name)
         home = self.tmp / "nodes" / name
         home.mkdir(parents=True, exist_ok=True)
         stdout, stderr = home / "stdout", home / "stderr"
+        named = ("--node", name) if on else ()
         with stdout.open("wb") as out, stderr.open("wb") as err:
-            proc = host.popen([sys.executable, "-m", "runner", str(spec or self.spec), *args], cwd=home,
+            proc = host.popen([sys.executable, "-m", "runner", str(spec or self.spec), *named, *args], cwd=home,
                               env=self._env(host, home / "logs"), stdout=out, stderr=err)
         node = Node(name, proc, home, stdout, stderr, host)
         self.nodes[name] = node

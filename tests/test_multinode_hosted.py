@@ -1,9 +1,11 @@
-"""Hosted rendezvous (rendezvous.hosted): one agent starts etcd itself; real agents, real etcd, loopback only.
+"""Hosted rendezvous (rendezvous.hosted): one agent starts etcd itself; real agents on simulated hosts, real etcd.
 
-On one machine every agent qualifies as host (127.0.0.1 is its own address): the first to bind the port hosts and
-the others join as clients (runner/rendezvous/etcd/host_rule.py). The tests start the hosting node first and wait
-for its etcd, so which node hosts is known. Every process started here is reaped: agents by Cluster.close(), a
-hosted etcd by its agent (checked: gone, port free), owners of a HostedEtcd by the test itself.
+The end-to-end tests run one host per node (tests/multinode_helpers.py): the endpoint names host a (`a:PORT`), so a
+hosts and every other node joins it across the bridge (runner/rendezvous/etcd/host_rule.py). A loopback endpoint
+with more than one node is refused on every host unless the agents are named by hand (several agents of one machine:
+then the first to bind the port hosts and the others join as clients). Every process started here is reaped: agents
+by Cluster.close(), hosts by the lab, a hosted etcd by its agent (checked: gone, port free on its host), owners of a
+HostedEtcd by the test itself.
 """
 
 from __future__ import annotations
@@ -30,17 +32,22 @@ from hypothesis import strategies as st
 from multinode_helpers import Cluster, Node, probe_args
 
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, wait_for_host
+from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, refuse_loopback, wait_for_host
 from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary, sweep_stale_data
 from runner.system.served import listens, tcp_listeners
 from runner.testing.etcd_server import free_port
+from runner.testing.hosts import Host, Lab
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 QUIET = structlog.get_logger("test")
 
 
-def hosted_spec(port: int, *, nodes: str = "2", args: str = "", restart: str = "max_restarts: 2") -> str:
-    """A job whose rendezvous one of its agents hosts on 127.0.0.1:`port`."""
+HOSTED_PORT = 29400  # torchrun's c10d default: every host has its own ports
+
+
+def hosted_spec(port: int, *, nodes: str = "2", args: str = "", restart: str = "max_restarts: 2",
+                host: str = "a") -> str:
+    """A job whose rendezvous one of its agents hosts on `host`:`port`."""
     return textwrap.dedent(f"""\
         version: 1
         name: hosted
@@ -52,8 +59,7 @@ def hosted_spec(port: int, *, nodes: str = "2", args: str = "", restart: str = "
         rendezvous:
           backend: etcd
           hosted: true
-          endpoints: ["127.0.0.1:{port}"]
-          master_addr: 127.0.0.1
+          endpoints: ["{host}:{port}"]
           last_call: 1s
           lease_ttl: 2s
           join_timeout: 60s
@@ -68,9 +74,9 @@ def hosted_spec(port: int, *, nodes: str = "2", args: str = "", restart: str = "
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """A Cluster whose endpoint is a free loopback port (no etcd: the first node hosts it)."""
-    c = Cluster(tmp_path / "cluster", f"127.0.0.1:{free_port()}")
+def cluster(lab: Lab) -> Iterator[Cluster]:
+    """A Cluster on simulated hosts whose endpoint is host a's port (no etcd: a hosts it)."""
+    c = Cluster(lab.shared / "cluster", lab, f"a:{HOSTED_PORT}")
     try:
         yield c
     finally:
@@ -95,14 +101,30 @@ def hosted_event(node: Node) -> dict[str, Any] | None:
     return None
 
 
-def start_host(cluster: Cluster, name: str = "a") -> tuple[Node, dict[str, Any]]:
-    """Start the node that hosts (first, alone) and wait until its etcd listens."""
-    node = cluster.start(name)
+def start_host(cluster: Cluster, name: str = "a", on: str | None = None) -> tuple[Node, dict[str, Any]]:
+    """Start the node that hosts (first, alone) and wait until its etcd listens on its host."""
+    node = cluster.start(name, on=on)
     wait_for(lambda: hosted_event(node) is not None, what=f"{name} hosts etcd")
     event = hosted_event(node)
     assert event is not None
-    assert listens(int(event["pid"]), port_of(cluster))
+    assert host_listeners(node.host, port_of(cluster))
     return node, event
+
+
+def host_listeners(host: Host, port: int) -> set[int]:
+    """Inodes of the sockets listening on TCP `port` in `host`'s network namespace."""
+    return {i for name in ("tcp", "tcp6")
+            for _, p, i in tcp_listeners(Path(f"/proc/{host.init_pid}/net/{name}").read_text()) if p == port}
+
+
+def assert_hosted_etcd_gone(node: Node, event: dict[str, Any], port: int) -> None:
+    """The etcd `node` hosted is no process of its host any more (by pid and by data dir); its port is free there."""
+    host = node.host
+    wait_for(lambda: not host.alive(int(event["pid"])), timeout=30, what="hosted etcd exits")
+    using = [p for p in host.pids().values()
+             if str(event["data_dir"]).encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert using == [], using
+    wait_for(lambda: not host_listeners(host, port), timeout=10, what="the kernel to release the hosted etcd's port")
 
 
 def processes_using(path: str) -> list[int]:
@@ -163,7 +185,7 @@ def test_two_nodes_on_a_hosted_etcd_succeed_and_the_etcd_is_gone(cluster: Cluste
     assert cluster.wait_all() == {"a": 0, "b": 0}, a.output() + b.output()
     assert a.report()["outcome"] == b.report()["outcome"] == "succeeded"
     assert hosted_event(b) is None  # b found the port taken: a client
-    assert_etcd_gone(event, port_of(cluster))
+    assert_hosted_etcd_gone(a, event, port_of(cluster))
     etcd_log = Path(event["log"])
     assert etcd_log.is_file() and etcd_log.parent.parent == a.run_dir()
     assert not Path(event["data_dir"]).exists()  # the data (apart from logs.dir) is removed with the job
@@ -183,7 +205,7 @@ def test_a_crashed_worker_is_restarted_on_both_nodes(cluster: Cluster) -> None:
         report = node.report()
         assert (report["outcome"], report["restarts"], report["attempts"]) == ("succeeded", 1, 2), report
     assert {info["env"]["TORCHELASTIC_RESTART_COUNT"] for info in cluster.worker_files()} == {"0", "1"}
-    assert_etcd_gone(event, port_of(cluster))
+    assert_hosted_etcd_gone(a, event, port_of(cluster))
 
 
 def test_sigkill_of_the_client_node_restarts_the_host_alone(cluster: Cluster) -> None:
@@ -202,7 +224,7 @@ def test_sigkill_of_the_client_node_restarts_the_host_alone(cluster: Cluster) ->
     assert "node b" in json.dumps(report["failures"]) or "b" in {f.get("node") for f in report["failures"]}, report
     retried = [i for i in cluster.worker_files() if i["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
     assert {i["env"]["WORLD_SIZE"] for i in retried} == {"1"}
-    assert_etcd_gone(event, port_of(cluster))
+    assert_hosted_etcd_gone(a, event, port_of(cluster))
 
 
 def test_a_signal_to_the_hosting_node_stops_every_node(cluster: Cluster) -> None:
@@ -216,7 +238,7 @@ def test_a_signal_to_the_hosting_node_stops_every_node(cluster: Cluster) -> None
     assert b.edges()[-1] == ("RUNNING", "stop_requested", "SHUTDOWN"), b.edges()
     assert a.report()["outcome"] == b.report()["outcome"] == "stopped"
     assert "hosted_node_stopped_job" in a.output()
-    assert_etcd_gone(event, port_of(cluster))
+    assert_hosted_etcd_gone(a, event, port_of(cluster))
 
 
 def test_sigkill_of_the_hosting_agent_takes_its_etcd_along(cluster: Cluster) -> None:
@@ -228,7 +250,7 @@ def test_sigkill_of_the_hosting_agent_takes_its_etcd_along(cluster: Cluster) -> 
     wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
     a.proc.send_signal(signal.SIGKILL)
     a.wait()
-    assert_etcd_gone(event, port_of(cluster))
+    assert_hosted_etcd_gone(a, event, port_of(cluster))
     b.proc.send_signal(signal.SIGTERM)
     assert b.wait(60) == 128 + signal.SIGTERM, b.output()
     report = b.report()
@@ -258,7 +280,66 @@ def test_the_host_waits_for_a_node_of_the_last_round_cut_off_when_the_job_ended(
     assert "restart budget is unreachable" not in b.output(), b.output()[-3000:]
     assert "closed" in b.output(), b.output()[-3000:]
     assert "hosted_etcd_nodes_left" in a.output()
-    assert_etcd_gone(event, port_of(cluster))
+    assert_hosted_etcd_gone(a, event, port_of(cluster))
+
+
+def test_a_loopback_endpoint_on_two_hosts_is_refused_not_two_jobs(cluster: Cluster) -> None:
+    """The same spec with a loopback endpoint and nodes 1:2 on two hosts: each would host an etcd of its own and
+    train alone, both writing into one shared logs folder. Both refuse at start (exit 3), naming the field and the
+    fix; no worker starts anywhere."""
+    cluster.write(hosted_spec(29479, nodes="1:2", args=probe_args(cluster.out), host="127.0.0.1"))
+    a, b = cluster.start("a"), cluster.start("b")
+    assert cluster.wait_all(60) == {"a": 3, "b": 3}, a.output() + b.output()
+    for node in (a, b):
+        out = node.output()
+        assert "rendezvous.endpoints: 127.0.0.1:29479 is a loopback address" in out, out
+        assert "each machine would host an etcd and train a job of its own" in out, out
+        assert "--node" in out and "Traceback" not in out, out
+    assert cluster.worker_files() == []
+
+
+def test_several_named_agents_of_one_host_share_a_loopback_endpoint(cluster: Cluster) -> None:
+    """Two agents on one host, each named with --node, on a loopback endpoint: the layout a loopback endpoint is
+    right for; the first hosts, the other joins, both succeed with world size 2, and the console says only agents of
+    this machine can join."""
+    cluster.endpoint = "127.0.0.1:29479"
+    cluster.write(hosted_spec(29479, args=probe_args(cluster.out, "--sleep", "1"), host="127.0.0.1"))
+    a, event = start_host(cluster, "a", on="m")
+    b = cluster.start("b", on="m")
+    assert cluster.wait_all() == {"a": 0, "b": 0}, a.output() + b.output()
+    assert {i["env"]["WORLD_SIZE"] for i in cluster.worker_files()} == {"2"}
+    assert {i["host"] for i in cluster.worker_files()} == {"m"}
+    assert "only agents on this machine can join" in a.output()
+    assert_hosted_etcd_gone(a, event, 29479)
+
+
+LOOPBACKS = st.one_of(st.ip_addresses(v=4, network="127.0.0.0/8"), st.just(ipaddress.ip_address("::1")))
+ELSEWHERE = st.one_of(st.ip_addresses(v=4).filter(lambda ip: not ip.is_loopback),
+                      st.ip_addresses(v=6).filter(lambda ip: not ip.is_loopback))
+
+
+@given(st.lists(LOOPBACKS, min_size=1, max_size=4), st.integers(1, 10_000), st.booleans(),
+       st.sampled_from(["127.0.0.1", "localhost", "node0", "[::1]"]))
+def test_loopback_only_endpoints_are_refused_for_more_than_one_unnamed_node(
+        ips: list[ipaddress.IPv4Address | ipaddress.IPv6Address], nodes_max: int, named: bool, host: str) -> None:
+    """Every address loopback: refused iff more than one node may join and the agent was not named by hand; the
+    message names the field and, for a name, what it resolves to."""
+    found = tuple(str(ip) for ip in ips)
+    why = refuse_loopback(f"{host}:29400", found, nodes_max, node_named=named)
+    assert (why is not None) == (nodes_max > 1 and not named)
+    if why:
+        assert why.startswith(f"rendezvous.endpoints: {host}:29400 is a loopback address")
+        assert (f"resolves to {', '.join(found)}" in why) == (host.strip("[]") not in found)
+
+
+@given(st.lists(LOOPBACKS, max_size=3), st.lists(ELSEWHERE, min_size=1, max_size=3), st.integers(1, 10_000),
+       st.booleans())
+def test_an_endpoint_with_a_network_address_is_never_refused(
+        loop: list[ipaddress.IPv4Address | ipaddress.IPv6Address],
+        other: list[ipaddress.IPv4Address | ipaddress.IPv6Address], nodes_max: int, named: bool) -> None:
+    """An endpoint this machine has on its network (the others reach it), or none (another machine's): no refusal."""
+    assert refuse_loopback("node0:29400", tuple(map(str, [*loop, *other])), nodes_max, node_named=named) is None
+    assert refuse_loopback("node0:29400", (), nodes_max, node_named=named) is None
 
 
 # --- the pieces: rule, binary, port taken, guard -------------------------------------------------------------------

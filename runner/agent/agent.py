@@ -57,6 +57,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
 
     A job with replica groups runs each group's machine under a supervisor (runner/agent/replicas.py).
     """
+    node_named = node is not None or bool(os.environ.get("RUNNER_NODE"))
     node = node or default_node_id()
     structlog.contextvars.bind_contextvars(job=spec.name, node=node)
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger("runner")
@@ -74,7 +75,8 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
 
         metrics = AgentMetrics(spec, node)
     inputs = JobInputs(spec, node, run_dir, time.monotonic(), agent_identity())
-    one = assemble_run(inputs, make_rendezvous(spec, node, addr, run_dir=run_dir), log, metrics=metrics,
+    rdzv = make_rendezvous(spec, node, addr, run_dir=run_dir, node_named=node_named)
+    one = assemble_run(inputs, rdzv, log, metrics=metrics,
                        observe=metrics.on_recovery if metrics is not None else None)  # runner_time_to_recover_seconds
     ctx = one.ctx
     try:

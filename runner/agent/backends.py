@@ -16,16 +16,18 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
 
-def make_rendezvous(spec: JobSpec, node: str, advertise_addr: str, run_dir: Path | None = None) -> Rendezvous:
+def make_rendezvous(spec: JobSpec, node: str, advertise_addr: str, run_dir: Path | None = None, *,
+                    node_named: bool = False) -> Rendezvous:
     """The backend the spec asks for (imports etcd support only when used).
 
     `run_dir`: where a hosting node keeps its etcd's data and log (rendezvous.hosted); by default the run dir of
-    the agent's log.
+    the agent's log. `node_named`: the node id was given by hand (--node, $RUNNER_NODE), as several agents of one
+    machine need: only then may a hosted rendezvous on a loopback endpoint admit more than one node.
     """
     if spec.rendezvous.backend == "etcd" and spec.rendezvous.hosted:
         from runner.rendezvous.etcd.hosted import HostedRendezvous
 
-        return HostedRendezvous(spec, node, advertise_addr=advertise_addr, run_dir=run_dir)
+        return HostedRendezvous(spec, node, advertise_addr=advertise_addr, run_dir=run_dir, node_named=node_named)
     if spec.rendezvous.backend == "etcd":
         from runner.rendezvous.etcd.backend import EtcdRendezvous
 

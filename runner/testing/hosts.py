@@ -102,7 +102,13 @@ class HostProcess(subprocess.Popen[bytes]):
         return 0
 
     def send_signal(self, sig: int) -> None:
-        """Signal the command (through a pidfd of nsenter's child, never a pid that could be recycled)."""
+        """Signal the command (through a pidfd of nsenter's child, never a pid that could be recycled).
+
+        SIGCONT also continues nsenter: it stops itself while its child is stopped, and would wait stopped for ever.
+        """
+        if sig == signal.SIGCONT and self.poll() is None:
+            with contextlib.suppress(OSError):
+                subprocess.Popen.send_signal(self, sig)
         pid = self.inner_pid()
         if not pid:
             return

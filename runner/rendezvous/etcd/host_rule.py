@@ -11,12 +11,20 @@ The rule, the one torchrun's c10d backend applies to its store:
 
 A node that does not host waits for the endpoint to accept connections, at most rendezvous.join_timeout: the
 hosting node may start later than the others.
+
+A loopback endpoint (127.0.0.1, `localhost`, or a name that resolves to a loopback address on this machine, as a
+hostname mapped to 127.0.1.1 by /etc/hosts) is hosted on every machine where it is tried: two machines of one job
+would each host an etcd and form a job of their own, each training alone (a split brain nobody is told of). So an
+agent refuses to host or join a loopback endpoint while the spec allows more than one node, unless its node id was
+given by hand (`--node` or $RUNNER_NODE): that is how several agents of one machine tell themselves apart, and the
+only layout in which a loopback endpoint is right (`refuse_loopback`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import socket
 import time
 from pathlib import Path
@@ -50,6 +58,30 @@ async def local_addresses(host: str) -> tuple[str, ...]:
         if family in (socket.AF_INET, socket.AF_INET6) and ip not in found and can_bind(family, ip):
             found[ip] = None
     return tuple(found)
+
+
+def loopback_only(ips: tuple[str, ...]) -> bool:
+    """Whether every one of `ips` (at least one) is a loopback address: an endpoint every machine has."""
+    return bool(ips) and all(ipaddress.ip_address(ip.split("%", 1)[0]).is_loopback for ip in ips)
+
+
+def refuse_loopback(endpoint: str, ips: tuple[str, ...], nodes_max: int, *, node_named: bool) -> str | None:
+    """Why a hosted rendezvous on `endpoint` (resolving here to `ips`) must not start, or None.
+
+    Refused: a loopback endpoint while more than one node may join, by an agent whose node id was not given by hand
+    (the module's docstring). `ips` empty (the endpoint is another machine's) is never refused.
+    """
+    if nodes_max <= 1 or not loopback_only(ips) or node_named:
+        return None
+    host = endpoint.rpartition(":")[0].strip("[]")
+    seen = "" if host in ips else f" (it resolves to {', '.join(ips)} here)"
+    return (f"rendezvous.endpoints: {endpoint} is a loopback address{seen}, which every machine has: with up to "
+            f"{nodes_max} nodes, each machine would host an etcd and train a job of its own")
+
+
+LOOPBACK_FIX = ("give the hosting machine's name or address that the other machines reach "
+                '(endpoints: ["node0:29400"]); to run several nodes on this one machine, name each agent: '
+                "runner job.yaml --node a")
 
 
 def can_bind(family: int, ip: str, port: int = 0) -> bool:

@@ -30,7 +30,15 @@ from runner.rendezvous.etcd.admin import write_control
 from runner.rendezvous.etcd.backend import EtcdRendezvous
 from runner.rendezvous.etcd.client import Endpoint, EtcdSession, prefix_range
 from runner.rendezvous.etcd.connect import new_session
-from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, url_host, wait_for_host
+from runner.rendezvous.etcd.host_rule import (
+    LOOPBACK_FIX,
+    local_addresses,
+    loopback_only,
+    port_taken,
+    refuse_loopback,
+    url_host,
+    wait_for_host,
+)
 from runner.rendezvous.etcd.hosted_server import HostedEtcd
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.etcd.lease_revoke import LeaseListener
@@ -51,8 +59,8 @@ class HostedRendezvous:
     """The etcd backend on an etcd that this node starts when the rule says it hosts. No I/O until open()."""
 
     def __init__(self, spec: JobSpec, node: str, *, advertise_addr: str, run_dir: Path | None = None,
-                 log: FilteringBoundLogger | None = None) -> None:
-        self._spec, self._node, self._run_dir = spec, node, run_dir
+                 log: FilteringBoundLogger | None = None, node_named: bool = False) -> None:
+        self._spec, self._node, self._run_dir, self._node_named = spec, node, run_dir, node_named
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.hosted").bind(node=node)
         self._inner = EtcdRendezvous(spec, node, advertise_addr=advertise_addr, log=self._log)
         self._server: HostedEtcd | None = None
@@ -76,6 +84,12 @@ class HostedRendezvous:
         rdzv = self._spec.rendezvous
         endpoint = Endpoint.parse(rdzv.endpoints[0])
         ips = await local_addresses(endpoint.host)
+        why = refuse_loopback(rdzv.endpoints[0], ips, self._spec.nodes.max, node_named=self._node_named)
+        if why:
+            raise RendezvousError(why, fix=LOOPBACK_FIX)
+        if loopback_only(ips) and self._spec.nodes.max > 1:
+            self._log.warning("rendezvous_loopback_endpoint", endpoint=rdzv.endpoints[0],
+                              detail="a loopback endpoint: only agents on this machine can join this job")
         if ips and not port_taken(ips, endpoint.port):
             server = HostedEtcd(self._folder(), ips, endpoint.port, f"{url_host(endpoint.host)}:{endpoint.port}",
                                 self._log)
