@@ -16,6 +16,11 @@ from runner.errors import SpecError, SpecProblem
 TEMPLATES = Path(__file__).with_name("templates")
 ETCD_ENV = "RUNNER_ETCD_ENDPOINTS"  # set by a template that starts etcd (cluster.etcd: start)
 ETCD_PLACEHOLDER = "runner-etcd.invalid:2379"  # its value while the spec is loaded to render a template
+# The allocation's first node, set by both templates on every node (Slurm: the first host of SLURM_JOB_NODELIST, the
+# one that runs the batch script; Kubernetes: pod 0's name under the headless Service): a hosted rendezvous on it is
+# `endpoints: ["${RUNNER_FIRST_NODE}:29400"]`, with no host name in the spec (docs/clusters.md).
+FIRST_NODE_ENV = "RUNNER_FIRST_NODE"
+FIRST_NODE_PLACEHOLDER = "runner-first-node.invalid"  # its value while the spec is loaded to render a template
 
 
 def environment() -> Any:
@@ -53,10 +58,15 @@ def check_etcd(spec: JobSpec, source: str) -> None:
 
 
 def load_for_template(path: str) -> tuple[JobSpec, str]:
-    """Load the spec at `path` as the nodes will, with ${RUNNER_ETCD_ENDPOINTS} standing for the template's etcd."""
+    """Load the spec at `path` as the nodes will.
+
+    ${RUNNER_ETCD_ENDPOINTS} and ${RUNNER_FIRST_NODE} stand for what the template sets on the nodes, and devices
+    (`nproc_per_node: gpu`) are counted there, not on this machine (a login node may have none).
+    """
     import os
 
     from runner.config.loader import load_spec
 
-    spec = load_spec(path, environ={ETCD_ENV: ETCD_PLACEHOLDER, **os.environ})
+    environ = {ETCD_ENV: ETCD_PLACEHOLDER, FIRST_NODE_ENV: FIRST_NODE_PLACEHOLDER, **os.environ}
+    spec = load_spec(path, environ=environ, devices_here=False)
     return spec, Path(path).read_text(encoding="utf-8")
