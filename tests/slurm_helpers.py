@@ -29,6 +29,7 @@ NEEDED = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "scancel", "sin
 RUNNER = str(Path(sys.executable).with_name("runner"))
 SLURMD_TIMEOUT_S = 6  # how soon slurmctld declares a silent node DOWN (Slurm's default: 300 s)
 KILL_WAIT_S = 10  # SIGTERM -> SIGKILL of a cancelled job's processes (longer than the specs' grace periods)
+CRED_EXPIRE_S = 10  # also how long a requeued job waits before it may start again (Slurm's default: 120 s)
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
@@ -54,7 +55,7 @@ def slurm_conf(base: Path, lab: Lab, names: list[str], control_port: int, slurmd
         SlurmdUser=root
         AuthType=auth/munge
         CredType=cred/munge
-        AuthInfo=socket={base}/munge.sock
+        AuthInfo=socket={base}/munge.sock,cred_expire={CRED_EXPIRE_S}
         StateSaveLocation={base}/state
         SlurmdSpoolDir={base}/spool.%n
         SlurmctldPidFile={base}/slurmctld.pid
@@ -71,6 +72,7 @@ def slurm_conf(base: Path, lab: Lab, names: list[str], control_port: int, slurmd
         SlurmdTimeout={SLURMD_TIMEOUT_S}
         KillWait={KILL_WAIT_S}
         MinJobAge=600
+        MessageTimeout=3
         """) + nodes + f"\nPartitionName=debug Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP\n"
 
 

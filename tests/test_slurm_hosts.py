@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from slurm_helpers import KILL_WAIT_S, SLURMD_TIMEOUT_S, SlurmLab, missing, output, wait_no_leftovers
+from slurm_helpers import CRED_EXPIRE_S, KILL_WAIT_S, SLURMD_TIMEOUT_S, SlurmLab, leftovers, missing, output,
+                           wait_no_leftovers
 
 from runner.testing.hosts import Lab
 
@@ -196,7 +197,7 @@ def test_fixed_size_job_is_requeued_and_resumes_after_a_lost_host(slurm: SlurmLa
     first = {s["host"] for s in starts(folder)}
     assert first == {"h1", "h2"}, starts(folder)
     slurm.hosts["h2"].lose()
-    until(slurm, folder, lambda: any(s["restart"] >= 1 for s in starts(folder)), 30 + 3 * SLURMD_TIMEOUT_S,
+    until(slurm, folder, lambda: any(s["restart"] >= 1 for s in starts(folder)), 60 + CRED_EXPIRE_S + 3 * SLURMD_TIMEOUT_S,
              "workers of the requeued job")
     state = slurm.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 120, folder)
     text = output(folder)
@@ -215,6 +216,8 @@ def test_scancel_ends_every_hosts_workers(slurm: SlurmLab) -> None:
     folder = job_folder(slurm, spec("cancel", "3", 1000))
     job = slurm.submit(folder / "job.yaml", folder)
     until(slurm, folder, lambda: len({s["host"] for s in starts(folder)}) == 3, 90, "a worker on each of the 3 hosts")
+    running = {h.name: leftovers(h) for h in slurm.hosts.values()}
+    assert all(any("runner run" in cmd for cmd in cmds) for cmds in running.values()), running  # the check sees them
     slurm.command("scancel", job, check=True)
     slurm.wait_state(job, ("CANCELLED",), 60, folder)
     wait_no_leftovers(list(slurm.hosts.values()), KILL_WAIT_S + 15)
