@@ -18,8 +18,16 @@ from typing import Any
 
 import pytest
 from conftest import wait_for
-from slurm_helpers import CRED_EXPIRE_S, KILL_WAIT_S, SLURMD_TIMEOUT_S, SlurmLab, leftovers, missing, output,
-                           wait_no_leftovers
+from slurm_helpers import (
+    CRED_EXPIRE_S,
+    KILL_WAIT_S,
+    SLURMD_TIMEOUT_S,
+    SlurmLab,
+    leftovers,
+    missing,
+    output,
+    wait_no_leftovers,
+)
 
 from runner.testing.hosts import Lab
 
