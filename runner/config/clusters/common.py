@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config.spec import JobSpec
+from runner.config.yaml_source import Document
 from runner.errors import SpecError, SpecProblem
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -57,16 +58,16 @@ def check_etcd(spec: JobSpec, source: str) -> None:
                       f"set rendezvous.backend: etcd and rendezvous.endpoints: ${{{ETCD_ENV}}}")
 
 
-def load_for_template(path: str) -> tuple[JobSpec, str]:
-    """Load the spec at `path` as the nodes will.
+def load_for_template(path: str) -> tuple[JobSpec, Document, str]:
+    """Load the spec at `path` as the nodes will: the spec, its parsed document and its text.
 
     ${RUNNER_ETCD_ENDPOINTS} and ${RUNNER_FIRST_NODE} stand for what the template sets on the nodes, and devices
     (`nproc_per_node: gpu`) are counted there, not on this machine (a login node may have none).
     """
     import os
 
-    from runner.config.loader import load_spec
+    from runner.config.loader import load_spec_document
 
     environ = {ETCD_ENV: ETCD_PLACEHOLDER, FIRST_NODE_ENV: FIRST_NODE_PLACEHOLDER, **os.environ}
-    spec = load_spec(path, environ=environ, devices_here=False)
-    return spec, Path(path).read_text(encoding="utf-8")
+    spec, doc = load_spec_document(path, environ=environ, devices_here=False)
+    return spec, doc, Path(path).read_text(encoding="utf-8")
