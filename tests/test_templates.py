@@ -3,6 +3,7 @@ encodes the spec's fault-tolerance settings, and the rendered examples under exa
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from runner.config.clusters.common import ETCD_ENV, load_for_template
-from runner.config.clusters.render import render
+from runner.config.clusters.common import ETCD_ENV
+from runner.config.clusters.render import render_file
 from runner.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,8 +39,7 @@ def rendered(kind: str, tmp_path: Path, extra: str) -> str:
     """Render BASE + `extra` (a spec written to tmp_path) with the same path handling as the CLI."""
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(BASE + textwrap.dedent(extra))
-    spec, source = load_for_template(str(spec_file))
-    return render(kind, spec, str(spec_file), source)
+    return render_file(kind, str(spec_file))
 
 
 def k8s_docs(tmp_path: Path, extra: str) -> list[dict[str, Any]]:
@@ -131,9 +131,86 @@ def test_sbatch_script_encodes_the_fault_tolerance_settings(tmp_path: Path) -> N
 
 def test_elastic_sbatch_keeps_the_allocation_when_a_node_fails(tmp_path: Path) -> None:
     """MIN:MAX nodes: --no-kill and --kill-on-bad-exit=0, so the other agents re-rendezvous."""
-    text = rendered("slurm", tmp_path, 'nodes: "2:4"\nrendezvous: {backend: etcd}\n')
+    text = rendered("slurm", tmp_path, 'nodes: "2:4"\nrendezvous: {backend: etcd, endpoints: "etcd.infra:2379"}\n')
     assert "#SBATCH --nodes=2-4\n" in text and "#SBATCH --no-kill\n" in text
-    assert "--kill-on-bad-exit=0" in text
+    assert "--kill-on-bad-exit=0 --no-kill ${RUNNER} run" in text  # else Slurm ends the step with a lost node
+
+
+def test_hosted_rendezvous_on_the_first_node_renders_for_both(tmp_path: Path) -> None:
+    """endpoints: ${RUNNER_FIRST_NODE}:29400 names no host: the sbatch script sets it from the allocation (the
+    first host of SLURM_JOB_NODELIST), the manifests to pod 0's name under the headless Service."""
+    extra = """\
+    nodes: 3
+    rendezvous: {backend: etcd, hosted: true, endpoints: ["${RUNNER_FIRST_NODE}:29400"]}
+    cluster: {kubernetes: {image: "reg/train:1", namespace: ml}}
+    """
+    text = rendered("slurm", tmp_path, extra)
+    assert 'export RUNNER_FIRST_NODE="$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | head -n 1)"' in text
+    job = by_kind(k8s_docs(tmp_path, extra), "Job")[0]
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RUNNER_FIRST_NODE"] == "train-job-v2-0.train-job-v2.ml.svc"
+
+
+@pytest.mark.parametrize("kind", ["slurm", "kubernetes"])
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:29400", "localhost:29400", "[::1]:29400", "0.0.0.0:2379"])
+def test_loopback_endpoint_with_several_nodes_is_refused(tmp_path: Path, kind: str, endpoint: str) -> None:
+    """A loopback endpoint is every machine's own: with nodes > 1 both templates refuse it, naming the field and
+    the first-node form; the CLI exits 2."""
+    hosted = "true" if not endpoint.startswith("0.0.0.0") else "false"
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(BASE + textwrap.dedent(f"""\
+        nodes: "1:2"
+        rendezvous: {{backend: etcd, hosted: {hosted}, endpoints: ["{endpoint}"]}}
+        cluster: {{kubernetes: {{image: "reg/train:1"}}}}
+        """))
+    done = subprocess.run([sys.executable, "-m", "runner", "template", kind, str(spec_file)], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 2, done.stdout
+    assert "rendezvous.endpoints" in done.stderr and "RUNNER_FIRST_NODE" in done.stderr
+    assert "nodes allows 2 nodes" in done.stderr
+    assert done.stdout == ""
+
+
+def test_one_node_on_loopback_renders(tmp_path: Path) -> None:
+    """nodes: 1 on a loopback etcd is fine anywhere: no refusal."""
+    assert "#SBATCH --nodes=1" in rendered("slurm", tmp_path, 'rendezvous: {backend: etcd, endpoints: "127.0.0.1:2379"}\n')
+
+
+def test_kubernetes_refuses_absolute_cwd_and_script(tmp_path: Path) -> None:
+    """An absolute cwd or script of the rendering machine does not exist in the pod (it works in /workspace)."""
+    with pytest.raises(SpecError) as err:
+        rendered("kubernetes", tmp_path, f"""\
+        cwd: {tmp_path}
+        cluster: {{kubernetes: {{image: "reg/train:1"}}}}
+        """)
+    assert [p.path for p in err.value.problems] == ["cwd"]
+    assert "relative to the spec file's folder" in err.value.problems[0].fix
+    spec_file = tmp_path / "abs.yaml"
+    spec_file.write_text(f"name: abs\nentrypoint: {{script: {tmp_path}/train.py}}\n"
+                         'cluster: {kubernetes: {image: "reg/train:1"}}\n')
+    with pytest.raises(SpecError) as err:
+        render_file("kubernetes", str(spec_file))
+    assert [p.path for p in err.value.problems] == ["entrypoint.script"]
+    assert "#SBATCH" in render_file("slurm", str(spec_file))  # Slurm's nodes share the file system: no refusal
+
+
+def test_gpu_per_node_renders_without_a_gpu(tmp_path: Path) -> None:
+    """nproc_per_node: gpu on a machine without one (a login node): counted on each node, so both templates render;
+    `runner validate` says so as a warning."""
+    extra = """\
+    cluster: {kubernetes: {image: "reg/train:1"}}
+    """
+    spec_file = tmp_path / "job.yaml"
+    spec_file.write_text(BASE.replace("nproc_per_node: 4", "nproc_per_node: gpu") + textwrap.dedent(extra))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU visible, whatever this machine has
+    for kind in ("slurm", "kubernetes"):
+        done = subprocess.run([sys.executable, "-m", "runner", "template", kind, str(spec_file)],
+                              capture_output=True, text=True, check=False, env=env)
+        assert done.returncode == 0, done.stderr
+    done = subprocess.run([sys.executable, "-m", "runner", "validate", str(spec_file)], capture_output=True,
+                          text=True, check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "warning: nproc_per_node: nproc_per_node: gpu but no GPU is visible" in done.stderr
 
 
 @pytest.mark.parametrize(("spec", "kind", "name"), RENDERED, ids=[r[2] for r in RENDERED])

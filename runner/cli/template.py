@@ -23,11 +23,9 @@ class TemplateCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         """Print (or write) the rendered template."""
-        from runner.config.clusters.common import load_for_template
-        from runner.config.clusters.render import render
+        from runner.config.clusters.render import render_file
 
-        spec, text = load_for_template(args.spec)
-        emit(render("kubernetes" if args.kind == "k8s" else args.kind, spec, args.spec, text), args.output)
+        emit(render_file("kubernetes" if args.kind == "k8s" else args.kind, args.spec), args.output)
         return 0
 
 

@@ -25,15 +25,16 @@ class ValidateCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         """0 and one line when the spec is valid (warnings on stderr); a SpecError (exit 2) otherwise."""
+        from runner.config.cluster_checks import validate_warnings
         from runner.config.loader import load_spec_document
         from runner.config.preflight import preflight, required
         from runner.errors import SpecError
 
-        spec, doc = load_spec_document(args.spec)
+        spec, doc = load_spec_document(args.spec, devices_here=False)  # gpu: counted where it runs (a warning here)
         missing = required(spec, doc)  # a feature the spec asks for, whose package is not installed here
         if missing:
             raise SpecError(args.spec, missing)
-        for problem in preflight(spec, doc):
+        for problem in [*preflight(spec, doc), *validate_warnings(spec, doc)]:
             where = ":".join(str(part) for part in (args.spec, problem.line, problem.column) if part is not None)
             fix = f" — {problem.fix}" if problem.fix else ""
             print(f"{where}: warning: {problem.path}: {problem.message}{fix}", file=sys.stderr)

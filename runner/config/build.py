@@ -60,10 +60,15 @@ UNHANDLEABLE = {  # signals shutdown.signals_to_handle refuses (and `runner conv
 class Builder:
     """Builds one JobSpec from `doc.data`, collecting problems instead of raising."""
 
-    def __init__(self, doc: Document, base_dir: str) -> None:
-        """`doc` is schema-valid; relative paths resolve against `base_dir` (absolute)."""
+    def __init__(self, doc: Document, base_dir: str, *, devices_here: bool = True) -> None:
+        """`doc` is schema-valid; relative paths resolve against `base_dir` (absolute).
+
+        `devices_here=False`: the spec is loaded on a machine other than the nodes' (`runner template` on a login
+        node), so `nproc_per_node: gpu|xpu` is counted on each node when it runs, and no device here is no problem.
+        """
         self.doc = doc
         self.base_dir = base_dir
+        self.devices_here = devices_here
         self.problems: list[SpecProblem] = []
 
     def fail(self, path: Path, message: str, fix: str = "") -> None:
@@ -184,6 +189,8 @@ class Builder:
         if not isinstance(raw, str):
             return int(raw)
         found = count_devices(raw, os.environ)
+        if found < 1 and not self.devices_here:
+            return 1  # counted on each node when it runs (this machine renders a template for them)
         if found < 1:
             device = "GPU" if raw == "gpu" else "Intel GPU (xpu)"
             self.fail(("nproc_per_node",), f"nproc_per_node: {raw} but no {device} is visible on this machine",

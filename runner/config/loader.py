@@ -24,18 +24,22 @@ from runner.config.yaml_source import Document, parse_yaml
 from runner.errors import SpecError, SpecProblem
 
 
-def load_spec(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> JobSpec:
-    """Load and validate the spec file at `path`; relative paths in it resolve against its folder."""
-    return load_spec_document(path, environ)[0]
+def load_spec(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None, *,
+              devices_here: bool = True) -> JobSpec:
+    """Load and validate the spec file at `path`; relative paths in it resolve against its folder.
+
+    `devices_here=False` (a template rendered on a login node): `nproc_per_node: gpu|xpu` needs no device here.
+    """
+    return load_spec_document(path, environ, devices_here=devices_here)[0]
 
 
 def load_spec_document(
-    path: str | os.PathLike[str], environ: Mapping[str, str] | None = None
+    path: str | os.PathLike[str], environ: Mapping[str, str] | None = None, *, devices_here: bool = True
 ) -> tuple[JobSpec, Document]:
     """load_spec, plus the parsed document (to locate later findings, e.g. preflight's, at a line)."""
     text = read_spec_file(path)
     base_dir = str(Path(os.fspath(path)).resolve().parent)
-    return load_document(text, source=os.fspath(path), base_dir=base_dir, environ=environ)
+    return load_document(text, source=os.fspath(path), base_dir=base_dir, environ=environ, devices_here=devices_here)
 
 
 def load_spec_text(
@@ -53,6 +57,8 @@ def load_document(
     source: str = "<string>",
     base_dir: str | os.PathLike[str] = ".",
     environ: Mapping[str, str] | None = None,
+    *,
+    devices_here: bool = True,
 ) -> tuple[JobSpec, Document]:
     """load_spec_text, plus the parsed document."""
     doc, problems = parse_yaml(text)
@@ -66,7 +72,7 @@ def load_document(
         seen = {p.path for p in problems}
         problems += [p for p in salvage_problems(doc, doc.reported, base) if p.path not in seen]
         raise SpecError(source, _ordered(problems))
-    builder = Builder(doc, base)
+    builder = Builder(doc, base, devices_here=devices_here)
     spec = builder.build()
     seen = {p.path for p in builder.problems}  # a value that failed to convert is not checked again
     problems = builder.problems + [p for p in semantic_problems(spec, doc) if p.path not in seen]

@@ -135,7 +135,21 @@ class Conversion:
         else:
             self.spec["nodes"] = low if low == high else f"{low}:{high}"
             self.etcd_rendezvous(backend, endpoint)
+            self.loopback_note(high)
         self.rdzv_conf(local)
+
+    def loopback_note(self, high: int) -> None:
+        """A several-node job on a loopback endpoint works on one machine only: say so (runner template refuses it)."""
+        from runner.config.cluster_checks import classify
+
+        endpoints = str(self.section("rendezvous").get("endpoints", ""))
+        first = endpoints.split(",", maxsplit=1)[0].strip()
+        if first and classify(first, lambda _: ()).this_machine_only:
+            port = first.rpartition(":")[2]
+            self.note(f"rendezvous.endpoints {first} is this machine's loopback, but --nnodes allows {high} nodes: "
+                      "on separate machines each node would reach (or host) an etcd of its own. Write the first "
+                      f"node's address, or \"${{RUNNER_FIRST_NODE}}:{port}\" for `runner template` (docs/clusters.md); "
+                      "`runner template` refuses the loopback endpoint")
 
     def local_rendezvous(self, backend: str) -> None:
         """The local backend; static keeps --master-addr/--master-port, as torchrun's static rendezvous does."""

@@ -11,11 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from runner.config.spec import JobSpec
+from runner.config.yaml_source import Document
 from runner.errors import SpecError, SpecProblem
 
 TEMPLATES = Path(__file__).with_name("templates")
 ETCD_ENV = "RUNNER_ETCD_ENDPOINTS"  # set by a template that starts etcd (cluster.etcd: start)
 ETCD_PLACEHOLDER = "runner-etcd.invalid:2379"  # its value while the spec is loaded to render a template
+# The allocation's first node, set by both templates on every node (Slurm: the first host of SLURM_JOB_NODELIST, the
+# one that runs the batch script; Kubernetes: pod 0's name under the headless Service): a hosted rendezvous on it is
+# `endpoints: ["${RUNNER_FIRST_NODE}:29400"]`, with no host name in the spec (docs/clusters.md).
+FIRST_NODE_ENV = "RUNNER_FIRST_NODE"
+FIRST_NODE_PLACEHOLDER = "runner-first-node.invalid"  # its value while the spec is loaded to render a template
 
 
 def environment() -> Any:
@@ -52,11 +58,16 @@ def check_etcd(spec: JobSpec, source: str) -> None:
                       f"set rendezvous.backend: etcd and rendezvous.endpoints: ${{{ETCD_ENV}}}")
 
 
-def load_for_template(path: str) -> tuple[JobSpec, str]:
-    """Load the spec at `path` as the nodes will, with ${RUNNER_ETCD_ENDPOINTS} standing for the template's etcd."""
+def load_for_template(path: str) -> tuple[JobSpec, Document, str]:
+    """Load the spec at `path` as the nodes will: the spec, its parsed document and its text.
+
+    ${RUNNER_ETCD_ENDPOINTS} and ${RUNNER_FIRST_NODE} stand for what the template sets on the nodes, and devices
+    (`nproc_per_node: gpu`) are counted there, not on this machine (a login node may have none).
+    """
     import os
 
-    from runner.config.loader import load_spec
+    from runner.config.loader import load_spec_document
 
-    spec = load_spec(path, environ={ETCD_ENV: ETCD_PLACEHOLDER, **os.environ})
-    return spec, Path(path).read_text(encoding="utf-8")
+    environ = {ETCD_ENV: ETCD_PLACEHOLDER, FIRST_NODE_ENV: FIRST_NODE_PLACEHOLDER, **os.environ}
+    spec, doc = load_spec_document(path, environ=environ, devices_here=False)
+    return spec, doc, Path(path).read_text(encoding="utf-8")

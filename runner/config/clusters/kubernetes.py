@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from runner.config.clusters.common import ETCD_ENV, check_etcd, problem
+from runner.config.clusters.common import ETCD_ENV, FIRST_NODE_ENV, check_etcd, problem
 from runner.config.spec import JobSpec
 from runner.errors import EXIT_SPEC, EXIT_WORKERS_FAILED
 
@@ -50,6 +50,12 @@ def etcd_endpoint(spec: JobSpec) -> str:
     return f"{dns_name(spec.name)}-etcd.{k8s.namespace}.svc:{spec.cluster.etcd_port}"
 
 
+def first_node(spec: JobSpec) -> str:
+    """Pod 0's DNS name (an Indexed Job's pod is named <job>-<index>, under the headless Service <job>)."""
+    name = dns_name(spec.name)
+    return f"{name}-0.{name}.{spec.cluster.kubernetes.namespace}.svc"
+
+
 def config_map(spec: JobSpec, spec_text: str) -> dict[str, Any]:
     """The job spec file, verbatim."""
     name = dns_name(spec.name)
@@ -81,7 +87,8 @@ def resources(spec: JobSpec) -> dict[str, Any]:
 def agent_container(spec: JobSpec, spec_path: str) -> dict[str, Any]:
     """The runner agent: node id from the pod index, advertised at the pod IP."""
     k8s, path = spec.cluster.kubernetes, mount_path(spec, spec_path)
-    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+           {"name": FIRST_NODE_ENV, "value": first_node(spec)}]
     if spec.cluster.etcd == "start":
         env.append({"name": ETCD_ENV, "value": etcd_endpoint(spec)})
     container: dict[str, Any] = {
