@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 KILL_TIMEOUT_S = 10.0  # after SIGKILL: how long to wait before reporting a process that does not die
 _POLL_S = 0.02
 CONSOLE_DRAIN_S = 2.0  # at most, for the console to take the workers' last lines
+ROOT_DRAIN_S = 0.5  # per stream, at most: for the root cause's traceback to reach the console
 
 __all__ = ["KILL_TIMEOUT_S", "Shepherd", "Worker", "WorkerGroup", "exit_code", "signal_number"]  # Shepherd: moved
 
@@ -236,6 +237,8 @@ class WorkerGroup:
             return
         self.first_failed = failed.plan.rank
         self._release(failed)
+        for tee in failed.tees:  # its traceback on the console before the agent's FAILED line (bounded)
+            tee.drain(ROOT_DRAIN_S)
         for w in self.workers.values():
             if w is not failed:
                 for tee in w.tees:

@@ -227,6 +227,11 @@ class Tee:
         elif self._held is not None:  # collateral, its rank alive: the decision is near; look again later
             self._hold_timer = asyncio.get_running_loop().call_later(HOLD_S, self._hold_expired)
 
+    def drain(self, timeout: float) -> None:
+        """Wait up to `timeout` s for what was echoed to reach the console (before the agent writes its next line)."""
+        if self._console is not None:
+            self._console.drain(timeout)
+
     def release(self) -> None:
         """Echo the held traceback, if any (this rank's output is not collateral, or nobody decided in time)."""
         held, self._held = self._held, None
