@@ -1,5 +1,6 @@
-"""Preflight: what a valid spec needs from this machine. `validate` warns and exits 0; `run` exits 2 before it
-creates anything (no run dir, no worker)."""
+"""Preflight: what a valid spec needs from this machine. `run` exits 2 before it creates anything (no run dir, no
+worker); `validate` refuses the same with the same text, or warns where the finding may hold on the node the job
+runs on (a `${VAR}` it depends on, a `cluster` section)."""
 
 from __future__ import annotations
 
@@ -36,17 +37,67 @@ def test_a_complete_spec_has_no_findings(job_dir: Path) -> None:
     assert findings(f"name: job\nentrypoint: train.py\nlogs:\n  dir: {job_dir}/logs\n", job_dir) == []
 
 
-def test_missing_script_warns_in_validate_and_stops_run_before_anything_exists(job_dir: Path) -> None:
+REFUSED = [
+    pytest.param("entrypoint: trian.py\n", "entrypoint: script trian.py not found in", id="script"),
+    pytest.param("entrypoint: train.py\ncwd: nowhere\n", "cwd: cwd ", id="cwd"),
+    pytest.param("entrypoint: {command: [no-such-program-here]}\n", "'no-such-program-here' not found", id="program"),
+    pytest.param("entrypoint: {script: train.py, python: /no/python}\n", "'/no/python' not found", id="python"),
+    pytest.param("entrypoint: {module: no_such_module_xyz.main}\n", "module no_such_module_xyz is neither",
+                 id="module"),
+    pytest.param("entrypoint: train.py\nlogs: {dir: train.py/logs}\n", "is not a directory, so logs", id="logs"),
+    pytest.param("entrypoint: train.py\nrendezvous: {backend: etcd, endpoints: ['127.0.0.1:1'], "
+                 "auth: {user: u, password_env: RUNNER_TEST_UNSET_PW}}\n",
+                 "environment variable RUNNER_TEST_UNSET_PW is not set", id="password_env"),
+    pytest.param("entrypoint: train.py\nrendezvous: {backend: etcd, endpoints: ['127.0.0.1:1'], "
+                 "tls: {ca: nowhere.pem}}\n", "nowhere.pem is not a readable file", id="tls"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), REFUSED)
+def test_validate_refuses_what_run_refuses_with_the_same_text(job_dir: Path, body: str, message: str) -> None:
+    """Each spec `runner` refuses before starting a worker: `runner validate` refuses it too, exit 2, word for word
+    (one check serves both), and neither creates anything."""
+    spec = job_dir / "job.yaml"
+    logs = job_dir / "runner-logs"
+    spec.write_text("name: job\n" + body)
+    checked = runner("validate", str(spec), cwd=job_dir)
+    ran = runner("run", str(spec), cwd=job_dir)
+    assert ran.returncode == 2 and checked.returncode == 2, (ran.stderr, checked.stderr)
+    assert message in ran.stderr and f"{spec}:" in ran.stderr, ran.stderr  # located: file:line:column
+    assert checked.stderr == ran.stderr and checked.stdout == ran.stdout == ""
+    assert "Traceback" not in ran.stderr and not logs.exists()
+
+
+def test_missing_script_stops_run_before_anything_exists(job_dir: Path) -> None:
     spec = job_dir / "job.yaml"
     logs = job_dir / "logs"
     spec.write_text(f"name: job\nentrypoint: missing.py\nlogs:\n  dir: {logs}\n")
-    checked = runner("validate", str(spec), cwd=job_dir)
-    assert checked.returncode == 0, checked.stderr
-    assert f"{spec}:2:13: warning: entrypoint: script missing.py not found in {job_dir}" in checked.stderr
     ran = runner("run", str(spec), cwd=job_dir)
     assert ran.returncode == 2, ran.stderr
-    assert "script missing.py not found" in ran.stderr and "Traceback" not in ran.stderr
+    assert f"{spec}:2:13: entrypoint: script missing.py not found in {job_dir}" in ran.stderr
+    assert "Traceback" not in ran.stderr
     assert not logs.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        pytest.param("entrypoint: ${CODE_DIR:-/nowhere}/train.py\n", "it depends on ${CODE_DIR}", id="variable"),
+        pytest.param("entrypoint: train.py\ncwd: ${WORK:-nowhere}\n", "it depends on ${WORK}", id="cwd-variable"),
+        pytest.param("entrypoint: trian.py\ncluster: {slurm: {partition: gpu}}\n", "the spec has a `cluster` section",
+                     id="cluster"),
+    ],
+)
+def test_validate_warns_where_the_node_the_job_runs_on_may_differ(job_dir: Path, body: str, why: str) -> None:
+    """A finding that may hold where the job runs (a path under a variable this shell leaves unset, a spec for a
+    cluster's nodes) is a warning saying which; `runner run` here still refuses it."""
+    spec = job_dir / "job.yaml"
+    spec.write_text("name: job\n" + body)
+    env = {"CODE_DIR": "", "WORK": ""}
+    checked = runner("validate", str(spec), cwd=job_dir, env=env)
+    assert checked.returncode == 0, checked.stderr
+    assert ": warning: " in checked.stderr and f"(not refused: {why}" in checked.stderr, checked.stderr
+    assert runner("run", str(spec), cwd=job_dir, env=env).returncode == 2
 
 
 @pytest.mark.parametrize(
@@ -103,5 +154,5 @@ def test_more_workers_than_the_open_file_limit(job_dir: Path) -> None:
     command = f"ulimit -n 128 && exec {sys.executable} -m runner validate {spec}"
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=ROOT, timeout=120,
                             check=False)
-    assert result.returncode == 0, result.stderr
-    assert "warning: nproc_per_node: 64 workers need about 384 open files, the limit here is 128" in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "nproc_per_node: 64 workers need about 384 open files, the limit here is 128" in result.stderr

@@ -284,6 +284,7 @@ def test_a_valid_spec_is_loaded_without_jsonschema_and_nothing_is_written(tmp_pa
 
 def test_a_spec_that_prints_like_a_valid_one_is_refused_in_jsonschemas_words(tmp_path: Path) -> None:
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    (tmp_path / "hello.py").write_text("")  # validate refuses a missing script, as run does
     good.write_text("name: job\nentrypoint: hello.py\nrestart: {max_restarts: 2}\n")
     bad.write_text("name: job\nentrypoint: hello.py\nrestart: {max_restarts: '2'}\n")  # the same when printed
     assert fresh(["-m", "runner", "validate", str(good)], tmp_path).returncode == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -24,12 +25,18 @@ from runner.config.torchrun import convert, to_yaml
 from runner.config.torchrun_flags import FLAGS, ConvertError, read_argv
 from runner.workers.launch_plan import worker_argv
 
+
+def DIGESTED(stem: str) -> re.Pattern[str]:
+    """A name taken from the script: its stem and the conversion's digest (docs/torchrun.md)."""
+    return re.compile(re.escape(stem) + "-[0-9a-f]{6}")
+
+
 CASES: list[tuple[str, dict[str, Any]]] = [
     ("torchrun --standalone --nproc-per-node=2 train.py --epochs 3",
-     {"name": "train", "entrypoint.script": "train.py", "entrypoint.args": ("--epochs", "3"),
+     {"name": DIGESTED("train"), "entrypoint.script": "train.py", "entrypoint.args": ("--epochs", "3"),
       "nproc_per_node": 2, "rendezvous.backend": "local", "restart.max_restarts": 0}),
     ("torchrun --nproc_per_node 8 -m pkg.train --lr 0.1",
-     {"name": "pkg.train", "entrypoint.module": "pkg.train", "entrypoint.args": ("--lr", "0.1"), "nproc_per_node": 8}),
+     {"name": DIGESTED("pkg.train"), "entrypoint.module": "pkg.train", "entrypoint.args": ("--lr", "0.1"), "nproc_per_node": 8}),
     (("torchrun --nnodes=4 --nproc-per-node=8 --rdzv-backend=etcd-v2 --rdzv-endpoint=etcd1:2379 --rdzv-id=exp7 "
       "--max-restarts=3 train.py"),
      {"name": "exp7", "nodes.min": 4, "nodes.max": 4, "rendezvous.backend": "etcd",
@@ -64,14 +71,14 @@ CASES: list[tuple[str, dict[str, Any]]] = [
      {"rendezvous.backend": "etcd", "rendezvous.hosted": True, "rendezvous.endpoints": ("10.0.0.5:29400",),
       "rendezvous.master_port": 29500}),
     ("python -m torch.distributed.run --nproc-per-node=2 --monitor-interval=1 --node-rank=0 train.py",
-     {"nproc_per_node": 2, "name": "train"}),
+     {"nproc_per_node": 2, "name": DIGESTED("train")}),
     ("python3 -m torch.distributed.launch --nproc_per_node 2 train.py --x 1",
      {"entrypoint.args": ("--local-rank=${local_rank}", "--x", "1")}),
     ("python -m torch.distributed.launch --use_env train.py --x", {"entrypoint.args": ("--x",)}),
     ("/opt/bin/torchrun --standalone train.py -- --flag", {"entrypoint.args": ("--flag",)}),  # as argparse
     ("torchrun -- train.py -- --flag", {"entrypoint.args": ("--", "--flag")}),
     ("torchrun train.py a -- b", {"entrypoint.args": ("a", "--", "b")}),
-    ("torchrun --standalone --rdzv-id=my/exp train.py", {"name": "train"}),
+    ("torchrun --standalone --rdzv-id=my/exp train.py", {"name": DIGESTED("train")}),
     ("torchrun --rdzv-id=my/exp --nnodes 2 --rdzv-backend etcd --rdzv-endpoint e:2379 t.py", {"name": "my-exp"}),
     ("torchrun --run-path /abs/t.py a", {"entrypoint.script": "/abs/t.py", "entrypoint.args": ("a",)}),
     ("torchrun --nnode 2 --rdzv-backend etcd --rdzv-endpoint e:2379 t.py", {"nodes.min": 2}),  # argparse prefix
@@ -91,7 +98,45 @@ def test_round_trip(command: str, expected: dict[str, Any]) -> None:
     """The YAML printed for a torchrun command line loads with the spec loader and has the expected fields."""
     spec = load_spec_text(to_yaml(shlex.split(command)), base_dir="/w", environ={})
     for dotted, value in expected.items():
-        assert field(spec, dotted) == value, dotted
+        if isinstance(value, re.Pattern):
+            assert value.fullmatch(field(spec, dotted)), (dotted, field(spec, dotted))
+        else:
+            assert field(spec, dotted) == value, dotted
+
+
+def converted_name(command: str, cwd: str) -> str:
+    spec, _ = convert(shlex.split(command), {}, cwd)
+    return str(spec["name"])
+
+
+def test_converted_names_are_distinct_per_conversion_and_stable() -> None:
+    """Two conversions of `train.py` (another folder, other arguments or workers) never share a name, so their logs,
+    runs and node ledgers never mix; the same command converted again gets the same name."""
+    base = "torchrun --standalone --nproc-per-node 2 train.py --lr 0.1"
+    name = converted_name(base, "/home/u/a")
+    assert re.fullmatch(r"train-[0-9a-f]{6}", name)
+    assert converted_name(base, "/home/u/a") == name  # stable
+    others = {converted_name(base, "/home/u/b"), converted_name(base.replace("0.1", "0.2"), "/home/u/a"),
+              converted_name(base.replace("2 train", "4 train"), "/home/u/a")}
+    assert name not in others and len(others) == 3
+    assert re.fullmatch(r"pkg\.train-[0-9a-f]{6}", converted_name("torchrun -m pkg.train", "/w"))
+
+
+def test_nodes_of_one_job_get_one_name_wherever_they_convert() -> None:
+    """Several nodes: the node rank and the folder each node converts in leave the name alone (nodes must agree)."""
+    command = "torchrun --nnodes 2 --master-addr 10.0.0.5 --master-port 29500 --node-rank {} train.py"
+    assert converted_name(command.format(0), "/home/a") == converted_name(command.format(1), "/scratch/b")
+    named = "torchrun --nnodes 2 --rdzv-backend etcd --rdzv-endpoint e:2379 --rdzv-id exp7 train.py"
+    assert converted_name(named, "/w") == "exp7"  # the user's own id is kept as it is
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.-0123456789", min_size=1, max_size=90))
+def test_a_converted_name_always_loads(stem: str) -> None:
+    """Whatever the script is called, the digested name fits the spec's name pattern and length."""
+    assume(not stem.startswith("-"))
+    spec = load_spec_text(to_yaml(["torchrun", f"{stem}.py"], cwd="/w"), base_dir="/w", environ={})
+    assert re.search(r"-[0-9a-f]{6}$", spec.name) and len(spec.name) <= 63
 
 
 def test_notes_explain_what_has_no_equivalent() -> None:

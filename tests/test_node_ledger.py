@@ -4,6 +4,8 @@ health.max_failures to keep out a node that fails again and again."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from failing_jobs import failing_job, report
 from hypothesis import given, settings
@@ -81,3 +83,24 @@ def test_a_node_is_marked_only_for_failures_of_its_own_and_seen_on_every_run(job
     assert j.run().returncode == 0
     (rec,) = json.loads(j.cli("status", "--json").stdout)["ledger"]
     assert rec["counts"] == {"exception": 1} and rec["marks"][0]["culprit"] is False
+
+
+def test_two_jobs_of_one_name_keep_their_own_ledgers(job, tmp_path):
+    """Two specs named alike in two folders (every spec `runner convert` made was named `train`): each keeps its own
+    ledger, keyed by the job's identity (name, folder, what runs), and `runner status` of one never shows the other's
+    failures, through the spec or through the job's name in the runs index."""
+    state = tmp_path / "shared-state"
+    jobs = [failing_job(job, "raise", fails=fails, max_restarts=fails) for fails in (1, 2)]
+    for j in jobs:
+        j.env = lambda j=j: {**type(j).env(j), "XDG_STATE_HOME": str(state)}  # one user's state folder for both
+        assert j.run().returncode == 0
+    ledgers = sorted(p.name for p in (state / "runner" / "ledger").iterdir())
+    assert len(ledgers) == 2 and all(name.startswith("fc-") for name in ledgers), ledgers
+    for j, failures in zip(jobs, (1, 2), strict=True):
+        (rec,) = json.loads(j.cli("status", "--json").stdout)["ledger"]
+        assert rec["counts"] == {"exception": failures}
+    by_name = subprocess.run([sys.executable, "-m", "runner", "status", "--json", "fc"], cwd=tmp_path,
+                             env=jobs[1].env(), capture_output=True, text=True, timeout=60, check=False)
+    assert by_name.returncode == 0, by_name.stderr
+    (rec,) = json.loads(by_name.stdout)["ledger"]
+    assert rec["counts"] == {"exception": 2}  # the latest run of `fc`: the second job's, with its own ledger

@@ -83,7 +83,7 @@ def report(j: Job) -> dict[str, Any]:
 
 def comparable(info: dict[str, Any], j: Job) -> dict[str, Any]:
     """A probe record without what differs between any two runs (pids, the job's dir) or on purpose (preloaded)."""
-    out = {k: v for k, v in info.items() if k not in ("pid", "ppid", "preloaded", "gc_frozen")}
+    out = {k: v for k, v in info.items() if k not in ("pid", "ppid", "preloaded", "gc_frozen", "cmdline", "title")}
     return json.loads(json.dumps(out).replace(str(j.tmp), "<job dir>"))
 
 
@@ -106,6 +106,8 @@ def test_a_restarted_worker_runs_in_its_warm_standby_as_a_cold_one_would(job: An
             assert w["leader"] and w["tag_in_proc_environ"] and w["pickled"] == 42
             assert w["ppid"] == warm.proc.pid  # forked by the server, adopted by the agent: the agent's child
             assert w["contract"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)
+            assert w["title"] == f"runner: worker rank {rank} of job standby (attempt {attempt})"  # ps: its title
+            assert c["cmdline"][:2] == ["-u", str(PROBE)]  # a cold worker: its own argv, as under torchrun
     rep = report(warm)["standby"]
     assert rep["enabled"] is True
     assert rep["handed_off"] == 4  # attempt 0's two workers and attempt 1's
@@ -230,13 +232,13 @@ def _pids() -> list[int]:
 
 
 def _is_standby(pid: int, j: Job) -> bool:
-    """A waiting standby of this job: runs standby_main.py with this job's working directory."""
+    """A waiting standby (or the fork server) of this job: its title in ps, and this job's working directory."""
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         cwd = os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return False
-    return b"standby_main.py" in cmd and cwd == str(j.tmp)
+    return cmd.startswith((b"runner: standby of job ", b"runner: fork server of job ")) and cwd == str(j.tmp)
 
 
 PY = "/usr/bin/python3"
@@ -285,7 +287,7 @@ def test_with_etcd_the_first_attempt_starts_in_standbys_warmed_during_the_rendez
     res = j.run()
     assert res.returncode == 0, res.stderr
     assert report(j)["standby"]["handed_off"] == 2
-    assert j.worker_info(0)["cmdline"][:2] == ["-u", str(PROBE)]
+    assert j.worker_info(0)["title"] == "runner: worker rank 0 of job standby (attempt 0)"
 
 
 def test_with_the_local_rendezvous_the_first_attempt_starts_in_standbys_started_in_init(job: Any) -> None:
@@ -303,7 +305,7 @@ def test_with_the_local_rendezvous_the_first_attempt_starts_in_standbys_started_
         info = j.worker_info(rank, 0)
         assert info["preloaded"] is True  # torch was in sys.modules at the script's first statement
         assert info["gc_frozen"] > 0
-        assert info["cmdline"][:2] == ["-u", str(PROBE)]  # /proc/<pid>/cmdline shows the worker's argv
+        assert info["title"] == f"runner: worker rank {rank} of job standby (attempt 0)"  # its title in ps
         assert info["contract"]["TORCHELASTIC_RESTART_COUNT"] == "0"
 
 

@@ -316,9 +316,14 @@ class ExitedGroup:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.workers = {0: ExitedWorker(1000, 0, 0, loop), 1: ExitedWorker(1001, 1, 3, loop)}
+        self.first_failed: int | None = None
 
     def running(self) -> list[ExitedWorker]:
         return []
+
+    async def settle(self, failed: ExitedWorker, _within: float) -> ExitedWorker:
+        self.first_failed = 1  # nobody else runs: the failed worker (rank 1) is the root cause
+        return failed
 
     def stderr_tail(self, _local_rank: int) -> str:
         return ""

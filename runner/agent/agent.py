@@ -20,6 +20,7 @@ from runner.runs import index as runs_index
 from runner.runs.control import agent_identity
 from runner.system import soft_io
 from runner.system.private_files import private_dir
+from runner.system.title import set_title
 
 if TYPE_CHECKING:
     from runner.agent.replicas import ReplicaJob
@@ -59,6 +60,7 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
     """
     node_named = node is not None or bool(os.environ.get("RUNNER_NODE"))
     node = node or default_node_id()
+    set_title(f"runner: agent job {spec.name}")
     structlog.contextvars.bind_contextvars(job=spec.name, node=node)
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger("runner")
     run_dir = new_run_dir(spec)

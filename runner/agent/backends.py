@@ -38,7 +38,7 @@ def make_rendezvous(spec: JobSpec, node: str, advertise_addr: str, run_dir: Path
 
     return LocalRendezvous(
         node, spec.nproc_per_node, spec.rendezvous.master_addr or "127.0.0.1", spec.rendezvous.master_port,
-        ledger=LocalLedger(ledger_path(spec.name)),
+        ledger=LocalLedger(ledger_path(spec.name, spec.identity())),
     )
 
 

@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 
-from runner.cli.command import Command, add_spec_argument, load
+from runner.cli.command import Command, add_spec_argument
 
 
 class RunCommand(Command):
@@ -32,11 +32,12 @@ class RunCommand(Command):
         import asyncio
 
         from runner.agent import agent
+        from runner.config.loader import load_spec_document
         from runner.config.preflight import require
         from runner.observe import logs, logs_dir
 
-        spec = load(args.spec)
-        require(spec, args.spec)  # what the spec needs from this machine: exit 2 before anything is created
+        spec, doc = load_spec_document(args.spec)
+        require(spec, args.spec, doc)  # what the spec needs from this machine: exit 2 before anything is created
         logs.configure(spec.logs.format, verbosity="quiet" if args.quiet else "verbose" if args.verbose else "normal")
         spec = logs_dir.choose(spec, args.spec)  # a full logs.dir: this run's logs go to the temp dir
         result = asyncio.run(agent.run(spec, node=args.node, advertise_addr=args.advertise_addr))

@@ -93,6 +93,9 @@ class _Expander:
             return [self.walk(v, (*path, i)) for i, v in enumerate(value)]
         if not isinstance(value, str) or "${" not in value:
             return value
+        names = tuple(m.group(1) for m in _TOKEN.finditer(value) if m.group(1) is not None)
+        if names:
+            self.doc.variables[path] = names  # what the value depends on (preflight: a compute node may differ)
         try:
             expanded = substitute(value, self.environ, self.budget)
         except UnresolvedError as err:

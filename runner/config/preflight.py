@@ -1,8 +1,10 @@
 """What a valid spec needs from this machine: checked before a run creates anything.
 
-`runner validate` prints these as warnings (the spec may be meant for another machine) and still exits 0;
-`runner run` refuses with exit 2 before the run dir, any etcd key or any worker exists. Each finding names
-the field, and its line when the parsed document is given.
+`runner run` refuses every finding with exit 2 before the run dir, any etcd key or any worker exists; `runner
+validate` refuses the same findings with the same message (both call `check`), except those that may hold where the
+job really runs, which it prints as warnings saying why (`Checked.deferred`): the field depends on a `${VAR}` the
+compute node may set otherwise, or the spec has a `cluster` section (it is meant for `runner template` and a
+scheduler's nodes). Each finding names the field, and its line when the parsed document is given.
 
 Checked: cwd is a directory; the script exists; the program (command[0] or entrypoint.python) is found and
 executable; a module's top-level package is found; logs.dir can be created or written; TLS and password files
@@ -19,6 +21,7 @@ import resource
 import shutil
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 from runner.config.spec import JobSpec
 from runner.config.yaml_source import Document, Path, dotted
@@ -30,16 +33,57 @@ FDS_OF_AGENT = 64  # the agent's own: logs, etcd channels, timer, shepherd pipe,
 CONTRACT_ENV_BYTES = 4096  # RANK, WORLD_SIZE, MASTER_ADDR, ... that the agent adds to each worker's environment
 
 
+@dataclass(frozen=True)
+class Checked:
+    """The findings of one spec on this machine: `runner run` refuses them all, `runner validate` the `refused`."""
+
+    refused: tuple[SpecProblem, ...]
+    deferred: tuple[tuple[SpecProblem, str], ...]  # each with why it may hold where the job runs
+
+    @property
+    def problems(self) -> list[SpecProblem]:
+        """Every finding, in the order found."""
+        return [*self.refused, *(p for p, _ in self.deferred)]
+
+
+def check(spec: JobSpec, doc: Document | None = None, environ: Mapping[str, str] | None = None) -> Checked:
+    """Every finding, located in `doc` when given, and which of them may hold on the node the job runs on."""
+    env = os.environ if environ is None else environ
+    found = [*_entrypoint(spec, env), *_logs(spec), *_rendezvous(spec, env), *_metrics(spec), *_limits(spec, env),
+             *_fault_tolerance(spec, env)]
+    refused: list[SpecProblem] = []
+    deferred: list[tuple[SpecProblem, str]] = []
+    for path, message, fix in found:
+        problem = SpecProblem(dotted(path), message, fix) if doc is None else doc.problem(path, message, fix)
+        why = elsewhere(path, doc)
+        if why:
+            deferred.append((problem, why))
+        else:
+            refused.append(problem)
+    return Checked(tuple(refused), tuple(deferred))
+
+
+def elsewhere(path: Path, doc: Document | None) -> str:
+    """Why a finding at `path` may not hold on the node the job runs on ('' when it holds there too)."""
+    if doc is None:
+        return ""
+    if isinstance(doc.data, dict) and "cluster" in doc.data:
+        return ("the spec has a `cluster` section: it runs on the cluster's nodes (runner template), "
+                "where this may be met")
+    related = [*((("cwd",),) if path[:1] in (("entrypoint",), ("cwd",)) else ())]
+    names = sorted({name for where, used in doc.variables.items() for name in used
+                    if where[: len(path)] == path or path[: len(where)] == where or where in related})
+    if names:
+        shown = ", ".join(f"${{{name}}}" for name in names)
+        return f"it depends on {shown}, which the node the job runs on may set otherwise"
+    return ""
+
+
 def preflight(
     spec: JobSpec, doc: Document | None = None, environ: Mapping[str, str] | None = None
 ) -> list[SpecProblem]:
     """Every finding, located in `doc` when given."""
-    env = os.environ if environ is None else environ
-    found = [*_entrypoint(spec, env), *_logs(spec), *_rendezvous(spec, env), *_metrics(spec), *_limits(spec, env),
-             *_fault_tolerance(spec, env)]
-    if doc is None:
-        return [SpecProblem(dotted(path), message, fix) for path, message, fix in found]
-    return [doc.problem(path, message, fix) for path, message, fix in found]
+    return check(spec, doc, environ).problems
 
 
 def _entrypoint(spec: JobSpec, env: Mapping[str, str]) -> Iterator[Finding]:
@@ -143,14 +187,6 @@ def _fault_tolerance(spec: JobSpec, env: Mapping[str, str]) -> Iterator[Finding]
                FT_INSTALL + ", or set hosted: false and the address of a running lighthouse")
 
 
-def required(spec: JobSpec, doc: Document | None = None) -> list[SpecProblem]:
-    """The findings `runner validate` refuses too (exit 2): a feature the spec asks for whose package is missing."""
-    found = list(_fault_tolerance(spec, os.environ))
-    if doc is None:
-        return [SpecProblem(dotted(path), message, fix) for path, message, fix in found]
-    return [doc.problem(path, message, fix) for path, message, fix in found]
-
-
 def _limits(spec: JobSpec, env: Mapping[str, str]) -> Iterator[Finding]:
     nproc = spec.workers_per_node  # every replica group's workers, when the spec has groups
     fds = FDS_OF_AGENT + nproc * (FDS_PER_WORKER if spec.logs.tee else 1)
@@ -177,8 +213,19 @@ def _argv(spec: JobSpec) -> tuple[str, ...]:
     return (ep.python or sys.executable, "-u", "-m" if ep.module else "", ep.module or ep.script or "", *ep.args)
 
 
-def require(spec: JobSpec, source: str) -> None:
+def require(spec: JobSpec, source: str, doc: Document | None = None) -> None:
     """For `runner run`: SpecError (exit 2) when anything above fails, before anything is created."""
-    problems = preflight(spec)
+    problems = check(spec, doc).problems
     if problems:
         raise SpecError(source, problems)
+
+
+def validate(spec: JobSpec, source: str, doc: Document | None = None) -> list[tuple[SpecProblem, str]]:
+    """For `runner validate`: what run refuses raises the same SpecError (exit 2, the same text).
+
+    Returned: the findings that may hold on the node the job runs on, each with why, to print as warnings.
+    """
+    checked = check(spec, doc)
+    if checked.refused:
+        raise SpecError(source, list(checked.refused))
+    return list(checked.deferred)

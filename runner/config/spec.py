@@ -350,6 +350,18 @@ class JobSpec:
         plain: dict[str, Any] = json.loads(json.dumps(data))
         return plain
 
+    def identity(self) -> str:
+        """What tells this job from another of the same name, for state kept across runs (the node ledger).
+
+        A digest of the name, the folder and what each worker runs (script, module or command; not its arguments,
+        budgets or sizes, which a job's next run may change): `runner convert`'s `train` in two folders, or two specs
+        named alike that run different scripts, are two jobs; a re-run with a new learning rate is the same one.
+        """
+        ep = self.entrypoint
+        what = {"name": self.name, "cwd": self.cwd, "script": ep.script, "module": ep.module,
+                "command": list(ep.command) if ep.command is not None else None}
+        return hashlib.sha256(json.dumps(what, sort_keys=True).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
     def digest(self) -> str:
         """Stable hash of the resolved spec: nodes of one job must agree on it."""
         blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))

@@ -8,6 +8,8 @@ written `$${`); the workers then get torchrun's `${local_rank}` substitution fro
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -27,6 +29,7 @@ __all__ = ["ConvertError", "convert", "to_yaml"]
 
 RDZV_CONF = {"join_timeout": "join_timeout", "last_call_timeout": "last_call"}
 LOOPBACK = ("", "localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0")  # noqa: S104 - compared, never bound
+NAME_DIGEST = 6  # hex digits of the conversion's digest in a name taken from the script (`train-3f9a2c`)
 HOSTED_PORT = 29400  # torchrun's default c10d port: the self-hosted rendezvous listens there
 STD_VALUE = re.compile(r"^[0123]$")
 STD_MAP = re.compile(r"^(\d:[0123],)*(\d:[0123])$")  # torch's _MAPPING_REGEX: local ranks 0-9 only
@@ -42,6 +45,7 @@ class Conversion:
         self.cwd = cwd
         self.notes: list[str] = []
         self.spec: dict[str, Any] = {"version": 1}
+        self.by_script = True  # the name is the script's or module's (not an --rdzv-id): it gets a digest
 
     def note(self, text: str) -> None:
         """Record something that has no exact equivalent."""
@@ -101,7 +105,10 @@ class Conversion:
         self.spec["nproc_per_node"] = value
 
     def name(self, standalone: bool) -> None:
-        """--rdzv-id (not with --standalone, where torchrun draws a uuid), else the script or module name."""
+        """--rdzv-id (not with --standalone, where torchrun draws a uuid), else the script or module name.
+
+        A name taken from the script gets a digest of the whole conversion once the spec is built (`named`).
+        """
         program = self.p.program[0]
         script = program if self.p.switch("module") else PurePath(program).stem
         rdzv_id = self.p.text("rdzv_id", "none")
@@ -111,6 +118,25 @@ class Conversion:
         if raw == rdzv_id and name != rdzv_id:
             self.note(f"--rdzv-id {rdzv_id}: the job name must match [a-zA-Z0-9][a-zA-Z0-9_.-]*; using {name}")
         self.spec["name"] = name
+        self.by_script = standalone or rdzv_id == "none"
+
+    def distinct_name(self) -> None:
+        """A script's name plus a digest of what the conversion made: `train-3f9a2c`.
+
+        Two different conversions (another folder, script, arguments, worker count, ...) get different names, so their
+        logs folders, runs and node ledgers never mix; the same command converted again gets the same name. A job of
+        several nodes leaves the node-local fields (cwd, logs.dir) out of the digest: every node must agree on the
+        name whatever folder it converted in. An --rdzv-id is the user's own name and is kept as it is.
+        """
+        if not self.by_script:
+            return
+        identity = {k: v for k, v in self.spec.items() if k != "name"}
+        if self.spec.get("rendezvous", {}).get("backend") == "etcd":
+            identity.pop("cwd", None)
+            identity["logs"] = {k: v for k, v in identity.get("logs", {}).items() if k != "dir"}
+        blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+        digest = hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:NAME_DIGEST]
+        self.spec["name"] = f"{self.spec['name'][: 62 - NAME_DIGEST]}-{digest}"
 
     def rendezvous(self, low: int, high: int) -> None:
         """Local for one node (what torchrun's run() makes c10d on localhost), else etcd."""
@@ -370,6 +396,7 @@ class Conversion:
         self.shutdown()
         self.logs()
         self.duplicate_filters()
+        self.distinct_name()
         order = ("version", "name", "entrypoint", "cwd", "nodes", "nproc_per_node", "role", "virtual_local_rank",
                  "rendezvous", "restart", "shutdown", "logs", "watchdog")
         spec: dict[str, Any] = escape({key: self.spec[key] for key in order if key in self.spec})

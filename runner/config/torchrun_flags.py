@@ -75,8 +75,8 @@ FLAGS: tuple[Flag, ...] = (
          note="Kept for etcd backends; for c10d its HOST:PORT (port 29400 if none), for static MASTER_ADDR:29400: "
               "where the hosting node's etcd listens."),
     Flag(_both("--rdzv-id"), "name", default="none",
-         note="Becomes the job name (sanitised to the name pattern); TORCHELASTIC_RUN_ID is the name on etcd jobs "
-              "and name-<run dir> on local ones."),
+         note="Becomes the job name (sanitised to the name pattern; without it, the script's name and a digest: "
+              "see above); TORCHELASTIC_RUN_ID is the name on etcd jobs and name-<run dir> on local ones."),
     Flag(_both("--rdzv-conf"), "rendezvous.join_timeout, rendezvous.last_call",
          note="join_timeout and last_call_timeout map on etcd jobs; every other key is listed in a note."),
     Flag(("--standalone",), "rendezvous.backend: local", valued=False,

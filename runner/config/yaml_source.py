@@ -49,6 +49,7 @@ class Document:
     plain: dict[Path, str] = field(default_factory=dict)
     containers: set[Path] = field(default_factory=set)
     reported: set[Path] = field(default_factory=set)  # paths that `problem` was called for
+    variables: dict[Path, tuple[str, ...]] = field(default_factory=dict)  # the ${VAR}s each string was expanded with
 
     def where(self, path: Path, *, key: bool = False) -> Mark | tuple[None, None]:
         """Line/column of `path`, else of its nearest ancestor that exists.

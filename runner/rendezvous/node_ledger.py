@@ -3,7 +3,8 @@
 One record per node: its last MAX_MARKS failures that were its own (a worker of it failed, the watchdog timed out a
 rank of it with no other culprit named, or it held up a hang), each with its class, and when it was last seen. A
 failure a node merely saw (a peer lost, a rendezvous timeout) is not its own and is not marked. The local backend
-keeps the ledger in a file of the per-user state folder (`$XDG_STATE_HOME/runner/ledger/<job>.json`), the etcd
+keeps the ledger in a file of the per-user state folder (`$XDG_STATE_HOME/runner/ledger/<job>-<identity>.json`,
+JobSpec.identity(): two jobs of one name in two folders keep two ledgers), the etcd
 backend under the job's keys (`<prefix>/<job>/ledger/<node>`, no lease: it outlives runs; `runner reset` clears it).
 `runner status` shows it; `health.max_failures` keeps out a node whose own failures reached that many within
 `health.failure_window`.

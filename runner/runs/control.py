@@ -37,14 +37,16 @@ def read_status(spec: JobSpec) -> dict[str, Any]:
         ) from e
     running = node.get("state") != "SHUTDOWN" and is_agent(node)
     status = "running" if running else (node.get("outcome") or "unknown (agent gone)")
-    return {"job": spec.name, "status": status, "backend": "local", "nodes": [node], "ledger": local_ledger(spec.name)}
+    return {"job": spec.name, "status": status, "backend": "local", "nodes": [node], "ledger": local_ledger(spec)}
 
 
-def local_ledger(job: str) -> list[dict[str, object]]:
-    """The node ledger of a one-node job, as `runner status` shows it (docs/hangs.md)."""
+def local_ledger(spec: JobSpec | None) -> list[dict[str, object]]:
+    """The node ledger of a one-node job, as `runner status` shows it (docs/hangs.md); [] without a spec."""
     from runner.rendezvous.node_ledger import LocalLedger
 
-    return [rec.to_json() for rec in LocalLedger(ledger_path(job)).read().values()]
+    if spec is None:
+        return []
+    return [rec.to_json() for rec in LocalLedger(ledger_path(spec.name, spec.identity())).read().values()]
 
 
 def request_stop(spec: JobSpec, graceful: bool) -> str:

@@ -63,9 +63,12 @@ def state_dir(environ: Mapping[str, str] | None = None) -> Path:
     return root / "runner"
 
 
-def ledger_path(job: str, environ: Mapping[str, str] | None = None) -> Path:
-    """The node ledger of a one-node job (runner/rendezvous/node_ledger.py): <state dir>/ledger/<job>.json."""
-    return state_dir(environ) / "ledger" / f"{quote(job, safe='')}.json"
+def ledger_path(job: str, identity: str, environ: Mapping[str, str] | None = None) -> Path:
+    """The node ledger of a one-node job (runner/rendezvous/node_ledger.py): <state dir>/ledger/<job>-<identity>.json.
+
+    `identity` is JobSpec.identity(): two jobs of one name (another folder, another script) keep two ledgers.
+    """
+    return state_dir(environ) / "ledger" / f"{quote(job, safe='')}-{quote(identity, safe='')}.json"
 
 
 def index_path(environ: Mapping[str, str] | None = None) -> Path:

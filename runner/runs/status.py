@@ -72,7 +72,8 @@ def local_status(run: runs_index.Run) -> dict[str, Any]:
         raise RunnerError(f"unreadable status at {path}", fix="the run dir was damaged")
     running = node.get("state") != "SHUTDOWN" and pid_alive(node.get("agent_pid"))
     status = "running" if running else (node.get("outcome") or run.outcome or "unknown (agent gone)")
-    return {"job": run.job, "status": status, "backend": "local", "nodes": [node], "ledger": local_ledger(run.job)}
+    return {"job": run.job, "status": status, "backend": "local", "nodes": [node],
+            "ledger": local_ledger(spec_of_run(run))}
 
 
 def pid_alive(pid: object) -> bool:

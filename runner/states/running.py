@@ -28,6 +28,8 @@ from runner.workers.failures import Failure, collective_timeout, watchdog_failur
 if TYPE_CHECKING:
     from runner.core.context import Context
 
+SETTLE_S = 2.0  # a rank that failed of a closed connection: how long its peers may take to fail of their own
+
 
 async def handle(ctx: Context) -> Step:
     """Start workers if this attempt has none yet; wait for events until one decides the next state."""
@@ -139,6 +141,13 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
                           detail="its code and atexit handlers had ended cleanly: counted as exit 0")
         event = dataclasses.replace(event, exit_code=0)
     if event.exit_code != 0:
+        root = await ctx.run.group.settle(worker, SETTLE_S) if ctx.run.group.first_failed is None else \
+            next(w for w in ctx.run.group.workers.values() if w.plan.rank == ctx.run.group.first_failed)
+        if root is not worker:  # this rank failed of a peer's failure: the peer is the root cause
+            ctx.events.put_nowait(event)  # its own exit still counts after this step (a worker scope replaces it)
+            ctx.log.info("collateral_failure", rank=event.rank, exit_code=event.exit_code, root_cause=root.plan.rank)
+            worker = root
+            event = WorkerExited(root.plan.local_rank, root.plan.rank, root.pid, root.exited.result(), root.attempt)
         failure = worker_failure(ctx.run.attempt, event.rank, event.local_rank, event.exit_code,
                                  worker.plan.log_dir, ctx.run.group.stderr_tail(event.local_rank))
         if ctx.recorder is not None and collective_timeout(failure):  # a hang that a peer gave up on: its culprit

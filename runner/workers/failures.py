@@ -28,7 +28,16 @@ OOM_HINT = "the kernel's OOM killer: the worker needs more memory than its limit
 # its agent got a stop signal (the scheduler's SIGTERM: preemption); anything else is a lost node.
 PEER_STOPPED = "node ended (stopped)"
 _TRACEBACK = "Traceback (most recent call last):"
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line \d+, in (?P<func>.*)$')
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>.*)$')
+RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")  # torch's excepthook marks each line `[rank1]: `
+LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python3\.\d+/")  # a frame of a library, not the user's code
+EXCEPTION_CHARS = 200  # of an exception line in a reason (gloo's run long)
+# What a rank prints when another one died first: its peer's socket closed, its store gone, its communicator aborted
+# (gloo's, c10d's and NCCL's words in torch 2.13). Such a failure is collateral: the root cause is elsewhere.
+COLLATERAL = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|DistNetworkError|recvValue|failed to recv"
+    r"|NCCL communicator was aborted|ProcessGroupNCCL.*(?:[Aa]bort|[Tt]erminat)|Socket Timeout|connect\(\) failed"
+)
 _VARIES = re.compile(r"0x[0-9a-fA-F]+|\d+")  # addresses and numbers: differ from one attempt to the next
 
 
@@ -149,6 +158,38 @@ def traceback_parts(text: str) -> tuple[str, str] | None:
     return (exc, frame) if exc else None
 
 
+def exception_line(text: str) -> str:
+    """`ValueError: bad batch (train.py:42)`: the last traceback's exception and where it was raised, or ''.
+
+    The place is the innermost frame of the user's code (outside the interpreter's and the installed libraries'
+    folders), else the innermost frame; torch's `[rank1]: ` marks are read through.
+    """
+    lines = [RANK_PREFIX.sub("", line) for line in text.splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    if not starts:
+        return ""
+    frames: list[tuple[str, str]] = []
+    exc = ""
+    for line in lines[starts[-1] + 1 :]:
+        m = _FRAME.match(line)
+        if m:
+            frames.append((m["file"], m["line"]))
+        elif line and not line[0].isspace():
+            exc = line.strip()
+            break
+    if not exc:
+        return ""
+    if len(exc) > EXCEPTION_CHARS:
+        exc = exc[: EXCEPTION_CHARS - 3] + "..."
+    own = [f for f in frames if not LIBRARY.search(f[0])] or frames
+    return f"{exc} ({Path(own[-1][0]).name}:{own[-1][1]})" if own else exc
+
+
+def collateral(text: str) -> bool:
+    """Whether the last exception in a worker's output says a peer died first (a closed connection, a lost store)."""
+    return bool(COLLATERAL.search(exception_line(text)))
+
+
 def fingerprint(traceback: str, error: str = "") -> str:
     """The normalised identity of the exception `traceback` shows ("" without one).
 
@@ -181,9 +222,11 @@ def worker_failure(attempt: int, rank: int, local_rank: int, exit_code: int, log
     sig = signal_name(exit_code)
     how = f"killed by {sig}" if sig else f"exited with code {exit_code}"
     error, tb = read_error_file(Path(error_file(log_dir)))
+    stderr_tail = "" if tb else last_lines(stderr_seen) or tail(Path(log_dir) / "stderr.log")
+    raised = exception_line(tb or stderr_seen or stderr_tail)
     return Failure(
         kind=FailureKind.WORKER,
-        reason=f"rank {rank} {how}",
+        reason=f"rank {rank} {how}" + (f": {raised}" if raised else ""),
         attempt=attempt,
         rank=rank,
         local_rank=local_rank,
@@ -192,7 +235,7 @@ def worker_failure(attempt: int, rank: int, local_rank: int, exit_code: int, log
         hint=_HINTS.get(sig or "", ""),
         error=error,
         traceback=tb,
-        stderr_tail="" if tb else last_lines(stderr_seen) or tail(Path(log_dir) / "stderr.log"),
+        stderr_tail=stderr_tail,
         log_dir=log_dir,
     )
 

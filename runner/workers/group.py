@@ -30,6 +30,7 @@ from runner.system.cgroup import JobCgroup
 from runner.system.procs import exit_code
 from runner.system.shepherd import TAG_VAR, Shepherd
 from runner.system.soft_io import warn_once
+from runner.workers.failures import collateral
 from runner.workers.launch_plan import LaunchPlan, WorkerPlan
 from runner.workers.standby import Standby, StandbyPool
 from runner.workers.tee import Console, Tee
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 KILL_TIMEOUT_S = 10.0  # after SIGKILL: how long to wait before reporting a process that does not die
 _POLL_S = 0.02
 CONSOLE_DRAIN_S = 2.0  # at most, for the console to take the workers' last lines
+ROOT_DRAIN_S = 0.5  # per stream, at most: for the root cause's traceback to reach the console
 
 __all__ = ["KILL_TIMEOUT_S", "Shepherd", "Worker", "WorkerGroup", "exit_code", "signal_number"]  # Shepherd: moved
 
@@ -194,8 +196,10 @@ class WorkerGroup:
         code = exit_code(result)
         for tee in worker.tees:
             tee.finish()
-        if code != 0 and self.first_failed is None and not self.stopping:
-            self._collateral_begins(worker)
+        if code == 0 or self.stopping:
+            self._release(worker)  # its output is nobody's collateral: a traceback it printed is shown
+        elif self.first_failed is None and not (self.collateral(worker) and self._others_running(worker)):
+            self.blame(worker)  # the root cause; a collateral-looking failure waits for RUNNING to settle it
         if not worker.exited.done():
             worker.exited.set_result(code)
         self.events.put_nowait(
@@ -210,13 +214,52 @@ class WorkerGroup:
         w = self.workers.get(local_rank)
         return w.tees[1].tail() if w is not None and len(w.tees) > 1 else ""
 
-    def _collateral_begins(self, failed: Worker) -> None:
-        """`failed` is the root cause: what the other ranks print from now on is collateral (folded on a terminal)."""
+    @staticmethod
+    def collateral(worker: Worker) -> bool:
+        """Whether the worker's last exception says a peer died first (gloo's closed connection, a lost store...)."""
+        return len(worker.tees) > 1 and collateral(worker.tees[1].tail())
+
+    def _others_running(self, worker: Worker) -> bool:
+        return any(w is not worker for w in self.running())
+
+    @staticmethod
+    def _release(worker: Worker) -> None:
+        for tee in worker.tees:
+            tee.release()
+
+    def blame(self, failed: Worker) -> None:
+        """`failed` is the root cause: its output is shown; the other ranks' from now on is collateral.
+
+        Collateral output (a traceback they began before included) is folded on a terminal. Once per attempt: the
+        first blame stays.
+        """
+        if self.first_failed is not None:
+            return
         self.first_failed = failed.plan.rank
+        self._release(failed)
+        for tee in failed.tees:  # its traceback on the console before the agent's FAILED line (bounded)
+            tee.drain(ROOT_DRAIN_S)
         for w in self.workers.values():
             if w is not failed:
                 for tee in w.tees:
                     tee.fold(f"rank {failed.plan.rank}")
+
+    async def settle(self, failed: Worker, within: float) -> Worker:
+        """The root cause when `failed` exited with a collateral-looking error (a peer's closed connection).
+
+        Waits up to `within` s, while other workers run, for one of them to fail of its own (`blame` in `_on_exit`);
+        that one is the root cause. Else `failed` is: every other worker ended, none failed of its own, or the wait
+        ran out (the root cause is then on another node, or the exception only looked collateral).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while self.first_failed is None and (pending := {w.exited for w in self.running() if w is not failed}):
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        self.blame(failed)
+        return next(w for w in self.workers.values() if w.plan.rank == self.first_failed)
 
     def _collateral_ends(self) -> None:
         """Every rank's output is echoed again (scope worker: the failed worker is replaced, the others go on)."""
@@ -262,6 +305,7 @@ class WorkerGroup:
         await self._finish([w for w in self.workers.values() if not w.reaped])
         for tee in (t for w in self.workers.values() for t in w.tees):
             tee.finish()  # the pipes are at EOF now: the last lines, and the folded output's one-line notes
+            tee.release()  # a traceback still held: shown (no rank was blamed) or counted (folded)
         Console.drain_all(CONSOLE_DRAIN_S)
 
     async def stop_one(self, local_rank: int, sig: int | str, grace: float) -> None:

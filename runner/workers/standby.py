@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 
 MAIN = str(Path(__file__).with_name("standby_main.py"))
 HEADER = 8  # standby_main.HEADER: big-endian length of the JSON orders
-TITLE_ROOM = "-" * 1024  # an argument that reserves room for the worker's argv in /proc/<pid>/cmdline (retitle)
 TAG_ROOM = 96  # characters reserved for a standby's tag in the server's initial environment (standby_main.retag)
 TAG_PAD = "~"  # standby_main.TAG_PAD
 MAX_LOSSES = 3  # servers or standbys that died while waiting before the pool gives up
@@ -248,7 +247,7 @@ class StandbyPool:
         cgroup = self.shepherd.helper_cgroup(f"forkserver{self.servers}")
         self.servers += 1
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        cmd = [python, "-u", MAIN, str(theirs.fileno()), path0(target[0], target[1], spec.cwd), TITLE_ROOM,
+        cmd = [python, "-u", MAIN, str(theirs.fileno()), path0(target[0], target[1], spec.cwd), spec.name,
                *spec.restart.preload]
         if cgroup is not None:
             cmd = JobCgroup.enter(cgroup, cmd)

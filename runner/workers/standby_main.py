@@ -1,6 +1,6 @@
 """The fork server and the standbys it forks: one interpreter imports `restart.preload` once, forks every worker.
 
-Run by the agent (runner.workers.standby) as `python -u <this file> <control fd> <sys.path[0]> <room> <module>...`
+Run by the agent (runner.workers.standby) as `python -u <this file> <control fd> <sys.path[0]> <job> <module>...`
 with the workers' python, in its own session and cgroup, with the workers' environment less the per-attempt
 contract. Standard library only, and never imported as part of the `runner` package: the interpreter must hold
 nothing of the agent's.
@@ -51,6 +51,22 @@ FLIGHT_SOCKET_VAR = "RUNNER_FLIGHT_RECORDER_SOCKET"  # runner.contract.FLIGHT_SO
 SERVER_SOCKET_VAR = "TORCH_WORKER_SERVER_SOCKET"  # torch.distributed.elastic.control_plane's
 PARENT_WAIT_S = 10.0  # a forked standby waits this long at most for the agent to become its parent
 _HERE = os.path.abspath(__file__)
+JOB = "?"  # the job's name (argv[3]), in the titles of the server, its standbys and their workers
+NOENV = "SPT_NOENV"  # runner.system.title.NOENV: setproctitle leaves /proc/<pid>/environ (the tag) alone
+
+
+def set_title(title: str) -> None:
+    """runner.system.title.set_title (this file imports nothing of runner's): `title` in ps, best effort."""
+    had = os.environ.get(NOENV)
+    os.environ[NOENV] = "1"
+    try:
+        with contextlib.suppress(ImportError, OSError):
+            import setproctitle
+
+            setproctitle.setproctitle(title)
+    finally:
+        if had is None:
+            os.environ.pop(NOENV, None)
 
 
 def say(stream: socket.socket, line: str) -> bool:
@@ -70,7 +86,9 @@ def note(text: str) -> None:
 
 def main() -> None:
     """Preload, then serve fork requests; returns into a standby's life only in a forked child."""
-    ctl_fd, path0, modules = int(sys.argv[1]), sys.argv[2], sys.argv[4:]  # argv[3]: room for the worker's argv
+    global JOB
+    ctl_fd, path0, JOB, modules = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+    set_title(f"runner: fork server of job {JOB}")
     sys.path[0] = path0
     began = time.monotonic()
     ctl = socket.socket(fileno=ctl_fd)
@@ -227,6 +245,7 @@ def standby(request: Request, chan: socket.socket) -> None:
             note(f"runner standby: cannot enter cgroup {request.cgroup}: {e}")
             raise SystemExit(1) from None
     retag(request.tag)
+    set_title(f"runner: standby of job {JOB}")
     deadline = time.monotonic() + PARENT_WAIT_S
     while os.getppid() != request.parent:  # the intermediate child is exiting; then the agent (subreaper) adopts
         if time.monotonic() > deadline:
@@ -252,7 +271,7 @@ def retag(tag: str) -> None:
 
     A forked process shows its parent's initial environment there; the agent and the guard find a worker's
     processes by the tag in it. The server was started with room for a tag (padded with TAG_PAD, never part of a
-    tag, so the tag stays a prefix match); it is overwritten in place, as `retitle` does for the command line.
+    tag, so the tag stays a prefix match); it is overwritten in place.
     """
     import ctypes
 
@@ -312,7 +331,8 @@ def become(orders: dict[str, object], fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(env)
     sys.orig_argv = list(argv)
-    retitle(argv)
+    set_title(f"runner: worker rank {env.get('RANK', '?')} of job {JOB} (attempt "
+              f"{env.get('TORCHELASTIC_RESTART_COUNT', '?')})")
     sys.excepthook = without_own_frames(sys.excepthook)
     serve_flight_recorder(os.environ.get(FLIGHT_SOCKET_VAR, ""))
     rest = argv[2:]  # past `python -u`
@@ -413,26 +433,6 @@ def own_area(first: int, name: str) -> tuple[int, bytes] | None:
     if end - start <= 0 or end - start != len(current):
         return None
     return start, current
-
-
-def retitle(argv: list[str]) -> None:
-    """Make /proc/self/cmdline (ps, top, pkill -f) show the worker's argv, as setproctitle does.
-
-    The kernel shows the memory between the stat fields arg_start and arg_end: it is overwritten in place (the
-    standby's argv reserved room for it; a longer argv is cut). Only when /proc/self/cmdline proves the area is the
-    one this interpreter started with; Python holds its own copies of the strings, so nothing else changes.
-    """
-    import ctypes
-
-    area = own_area(45, "cmdline")  # arg_start and arg_end: fields 48 and 49 of stat
-    if area is None:
-        return
-    start, current = area
-    size = len(current)
-    if not current.endswith(b"\0"):
-        return
-    title = b"\0".join(a.encode(errors="surrogateescape") for a in argv)[: size - 1]
-    ctypes.memmove(start, title.ljust(size, b"\0"), size)
 
 
 def run_script(script: str, args: list[str]) -> None:

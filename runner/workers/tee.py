@@ -12,12 +12,22 @@ backlog that overflows drops lines and says how many.
 On the calm console's terminal, every write makes room for the live line (observe/live_line.py), and a tee told to
 `fold` (its rank's output after a peer's crash: collateral) counts lines instead of echoing them, then says in one
 line how many there were and in which log file.
+
+There too, a Python traceback is held back from its first line (`Traceback (most recent call last):`) until the
+agent knows whose it is: the root cause's is echoed (`release`), another rank's folded (`fold`). Its rank's exit
+and the agent's choice of the root cause may come after a peer's collateral traceback reached the pipe: holding
+it is what makes folding independent of the order of exits. A hold ends without a decision when the rank goes on
+writing after the traceback (it caught the exception), and after HOLD_S while it is incomplete or not collateral
+(a traceback printed by a rank that lives on); a complete collateral one waits for the decision while its rank
+lives, bounded by HOLD_LINES.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import re
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -27,7 +37,15 @@ from typing import IO
 from runner.observe.live_line import DIM, LIVE, RESET
 from runner.system.pipe_reader import PipeReader
 from runner.system.soft_io import close_fd, describe, warn_once, write_all
+from runner.workers.failures import COLLATERAL
 
+TRACEBACK_START = re.compile(rb"^(?:\[(?:default)?rank\d+\]:\s?)?Traceback \(most recent call last\):\s*$")
+RANK_MARK = re.compile(rb"^\[(?:default)?rank\d+\]:\s?")
+# Lines that belong to a traceback being printed, or to the interpreter's end after it (torch's C++ log lines)
+CHAINED = re.compile(rb"^(?:$|During handling of the above exception|The above exception was the direct cause"
+                     rb"|\s|\[[WEIF]\d{4}|Exception ignored|\^)")
+HOLD_S = 5.0  # a traceback not decided upon within this long is echoed (unless collateral and its rank lives)
+HOLD_LINES = 2000  # at most; beyond it the traceback is echoed as it comes
 TAIL_BYTES = 16384  # output kept in memory per stream for the root cause (failures.tail reads as much of a file)
 BACKLOG_BYTES = 4 << 20  # console output waiting to be written, at most; beyond it lines are dropped
 
@@ -145,6 +163,10 @@ class Tee:
         self._folded_after = ""  # who failed first, while this tee folds its output ('' while it echoes)
         self.folded = 0  # lines folded so far, not yet summed up on the console
         self.closed = False
+        self._held: list[bytes] | None = None  # a traceback held back until the agent decides whose it is
+        self._held_ended = b""  # its exception line, once printed
+        self._hold_timer: asyncio.TimerHandle | None = None
+        self._holds = self._console is not None and self._console.tty and LIVE.on  # as `fold`: the terminal only
         self._reader = PipeReader(self.fd, self._write, self.close)
         self._reader.start()
 
@@ -157,8 +179,72 @@ class Tee:
         self._partial = lines.pop()
         if lines and self._folded_after:
             self.folded += len(lines)
-        elif lines:
+            return
+        shown: list[bytes] = []
+        for line in lines:
+            if self._held is None and self._holds and TRACEBACK_START.match(line):
+                self._echo(shown)
+                shown = []
+                self._hold()
+            if self._held is None:
+                shown.append(line)
+            elif self._held_ended and not CHAINED.match(RANK_MARK.sub(b"", line)):
+                self._held.append(line)  # the rank goes on after its traceback: it caught the exception
+                self.release()
+            else:
+                self._held.append(line)
+                self._note_end(line)
+                if len(self._held) >= HOLD_LINES:
+                    self.release()
+        self._echo(shown)
+
+    def _echo(self, lines: list[bytes]) -> None:
+        if lines and self._console is not None:
             self._console.write(b"".join(self._label + line + b"\n" for line in lines))
+
+    def _hold(self) -> None:
+        self._held, self._held_ended = [], b""
+        with contextlib.suppress(RuntimeError):  # no running loop (a test's tee): held until decided or closed
+            self._hold_timer = asyncio.get_running_loop().call_later(HOLD_S, self._hold_expired)
+
+    def _note_end(self, line: bytes) -> None:
+        """Remember the held traceback's exception line (its first unindented line after the header)."""
+        text = RANK_MARK.sub(b"", line)
+        if TRACEBACK_START.match(line):
+            self._held_ended = b""
+        elif text and not text[:1].isspace() and not CHAINED.match(text):
+            self._held_ended = text
+
+    @property
+    def holding_collateral(self) -> bool:
+        """A complete traceback is held whose exception says a peer died first (gloo's closed connection, ...)."""
+        return self._held is not None and bool(COLLATERAL.search(self._held_ended.decode(errors="replace")))
+
+    def _hold_expired(self) -> None:
+        self._hold_timer = None
+        if self._held is not None and (self.closed or not self.holding_collateral):
+            self.release()
+        elif self._held is not None:  # collateral, its rank alive: the decision is near; look again later
+            self._hold_timer = asyncio.get_running_loop().call_later(HOLD_S, self._hold_expired)
+
+    def drain(self, timeout: float) -> None:
+        """Wait up to `timeout` s for what was echoed to reach the console (before the agent writes its next line)."""
+        if self._console is not None:
+            self._console.drain(timeout)
+
+    def release(self) -> None:
+        """Echo the held traceback, if any (this rank's output is not collateral, or nobody decided in time)."""
+        held, self._held = self._held, None
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        if held:
+            if self._folded_after:
+                self.folded += len(held)
+            else:
+                self._echo(held)
+        if held is not None and self.closed:
+            self._end_echo()
 
     def _to_file(self, data: bytes) -> None:
         """Append `data` to the log file; what a full or failing disk refuses is counted, and said once it takes more.
@@ -204,9 +290,13 @@ class Tee:
         Only on the calm console's terminal; elsewhere (JSON lines, a pipe, a file) the output is echoed as ever.
         The log file always gets everything.
         """
-        if not self.closed and self._console is not None and self._console.tty and LIVE.on:
+        if self._console is not None and self._console.tty and LIVE.on and not self._folded_after:
             self._folded_after = failed
             self.folded = 0
+            if self._held is not None:
+                self.release()  # counted, not echoed: folding now
+            if self.closed:
+                self.unfold()  # the stream ended holding a traceback: its one line now
 
     def unfold(self) -> None:
         """Echo again; the lines folded so far become one line on the console."""
@@ -231,17 +321,27 @@ class Tee:
             return
         self.closed = True
         self._reader.stop()
-        if self._partial and self._console is not None and self._folded_after:
-            self.folded += 1
-        elif self._partial and self._console is not None:
-            self._console.write(self._label + self._partial + b"\n")
-        self.unfold()
+        if self._partial and self._held is not None:
+            self._held.append(self._partial)
+            self._partial = b""
+        if self._held is None:  # a traceback held at the end waits for the decision (`release` or `fold`)
+            self._end_echo()
         if self._file is not None and self.lost:
             self._say_lost()  # a last try: the disk may have room again
         close_fd(self._file, "worker_log_close_failed", self._log_path)
         self._file = None
         with contextlib.suppress(OSError):
             self._pipe.close()
+
+
+    def _end_echo(self) -> None:
+        """The stream ended: its last partial line echoed (or counted), its folded lines summed up."""
+        if self._partial and self._console is not None and self._folded_after:
+            self.folded += 1
+        elif self._partial and self._console is not None:
+            self._console.write(self._label + self._partial + b"\n")
+        self._partial = b""
+        self.unfold()
 
 
 def open_log(path: str) -> int | None:

@@ -68,6 +68,7 @@ def record() -> dict[str, object]:
         "tag_in_proc_environ": bool(tag) and f"RUNNER_WORKER_TAG={tag}".encode() in initial_env,
         "pickled": pickle.loads(pickle.dumps(Thing())).value,
         "cmdline": open("/proc/self/cmdline", "rb").read().rstrip(b"\0").decode().split("\0")[1:],
+        "title": open("/proc/self/cmdline", "rb").read().rstrip(b"\0").replace(b"\0", b" ").decode(),
         "gc_frozen": gc.get_freeze_count(),
         "pid": os.getpid(),
         "ppid": os.getppid(),
