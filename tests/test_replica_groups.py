@@ -130,6 +130,9 @@ def test_the_hosted_lighthouse_is_restarted_when_it_dies(tmp_path):
             return {}
 
     wait_for(lambda: status().get("lighthouse", {}).get("pid"), what="the hosted lighthouse")
+    # Each group's running workers and their pids, where docs/replica_groups.md says to find one to kill.
+    wait_for(lambda: all(g.get("workers") and g["workers"][0].get("pid") for g in status().get("groups", [{}])),
+             what="each group's worker pids in the job's status.json")
     first = status()["lighthouse"]["pid"]
     kill_proven(first, "torchft_lighthouse")
     wait_for(lambda: status().get("lighthouse", {}).get("restarts") == 1, what="the lighthouse's restart")

@@ -7,11 +7,13 @@ from __future__ import annotations
 import html.parser
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import EXAMPLES
@@ -19,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from multinode_helpers import Cluster, probe_args, spec_text
 
-from runner.report.page import render
+from runner.report.page import CHAR_PX, render, timeline
 from runner.report.story import read_story
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -83,6 +85,8 @@ def test_report_of_a_failing_then_recovering_run(restart_run: tuple[Path, Path])
     states = [a["data-state"] for a in page.having(**{"class": "state"})]
     assert states[0] == "INIT" or states[0] == "RENDEZVOUS"
     assert {"RUNNING", "FAILED", "RESTARTING", "SHUTDOWN"} <= set(states)
+    assert '<span id="attempt-count">2</span> attempt(s) · 1 restart(s)' in text
+    assert_labels_inside(text)
     restarts = text.split('id="restarts"')[1].split("</table>")[0]
     assert "worker_failed" in restarts and " s</td>" in restarts  # a measured recovery time
     assert 'raise RuntimeError(f"rank {rank} crashed' in text.replace("&quot;", '"').replace("&#x27;", "'")
@@ -90,6 +94,23 @@ def test_report_of_a_failing_then_recovering_run(restart_run: tuple[Path, Path])
         assert reference not in text  # self-contained: nothing to fetch
     same = runner(tmp, "report", str(run_dir))  # by run dir: written beside the run
     assert same.returncode == 0 and same.stdout.strip() == str(run_dir / "report.html")
+
+
+def assert_labels_inside(text: str) -> None:
+    """Every axis label of the timeline lies inside the SVG (the last one was clipped by its right edge)."""
+    svg = text.split('<svg id="timeline"')[1].split("</svg>", maxsplit=1)[0]
+    width = float(re.search(r'width="([\d.]+)"', svg).group(1))
+    labels = re.findall(r'<text class="lbl" x="([\d.]+)"( text-anchor="end")? y="11">([^<]+)</text>', svg)
+    assert len(labels) >= 2, svg[:500]
+    for x, end, label in labels:
+        left, right = (float(x) - CHAR_PX * len(label), float(x)) if end else (float(x), float(x) + CHAR_PX * len(label))
+        assert left >= 0 and right <= width, (label, x, end, width)
+
+
+def test_axis_labels_stay_inside_the_timeline_at_any_length() -> None:
+    for seconds in (0.4, 3.0, 9.9, 61.0, 3599.0, 86400.0):
+        story = SimpleNamespace(nodes=[], start=1000.0, end=1000.0 + seconds)  # what timeline() reads of a Story
+        assert_labels_inside(timeline(story))
 
 
 def test_report_refuses_what_is_not_a_run(tmp_path: Path) -> None:
@@ -171,6 +192,8 @@ def test_report_merges_every_node_of_an_etcd_job(request: pytest.FixtureRequest,
     page = Page(text)
     assert {a["data-node"] for a in page.having(**{"class": "attempt-row"})} == {"a", "b"}
     assert "2 node(s)" in text and str(a.run_dir()) in text and str(b.run_dir()) in text
+    # The job's 2 attempts and 1 restart, each seen on both nodes: not 4 attempts and 2 restarts.
+    assert '<span id="attempt-count">2</span> attempt(s) · 1 restart(s)' in text
     cause = text.split('id="root-cause">')[1].split("</div>")[0]
     assert "node b" in cause and "rank 1 exited with code 3" in cause, cause
     explicit = runner(tmp_path, "report", str(a.run_dir()), str(b.run_dir()), "-o", str(tmp_path / "two.html"))

@@ -133,8 +133,9 @@ def test_runs_and_status_by_name_from_another_directory(tmp_path: Path) -> None:
 
 
 def test_status_watch_follows_a_real_job_to_its_end(tmp_path: Path) -> None:
+    """Off a terminal, --watch prints on a change only; the totals in status.json are refreshed while it runs."""
     spec = make_job(tmp_path, "watched")
-    job = subprocess.Popen([sys.executable, "-m", "runner", str(spec)], cwd=spec.parent, env=env(tmp_path, NAP="3"),
+    job = subprocess.Popen([sys.executable, "-m", "runner", str(spec)], cwd=spec.parent, env=env(tmp_path, NAP="6"),
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     watch = None
     try:
@@ -149,6 +150,16 @@ def test_status_watch_follows_a_real_job_to_its_end(tmp_path: Path) -> None:
             return status["state"] == "RUNNING" and len(status.get("workers", [])) == 2
 
         wait_for(running, what="RUNNING with both workers")
+
+        def wall_s() -> float:
+            try:
+                return float(json.loads((run_dir / "status.json").read_text())["ledger"]["wall_s"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return -1.0
+
+        first = wall_s()
+        # No state changes while the workers nap: only the refresh (every 2 s) moves the totals on.
+        wait_for(lambda: wall_s() >= first + 1.5, timeout=10, what="status.json's wall time refreshed while RUNNING")
         watch = subprocess.Popen([sys.executable, "-m", "runner", "status", "--watch", "watched", "--interval", "0.2"],
                                  cwd=tmp_path, env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
@@ -162,6 +173,8 @@ def test_status_watch_follows_a_real_job_to_its_end(tmp_path: Path) -> None:
                 proc.wait()
     tables = out.strip().split("job watched · ")[1:]
     assert len(tables) >= 2, out  # a live table, then the final one
+    # A few seconds of napping workers (uptime, "Ns ago" and the ETTR ticking) print no table of their own.
+    assert len(tables) <= 3, out
     assert tables[0].startswith("running") and "RUNNING" in tables[0] and "0 run · 1 run" in tables[0], out
     assert tables[-1].startswith("succeeded") and "SHUTDOWN" in tables[-1] and "0 ok · 1 ok" in tables[-1], out
     assert "NODE  STATE" in tables[0] and "LAST EVENT" in tables[0]

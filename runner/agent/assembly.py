@@ -79,9 +79,11 @@ class Run:
         agent itself failed (an exception out of a handler) or the run was cancelled.
         """
         ctx = self.ctx
+        refresh = asyncio.get_running_loop().create_task(ctx.status.refresh_loop(), name="status-refresh")
         try:
             await drive(self.model, HANDLERS, ctx, self.record, settle)
         finally:
+            refresh.cancel()
             self.record.sink.close()
             if ctx.run.standbys is not None:
                 ctx.run.standbys.close()

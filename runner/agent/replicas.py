@@ -29,6 +29,7 @@ from runner.agent.assembly import Run, assemble_run
 from runner.agent.backends import group_rendezvous
 from runner.agent.lighthouse import HostedLighthouse, LighthouseError
 from runner.agent.result import JobResult, disk_warnings
+from runner.agent.services import STATUS_REFRESH_S, workers_status
 from runner.config.torchft_version import matching_lighthouse
 from runner.core import job_policy
 from runner.core.context import Context, JobInputs, Replica
@@ -101,6 +102,7 @@ class Group:
             "attempt": self.ctx.run.attempt,
             "restarts": self.ctx.run.restarts,
             "step": self.step,
+            "workers": workers_status(self.ctx),  # their pids: `runner status` shows them (docs/replica_groups.md)
             "outcome": self.ctx.outcome.value if self.ctx.outcome is not None else None,
             "ledger": self.ctx.recovery.status().get("ledger"),  # its ETTR so far (docs/goodput.md)
         }
@@ -506,9 +508,14 @@ class Supervisor:
             self._publish_due.set()
 
     async def publish_loop(self) -> None:
-        """Write the job's status.json whenever a group moved or stepped (at most every STEP_POLL_S)."""
+        """Write the job's status.json whenever a group moved or stepped (at most every STEP_POLL_S).
+
+        And every STATUS_REFRESH_S regardless: the live totals (wall time, ETTR) never freeze.
+        """
         while True:
-            await self._publish_due.wait()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STATUS_REFRESH_S):
+                    await self._publish_due.wait()
             self._publish_due.clear()
             await self.publish()
             await asyncio.sleep(STEP_POLL_S)

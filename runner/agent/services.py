@@ -49,13 +49,19 @@ class GroupLauncher:
         return group
 
 
-def node_status(ctx: Context, state: JobState) -> dict[str, object]:
-    """This node's live state, as published for `runner status` (the JSON boundary: strings from here on)."""
-    workers = []
+def workers_status(ctx: Context) -> list[dict[str, object]]:
+    """The current attempt's workers: rank, local rank, pid, exit code (None while it runs)."""
+    workers: list[dict[str, object]] = []
     if ctx.run.group is not None:
         for w in ctx.run.group.workers.values():
             code = w.exited.result() if w.exited.done() else None
             workers.append({"rank": w.plan.rank, "local_rank": w.plan.local_rank, "pid": w.pid, "exit_code": code})
+    return workers
+
+
+def node_status(ctx: Context, state: JobState) -> dict[str, object]:
+    """This node's live state, as published for `runner status` (the JSON boundary: strings from here on)."""
+    workers = workers_status(ctx)
     return {
         "node": ctx.inputs.node,
         **ctx.inputs.identity,  # pid and start time: `runner stop` proves it is still this agent
@@ -72,8 +78,17 @@ def node_status(ctx: Context, state: JobState) -> dict[str, object]:
     }
 
 
+STATUS_REFRESH_S = 2.0  # while the run lives, status.json's totals (wall time, ETTR) are at most this old
+RENDEZVOUS_REFRESH_S = 5.0  # and the rendezvous' copy (etcd: one put per node per this many seconds)
+
+
 class Publisher:
-    """Writes <run dir>/status.json and publishes to the rendezvous backend, one publish at a time, in order."""
+    """Writes <run dir>/status.json and publishes to the rendezvous backend, one publish at a time, in order.
+
+    Besides each change (`publish`), `refresh` rewrites the live totals every STATUS_REFRESH_S (the agent's
+    refresh task), and republishes them to the rendezvous every RENDEZVOUS_REFRESH_S: bounded cost (one small file
+    write, one etcd put per node per interval), and `runner status` never shows totals frozen at the last change.
+    """
 
     def __init__(self, run_dir: Path, rendezvous: Rendezvous, warnings: WarnOnce,
                  state: Callable[[], JobState], snapshot: Callable[[JobState], dict[str, object]]) -> None:
@@ -81,6 +96,7 @@ class Publisher:
         self._state, self._snapshot = state, snapshot
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._published_at: float | None = None  # the loop's time of the last publish to the rendezvous
 
     async def publish(self, *, only_in: JobState | None = None) -> None:
         """Publish now; with `only_in`, nothing is published unless the machine is still in that state."""
@@ -88,16 +104,38 @@ class Publisher:
             state = self._state()
             if only_in is not None and state is not only_in:
                 return
-            status = self._snapshot(state)
-            path = self._run_dir / "status.json"
-            try:
-                write_private(path, json.dumps(status, indent=2))
-            except OSError as e:
-                self._warnings.warn("status_write_failed", path=str(path), error=str(e))
-            try:
-                await self._rendezvous.publish(status)
-            except RendezvousError as e:
-                self._warnings.warn("status_publish_failed", error=e.message)
+            await self._write(state, to_rendezvous=True)
+
+    async def refresh(self) -> None:
+        """The live totals again (not once SHUTDOWN published the last word): status.json, and now and then etcd."""
+        async with self._lock:
+            state = self._state()
+            if state is JobState.SHUTDOWN:
+                return
+            last = self._published_at
+            due = last is None or asyncio.get_running_loop().time() - last >= RENDEZVOUS_REFRESH_S
+            await self._write(state, to_rendezvous=due)
+
+    async def refresh_loop(self, interval: float = STATUS_REFRESH_S) -> None:
+        """`refresh` every `interval` s, until cancelled (the run's end)."""
+        while True:
+            await asyncio.sleep(interval)
+            await self.refresh()
+
+    async def _write(self, state: JobState, *, to_rendezvous: bool) -> None:
+        status = self._snapshot(state)
+        path = self._run_dir / "status.json"
+        try:
+            write_private(path, json.dumps(status, indent=2))
+        except OSError as e:
+            self._warnings.warn("status_write_failed", path=str(path), error=str(e))
+        if not to_rendezvous:
+            return
+        self._published_at = asyncio.get_running_loop().time()
+        try:
+            await self._rendezvous.publish(status)
+        except RendezvousError as e:
+            self._warnings.warn("status_publish_failed", error=e.message)
 
     def publish_soon(self, *, only_in: JobState) -> None:
         """Publish from a callback: a task of its own, kept until it is done."""

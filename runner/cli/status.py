@@ -45,10 +45,10 @@ class StatusCommand(Command):
 
 def print_status(status: dict[str, Any]) -> None:
     """The one-shot text form: a header line, then one line per node (and its replica groups, if any)."""
-    from runner.runs.status import ettr, groups_table, ledger_table, unhealthy_reasons
+    from runner.runs.status import basis_legend, ettr, groups_table, ledger_table, ledgers_of, unhealthy_reasons
 
-    head = {k: v for k, v in status.items() if k not in ("nodes", "groups")}
-    print("  ".join(f"{k}={v}" for k, v in head.items()))
+    head = {k: v for k, v in status.items() if k not in TABLED}
+    print("  ".join(f"{k}={plain(v)}" for k, v in head.items()))
     for group in status.get("groups") or []:  # replica groups on several nodes: each group's own rendezvous
         print(f"  group {group.get('group')}: {group.get('status')} round {group.get('round')}  "
               f"world size {group.get('world_size')}  restarts {group.get('restarts')}")
@@ -66,13 +66,32 @@ def print_status(status: dict[str, Any]) -> None:
             print(f"    unhealthy: {reason}")
         for line in groups_table(node.get("groups")):
             print(f"    {line}" if line else "")
+    for line in basis_legend(ledgers_of(status)):
+        print(f"  {line}")
     for line in ledger_table(status.get("ledger"), time.time()):  # docs/hangs.md
         print(f"  {line}" if line else "")
 
 
+TABLED = ("nodes", "groups", "ledger")  # shown as tables below the header line, never as `key=value`
+
+
+def plain(value: object) -> str:
+    """A header value for people: `-` for none, a list of names joined by commas; never a Python repr."""
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(plain(v) for v in value) or "-"
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{plain(v)}" for k, v in value.items()) or "-"
+    return str(value)
+
+
 def watch(target: str, interval: float) -> int:
-    """Redraw the table every `interval` s until the job ends (on a terminal); otherwise print each change."""
-    from runner.runs.status import ended, read, table
+    """Redraw the table every `interval` s until the job ends (on a terminal); otherwise print it on each change.
+
+    A change is a state, an exit, a new event: not the clocks alone, so a log of it stays short.
+    """
+    from runner.runs.status import ended, read, table, watch_key
 
     tty = sys.stdout.isatty()
     shown = ""
@@ -83,7 +102,7 @@ def watch(target: str, interval: float) -> int:
             sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
             sys.stdout.flush()
         else:
-            key = json.dumps([lines[1:], status.get("status")], default=str)  # the title carries the clock
+            key = watch_key(status)  # a change, not the clocks (uptime, "3s ago", the live ETTR)
             if key != shown:
                 print("\n".join(lines), flush=True)
                 shown = key

@@ -68,7 +68,7 @@ class Rendezvous:
 
     backend: Literal["local", "etcd"] = "local"
     endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
-    hosted: bool = False  # one node (the one at endpoints[0]) starts the etcd itself: runner[etcd]
+    hosted: bool = False  # one node (the one at endpoints[0]) starts the etcd itself: the etcd extra
     prefix: str = "/runner"
     join_timeout: float = 600.0
     last_call: float = 30.0  # after min nodes joined, wait this long for more (up to max)

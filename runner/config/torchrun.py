@@ -211,7 +211,7 @@ class Conversion:
             rdzv["endpoints"] = f"{host or '127.0.0.1'}:{port}"
             self.note(f"--rdzv-backend {backend}: self-hosted rendezvous (rendezvous.hosted): the node whose machine "
                       f"has {host or '127.0.0.1'} starts an etcd on port {port} for the others, as c10d's host "
-                      "does; install it with `pip install 'runner[etcd]'` (docs/multinode.md)")
+                      "does; install it with `pip install -c constraints.txt -e '.[etcd]'` (docs/multinode.md)")
         if backend == "static":
             if self.p.set("master_port"):
                 rdzv["master_port"] = self.integer("master_port", "--master-port", "29500", 1)

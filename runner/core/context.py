@@ -144,6 +144,10 @@ class StatusPublisher(Protocol):
         """Publish from a callback (a task of its own, kept until done)."""
         ...
 
+    async def refresh_loop(self) -> None:
+        """Republish the live totals (wall time, ETTR) every few seconds until cancelled; never in SHUTDOWN."""
+        ...
+
 
 class RecoveryClock(Protocol):
     """Times the launch and every recovery: failure -> workers running -> workers ready (observe/recovery.py)."""

@@ -111,7 +111,10 @@ class ConsoleRenderer:
         """Who and where, once: job, node, workers, rendezvous, run dir."""
         self.run_dir = str(e.get("run_dir", ""))
         parts = [f"job {e.get('job', '?')}", f"node {e.get('node', '?')}"]
-        if e.get("nproc_per_node") is not None:
+        if e.get("replica_groups") is not None:  # docs/replica_groups.md: each group is its own world
+            parts.append(f"{e['replica_groups']} replica groups of {e.get('group_workers', '?')} worker(s)"
+                         + (f" (at least {e['min_active']} stepping)" if e.get("min_active") is not None else ""))
+        elif e.get("nproc_per_node") is not None:
             parts.append(f"{e['nproc_per_node']} worker(s) per node")
         if e.get("nodes"):
             parts.append(f"nodes {e['nodes']}")

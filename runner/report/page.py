@@ -10,6 +10,7 @@ from runner.report.ledger_page import ledger_section
 from runner.report.story import NodeStory, Story
 
 WIDTH = 1180  # px of the timeline
+CHAR_PX = 7  # px an 11px system-ui character takes at most (digits, "+", "s"): to keep a label inside the SVG
 LABEL = 170  # px of the row labels
 ROW = 22  # px per row
 STATE_COLORS = {
@@ -55,8 +56,10 @@ def render(story: Story) -> str:
     """The whole page."""
     outcome = story.outcome()
     color = OUTCOME_COLORS.get(outcome, "#6c757d")
-    attempts = sum(len(n.attempts()) for n in story.nodes)
-    restarts = [r for n in story.nodes for r in n.restarts()]
+    # The job's attempts and restarts, not each node's: every node of an etcd job runs attempt k (and sees the
+    # restart after it) together, so attempt k of two nodes is one attempt.
+    attempts = len({k for n in story.nodes for k, *_ in n.attempts()})
+    restarts = {r.attempt for n in story.nodes for r in n.restarts()}
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -155,8 +158,13 @@ def timeline(story: Story) -> str:
     step = nice_step(span)
     tick = 0.0
     while tick <= span + 1e-9:
-        axis.append(f'<line x1="{x(t0 + tick):.1f}" x2="{x(t0 + tick):.1f}" y1="14" y2="{y}" stroke="#0001"/>'
-                    f'<text class="lbl" x="{x(t0 + tick) + 2:.1f}" y="11">+{tick:g} s</text>')
+        at = x(t0 + tick)
+        text = f"+{tick:g} s"
+        # A label that would run past the right edge ends at its tick instead (the last one was clipped).
+        place = (f'x="{at - 2:.1f}" text-anchor="end"' if at + 2 + CHAR_PX * len(text) > WIDTH
+                 else f'x="{at + 2:.1f}"')
+        axis.append(f'<line x1="{at:.1f}" x2="{at:.1f}" y1="14" y2="{y}" stroke="#0001"/>'
+                    f'<text class="lbl" {place} y="11">{text}</text>')
         tick += step
     return (f'<svg id="timeline" width="{WIDTH}" height="{y + 4}" viewBox="0 0 {WIDTH} {y + 4}" role="img" '
             f'aria-label="timeline of the run">' + "".join(axis + rows) + "</svg>")

@@ -231,7 +231,11 @@ def unwritable(error: OSError, log: FilteringBoundLogger) -> None:
 
 def announce(spec: JobSpec, node: str, run_dir: Path, log: FilteringBoundLogger) -> None:
     """The run's first event (the console's header: job, node, run dir) and its line in the index."""
-    log.info("run_started", run_dir=str(run_dir), nproc_per_node=spec.nproc_per_node,
+    groups = spec.replica_groups
+    shape = ({"nproc_per_node": spec.nproc_per_node} if groups is None else  # replica groups: theirs, not the top's
+             {"replica_groups": groups.count, "group_workers": groups.nproc_per_node * groups.nodes_per_group,
+              "min_active": groups.min_active})
+    log.info("run_started", run_dir=str(run_dir), **shape,
              nodes=f"{spec.nodes.min}" if spec.nodes.min == spec.nodes.max else f"{spec.nodes.min}:{spec.nodes.max}",
              backend=spec.rendezvous.backend)
     record_start(spec.name, node, run_dir, spec.rendezvous.backend, log)

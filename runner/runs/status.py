@@ -201,7 +201,7 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
     lines = [title, *aligned(rows)]
     for node in status.get("nodes") or []:
         lines += groups_table(node.get("groups"))
-    return lines + ledger_table(status.get("ledger"), now)
+    return lines + basis_legend(ledgers_of(status)) + ledger_table(status.get("ledger"), now)
 
 
 def ledger_table(ledger: object, now: float) -> list[str]:
@@ -236,10 +236,20 @@ def groups_table(groups: object) -> list[str]:
     if not isinstance(groups, list) or not groups:
         return []
     keys = ("group", "state", "attempt", "restarts", "step", "outcome")
-    rows: list[tuple[str, ...]] = [(*(k.upper() for k in keys), "ETTR")]
-    rows.extend((*(str(g[k]) if g.get(k) is not None else "-" for k in keys), ettr(g.get("ledger")))
+    rows: list[tuple[str, ...]] = [(*(k.upper() for k in keys), "ETTR", "PIDS")]
+    rows.extend((*(str(g[k]) if g.get(k) is not None else "-" for k in keys), ettr(g.get("ledger")), pids(g))
                 for g in groups if isinstance(g, dict))
     return ["", *aligned(rows)]
+
+
+def pids(group: dict[str, Any]) -> str:
+    """The pids of a replica group's running workers (`rank:pid`, comma-separated), '-' when none runs."""
+    workers = group.get("workers")
+    shown = [f"{w.get('rank')}:{w.get('pid')}" for w in workers if isinstance(w, dict) and w.get("exit_code") is None
+             and w.get("pid") is not None] if isinstance(workers, list) else []
+    if len(shown) > PER_RANK_UP_TO:
+        return f"{','.join(shown[:PER_RANK_UP_TO])},+{len(shown) - PER_RANK_UP_TO}"
+    return ",".join(shown) or "-"
 
 
 def failure_class(node: dict[str, Any]) -> str:
@@ -285,16 +295,67 @@ def recovery(rec: object) -> str:
     return " → ".join(parts)
 
 
+BASES = {  # what ETTR is counted on (docs/goodput.md): shown beside a figure not counted on steps
+    "steps": "the steps the workers report",
+    "ready": "no step reported: counted from the workers' readiness",
+    "running": "no step nor readiness reported: counted from the spawn",
+}
+
+
 def ettr(ledger: object) -> str:
-    """A run's ETTR so far and the seconds its failures cost (docs/goodput.md): `0.93 (lost 3.1s)`; '-' without."""
+    """A run's ETTR so far, its basis unless steps, the seconds its failures cost (docs/goodput.md).
+
+    `0.93 (lost 3.1s)` on steps; `0.82 [ready]` or `0.82 [running] (lost 0.4s)` otherwise (basis_legend() says
+    what the bracket means); '-' without a ledger, '?' for a figure out of range.
+    """
     if not isinstance(ledger, dict):
         return "-"
     value, lost = ledger.get("ettr"), ledger.get("lost_s")
     if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):
         return "?"
+    basis = ledger.get("basis")
+    shown = f"{value:.2f}" + (f" [{basis}]" if isinstance(basis, str) and basis in BASES and basis != "steps" else "")
     if isinstance(lost, (int, float)) and not isinstance(lost, bool) and 0 < lost < MAX_SHOWN_S:
-        return f"{value:.2f} (lost {lost:.1f}s)"
-    return f"{value:.2f}"
+        return f"{shown} (lost {lost:.1f}s)"
+    return shown
+
+
+def basis_legend(ledgers: list[object]) -> list[str]:
+    """One line per basis other than steps that the shown ledgers use: what `[ready]` / `[running]` mean."""
+    used = {str(led.get("basis")) for led in ledgers if isinstance(led, dict)}
+    return [f"ETTR [{b}]: {BASES[b]} (docs/goodput.md)" for b in ("ready", "running") if b in used]
+
+
+def ledgers_of(status: dict[str, Any]) -> list[object]:
+    """Every ETTR ledger the status shows: each node's, each replica group's."""
+    out: list[object] = []
+    for node in status.get("nodes") or []:
+        if isinstance(node, dict):
+            out.append(node.get("ledger"))
+            out += [g.get("ledger") for g in node.get("groups") or [] if isinstance(g, dict)]
+    return out
+
+
+def watch_key(status: dict[str, Any]) -> str:
+    """What `runner status --watch` off a terminal prints on a change of: the table less its clocks.
+
+    The title's time, UPTIME, the age of the last event and the live totals (ETTR) change every second while
+    nothing happens; a state, an attempt, a rank's exit, a recovery, a new last event or a group's step does not.
+    """
+    nodes = []
+    for node in status.get("nodes") or []:
+        if not isinstance(node, dict):
+            continue
+        run_dir = str(node.get("run_dir") or "")
+        nodes.append([node.get("node"), node.get("state"), node.get("attempt"), node.get("restarts"),
+                      failure_class(node), ranks(node.get("workers")), recovery(node.get("recovery")),
+                      last_event(run_dir)[0] if run_dir else "",
+                      [[g.get(k) for k in ("group", "state", "attempt", "restarts", "step", "outcome")]
+                       for g in node.get("groups") or [] if isinstance(g, dict)]])
+    raw = status.get("ledger")
+    ledger = raw if isinstance(raw, list) else []
+    return json.dumps([status.get("status"), status.get("round"), status.get("world_size"), nodes,
+                       [[r.get("node"), r.get("counts")] for r in ledger if isinstance(r, dict)]], default=str)
 
 
 def fmt_clock(now: float) -> str:

@@ -23,7 +23,7 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -359,7 +359,12 @@ class EtcdRendezvous:
 
         Side calls (publish, charge_restart, close) go through here: they never hang and never raise anything else.
         """
-        limit = self.session.connect_timeout
+        try:
+            limit = self.session.connect_timeout
+        except RendezvousError:
+            if isinstance(work, Coroutine):
+                work.close()  # never started: no "coroutine was never awaited" warning
+            raise
         try:
             async with asyncio.timeout(limit):
                 return await work
@@ -463,7 +468,14 @@ class EtcdRendezvous:
         return ledger_of(kvs)
 
     async def publish(self, state: dict[str, Any]) -> None:
-        """Put this node's live state (plus node, round, time) on the lease; bounded by the connect timeout."""
+        """Put this node's live state (plus node, round, time) on the lease; bounded by the connect timeout.
+
+        Before open() (the agent ended in INIT: no etcd binary, a refused spec) there is nothing to publish to: the
+        state is only remembered (status.json has it), not a warning on top of the error that ended the run.
+        """
+        if self._session is None:
+            self._state_record(state)
+            return
         await self._bounded("publish", self._publish(state))
 
     async def _publish(self, state: dict[str, Any]) -> None:

