@@ -42,7 +42,8 @@ FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[^\n`]*)\n(?P<body>.*?)^(?P=inde
 MARKER = re.compile(r"<!-- doc-test: (excerpt|run) ?(.*?) -->\s*$")
 KNOWN = {"yaml", "bash", "text", "json", "python"}
 BASE = {"version": 1, "name": "doc", "entrypoint": {"script": "hello.py"}}
-ENV = {"RUNNER_ETCD_ENDPOINTS": "10.0.0.5:2379", "ETCD_PASSWORD": "x", "EPOCHS": "3"}
+ENV = {"RUNNER_ETCD_ENDPOINTS": "10.0.0.5:2379", "ETCD_PASSWORD": "x", "EPOCHS": "3",
+       "RUNNER_FIRST_NODE": "node0"}  # set by `runner template` on every node (docs/clusters.md)
 REPO_PATH = re.compile(r"^(examples|tests|bench|docs|runner|\.ci)/[\w./-]+$")
 CHEAP = {"validate", "plan", "graph", "convert", "template"}
 SHELL_WORDS = {"wait", "kill", "rm", "cd", "export", "ss", "echo", "mkdir", "jq"}
