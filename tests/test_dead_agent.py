@@ -9,7 +9,6 @@ kills the workers and exits. Order, not time, is asserted (transitions.jsonl, et
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import sys
@@ -24,8 +23,9 @@ from hypothesis import strategies as st
 from multinode_helpers import Cluster, Node, probe_args, spec_text
 
 from runner.rendezvous.etcd.lease_revoke import GatewayEndpoint, RevokeError, RevokeTicket, revoke, revoke_grpc
-from runner.system.cgroup import JobCgroup
+from runner.testing.etcd_cluster import EtcdCluster
 from runner.testing.etcd_server import EtcdServer, etcd_server
+from runner.testing.hosts import Lab
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -52,20 +52,21 @@ def lease_of(node: Node) -> int:
     return int(agent_events(node, "etcd_lease_granted")[-1]["lease"], 16)
 
 
-def lease_alive(server: EtcdServer, lease: int, *, user: str | None = None) -> bool:
+def lease_alive(server: EtcdServer | EtcdCluster, lease: int, *, user: str | None = None) -> bool:
     """Whether etcd still knows `lease` (etcdctl lease timetolive)."""
-    done = server.etcdctl("lease", "timetolive", f"{lease:x}", user=user)
+    args = ("lease", "timetolive", f"{lease:x}")
+    done = server.etcdctl(*args, user=user) if isinstance(server, EtcdServer) else server.etcdctl(*args)
     return "already expired" not in done.stdout
 
 
 def guard_of(node: Node) -> tuple[int, list[str]]:
     """(pid, argv) of the node's guard: the agent's child running shepherd_main."""
-    for child in Path(f"/proc/{node.proc.pid}/task").glob("*/children"):
+    for child in Path(f"/proc/{node.agent_pid}/task").glob("*/children"):
         for pid in map(int, child.read_text().split()):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
             if any("shepherd_main" in a for a in argv):
                 return pid, argv
-    raise AssertionError(f"no guard under agent {node.proc.pid}")
+    raise AssertionError(f"no guard under agent {node.agent_pid}")
 
 
 def workers(c: Cluster, attempt: int) -> list[dict[str, Any]]:
@@ -115,19 +116,19 @@ def assert_peer_lost_then_running(node: Node, victim: str) -> None:
     assert "rendezvous_timeout" not in after, node.edges()
 
 
-def test_sigkill_of_an_agent_is_seen_before_its_lease_expires(cluster: Cluster, etcd: EtcdServer) -> None:
+def test_sigkill_of_an_agent_is_seen_before_its_lease_expires(cluster: Cluster, host_etcd: EtcdCluster) -> None:
     """3 nodes (2:3), lease_ttl 300 s: SIGKILL c's agent -> its guard kills its worker and revokes its lease, a and
     b fail on peer_lost, re-form the round without last_call and run 2-node workers."""
     cluster.write(long_spec(cluster.endpoint, cluster.out))
     a, b, c = (cluster.start(n) for n in "abc")
     wait_workers(cluster, 0, 3, (a, b, c))
     lease = lease_of(c)
-    assert lease_alive(etcd, lease)
+    assert lease_alive(host_etcd, lease)
     guard = kill_agent(c)
     wait_workers(cluster, 1, 2, (a, b), RECOVERY_WAIT_S)
-    assert not lease_alive(etcd, lease)  # revoked: 300 s have not passed
+    assert not lease_alive(host_etcd, lease)  # revoked: 300 s have not passed
     wait_for(lambda: not alive(guard), 30, "c's guard to exit")
-    assert not any(alive(w["pid"]) for w in workers(cluster, 0))  # c's worker too: its guard killed it
+    assert not any(cluster.alive(w) for w in workers(cluster, 0) if w["host"] == "c")  # its guard killed it
     assert {w["env"]["WORLD_SIZE"] for w in workers(cluster, 1)} == {"2"}
     for node in (a, b):
         assert_peer_lost_then_running(node, "c")
@@ -135,23 +136,30 @@ def test_sigkill_of_an_agent_is_seen_before_its_lease_expires(cluster: Cluster, 
     finish(cluster, a, b)
 
 
+@pytest.fixture
+def etcd_here(lab: Lab) -> Iterator[EtcdServer]:
+    """An etcd of this machine that the lab's hosts reach through the bridge."""
+    with etcd_server(lab.shared / "etcd-here", also_on=lab.bridge_ip) as server:
+        yield server
+
+
 @pytest.fixture(params=["tls", "no-tls"])
-def auth_etcd(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[EtcdServer]:
+def auth_etcd(request: pytest.FixtureRequest, lab: Lab) -> Iterator[EtcdServer]:
     """etcd with user/password auth, with TLS (client certificates required: the guard's gRPC route) or without
     (the guard's JSON-gateway route)."""
-    with etcd_server(tmp_path / "auth-etcd", tls=request.param == "tls") as server:
+    with etcd_server(lab.shared / "auth-etcd", tls=request.param == "tls", also_on=lab.bridge_ip) as server:
         server.enable_auth(SECRET)
         yield server
 
 
-def test_revoked_with_auth(tmp_path: Path, auth_etcd: EtcdServer) -> None:
+def test_revoked_with_auth(lab: Lab, auth_etcd: EtcdServer) -> None:
     """Auth on (and TLS or not), 2 nodes (1:2): b's guard authenticates with the password it got over the agent's
     pipe and revokes b's lease; a carries on alone. No password in the guard's environment or command line."""
     extra = "  auth: {user: root, password_env: ETCD_PASSWORD}\n"
     if auth_etcd.certs is not None:
         certs = auth_etcd.certs
         extra += f"  tls: {{ca: {certs.ca}, cert: {certs.client_cert}, key: {certs.client_key}}}\n"
-    c = Cluster(tmp_path / "cluster", auth_etcd.endpoint)  # https when rendezvous.tls is set
+    c = Cluster(lab.shared / "cluster", lab, auth_etcd.at(lab.bridge_ip))  # https when rendezvous.tls is set
     c.env = {"ETCD_PASSWORD": SECRET}
     try:
         text = long_spec(c.endpoint, c.out, nodes="1:2")
@@ -175,10 +183,10 @@ def test_revoked_with_auth(tmp_path: Path, auth_etcd: EtcdServer) -> None:
 class Silent:
     """A TCP listener that accepts and never answers: an etcd that hangs."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, host: str = "127.0.0.1") -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
+        self.sock.bind((host, port))
         self.sock.listen(16)
         self.port = int(self.sock.getsockname()[1])
 
@@ -188,49 +196,46 @@ class Silent:
 
 
 @pytest.mark.parametrize("down", ["refused", "silent"])
-def test_guard_kills_workers_and_exits_when_etcd_is_down(cluster: Cluster, etcd: EtcdServer, down: str) -> None:
+def test_guard_kills_workers_and_exits_when_etcd_is_down(lab: Lab, etcd_here: EtcdServer, down: str) -> None:
     """etcd gone (nothing listens, or a listener that never answers) when the agent dies: the guard still kills the
-    worker, gives up on the lease within its bound, says so, and exits."""
-    cluster.write(long_spec(cluster.endpoint, cluster.out, nodes="1"))
-    a = cluster.start("a")
-    wait_workers(cluster, 0, 1, (a,))
-    worker = workers(cluster, 0)[0]["pid"]
-    etcd.kill()
-    silent = Silent(etcd.client_port) if down == "silent" else None
+    worker, gives up on the lease within its bound, says so, and exits. (etcd runs on this machine, reached through
+    the bridge, so that the silent listener can take its place.)"""
+    cluster = Cluster(lab.shared / "cluster", lab, etcd_here.at(lab.bridge_ip))
     try:
-        guard = kill_agent(a)
-        wait_for(lambda: not alive(worker), 30, "the worker killed by the guard")
-        wait_for(lambda: not alive(guard), 30, "the guard to give up on etcd and exit")
+        cluster.write(long_spec(cluster.endpoint, cluster.out, nodes="1"))
+        a = cluster.start("a")
+        wait_workers(cluster, 0, 1, (a,))
+        worker = workers(cluster, 0)[0]
+        etcd_here.kill()
+        silent = Silent(etcd_here.client_port, lab.bridge_ip) if down == "silent" else None
+        try:
+            guard = kill_agent(a)
+            wait_for(lambda: not cluster.alive(worker), 30, "the worker killed by the guard")
+            wait_for(lambda: not alive(guard), 30, "the guard to give up on etcd and exit")
+        finally:
+            if silent is not None:
+                silent.close()
     finally:
-        if silent is not None:
-            silent.close()
+        cluster.close()
     assert "its etcd lease could not be revoked" in a.output(), a.output()
     assert "Traceback" not in a.output()
 
 
-def test_vanished_machine_costs_one_ttl(cluster: Cluster, etcd: EtcdServer) -> None:
-    """Agent and guard of c gone together (nothing left to revoke): the lease outlives them until its TTL; then a
-    and b see c lost and run on without it."""
+def test_vanished_machine_costs_one_ttl(cluster: Cluster, host_etcd: EtcdCluster) -> None:
+    """Host c lost (every process of it killed at once, agent and guard together: nothing left to revoke): the
+    lease outlives them until its TTL; then a and b see c lost and run on without it."""
     cluster.write(long_spec(cluster.endpoint, cluster.out, ttl="6s"))
     a, b, c = (cluster.start(n) for n in "abc")
     wait_workers(cluster, 0, 3, (a, b, c))
     lease = lease_of(c)
-    guard, argv = guard_of(c)
-    os.kill(guard, signal.SIGSTOP)  # the guard cannot act on the agent's death ...
-    c.proc.send_signal(signal.SIGKILL)
+    c.host.lose()
     c.wait()
-    os.kill(guard, signal.SIGKILL)  # ... and dies with it: the machine is gone
-    assert lease_alive(etcd, lease)  # nobody revoked it: it runs out its TTL (6 s, at least 4 s left)
-    try:
-        wait_workers(cluster, 1, 2, (a, b), RECOVERY_WAIT_S)
-        assert not lease_alive(etcd, lease)
-        for node in (a, b):
-            assert_peer_lost_then_running(node, "c")
-        finish(cluster, a, b)
-    finally:
-        if len(argv) > 4 and argv[-1].startswith("/"):  # c's cgroup: what a vanished machine leaves is ours here
-            JobCgroup.kill(Path(argv[-1]))
-            JobCgroup(Path(argv[-1])).remove(10.0)
+    assert lease_alive(host_etcd, lease)  # nobody revoked it: it runs out its TTL (6 s, at least 4 s left)
+    wait_workers(cluster, 1, 2, (a, b), RECOVERY_WAIT_S)
+    assert not lease_alive(host_etcd, lease)
+    for node in (a, b):
+        assert_peer_lost_then_running(node, "c")
+    finish(cluster, a, b)
 
 
 endpoints = st.lists(st.tuples(st.text(min_size=1, max_size=20), st.integers(1, 65535), st.booleans()),

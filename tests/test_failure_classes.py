@@ -288,14 +288,14 @@ def test_the_metrics_count_failures_by_class() -> None:
 @pytest.mark.parametrize(("sig", "cls"), [(signal.SIGTERM, "preempted"), (signal.SIGKILL, "node_lost")],
                          ids=["sigterm-preempted", "sigkill-node-lost"])
 def test_a_peer_that_leaves_is_preempted_or_lost_and_restarts_uncharged(
-    tmp_path: Path, etcd: Any, sig: signal.Signals, cls: str
+    cluster: Any, sig: signal.Signals, cls: str
 ) -> None:
     """Elastic 2:3, max_restarts 0: node c's agent gets the scheduler's SIGTERM (it publishes that it was stopped
     before leaving) or is SIGKILLed (its lease expires); a and b class the loss `preempted` / `node_lost`,
     restart without charging max_restarts, and finish with two nodes."""
-    from multinode_helpers import Cluster, probe_args, spec_text
+    from multinode_helpers import probe_args, spec_text
 
-    c = Cluster(tmp_path / "cluster", etcd.endpoint)
+    c = cluster
     try:
         c.write(spec_text(c.endpoint, nodes="2:3", args=probe_args(c.out, "--sleep", "6"), restart="max_restarts: 0"))
         a, b, gone = c.start("a"), c.start("b"), c.start("c")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import alive, wait_for
+from conftest import wait_for
 from multinode_helpers import Cluster, Node, spec_text
 
 from runner.states.rendezvous import HEALTH_KEPT
@@ -34,10 +34,10 @@ FAILURE = {"check": "command", "subject": CHECK, "reason": f"exit 1: {NOT_READY}
 # for OUT/finish (exit 0), OUT/fail-<node> (removed, exit 1) or 60 s (exit 1). Cluster.close() kills every pid
 # recorded there.
 WORKER = textwrap.dedent("""\
-    import json, os, sys, time
+    import json, os, socket, sys, time
     out = sys.argv[1]
     rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
-    info = {"pid": os.getpid(), "cwd": os.getcwd(),
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "cwd": os.getcwd(),
             "env": {k: v for k, v in os.environ.items() if k.startswith(("RANK", "WORLD", "GROUP", "TORCHELASTIC",
                                                                            "MASTER"))}}
     node = os.path.basename(os.getcwd())
@@ -131,7 +131,7 @@ def finish(c: Cluster) -> None:
     (c.out / "finish").touch()
     assert c.wait_all(STEP_S) == {"a": 0, "b": 0}, c.nodes["a"].output() + c.nodes["b"].output()
     for w in c.worker_files():
-        assert not alive(w["pid"]), w
+        assert not c.alive(w), w
 
 
 def test_an_unhealthy_node_stays_out_then_joins_the_running_node(cluster: Cluster) -> None:
@@ -158,7 +158,7 @@ def test_an_unhealthy_node_stays_out_then_joins_the_running_node(cluster: Cluste
     (cluster.tmp / "b" / MARKER).touch()
     wait_for(lambda: {("a", 1), ("b", 0)} <= set(workers(cluster)), STEP_S, "a's and b's workers of round 1")
     wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", STEP_S, "a and b RUNNING")
-    assert not alive(first["pid"])  # a's worker of round 0 was stopped to admit b
+    assert not cluster.alive(first)  # a's worker of round 0 was stopped to admit b
     world = [workers(cluster)[("a", 1)]["env"], workers(cluster)[("b", 0)]["env"]]  # a's 2nd attempt, b's 1st
     assert {env["WORLD_SIZE"] for env in world} == {"2"}, world
     assert len({(env["MASTER_ADDR"], env["MASTER_PORT"]) for env in world}) == 1, world  # one world

@@ -10,7 +10,9 @@ import pytest
 from conftest import wait_for
 from multinode_helpers import Cluster, probe_args, spec_text
 
-from runner.testing.etcd_server import EtcdServer, etcd_server, free_port
+from runner.testing.etcd_cluster import EtcdCluster
+from runner.testing.etcd_server import EtcdServer, etcd_server
+from runner.testing.hosts import Lab
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -18,9 +20,11 @@ EXIT_INFRA = 3
 SECRET = "s3cret-Pa55-do-not-log"
 
 
-def test_etcd_down_at_start_names_the_endpoints(tmp_path: Path) -> None:
-    """Nothing listens on the endpoint: after connect_timeout the node exits 3 naming the endpoint."""
-    c = Cluster(tmp_path / "cluster", f"127.0.0.1:{free_port()}")
+def test_etcd_down_at_start_names_the_endpoints(lab: Lab) -> None:
+    """Nothing listens on the endpoint (host etcd is up, its etcd is not): after connect_timeout the node exits 3
+    naming the endpoint."""
+    c = Cluster(lab.shared / "cluster", lab, "etcd:2379")
+    c.host("etcd")
     try:
         c.write(spec_text(c.endpoint, args=probe_args(c.out), extra="") .replace("connect_timeout: 20s",
                                                                                    "connect_timeout: 2s"))
@@ -34,13 +38,13 @@ def test_etcd_down_at_start_names_the_endpoints(tmp_path: Path) -> None:
         c.close()
 
 
-def test_etcd_restart_mid_run_keeps_workers(cluster: Cluster, etcd: EtcdServer) -> None:
+def test_etcd_restart_mid_run_keeps_workers(cluster: Cluster, host_etcd: EtcdCluster) -> None:
     """etcd stopped and started again (same data dir) while workers run: no restart, the job completes."""
     cluster.write(spec_text(cluster.endpoint, args=probe_args(cluster.out, "--sleep", "8")))
     a, b = cluster.start("a"), cluster.start("b")
     wait_for(lambda: len(cluster.worker_files()) == 2, what="both workers started")
     wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
-    etcd.restart()
+    host_etcd.restart_all()
     assert cluster.wait_all() == {"a": 0, "b": 0}, a.output() + b.output()
     for node in (a, b):
         assert node.report()["attempts"] == 1, node.edges()
@@ -49,9 +53,10 @@ def test_etcd_restart_mid_run_keeps_workers(cluster: Cluster, etcd: EtcdServer) 
 
 
 @pytest.fixture
-def secure_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """etcd with TLS, client certificates required, and user/password auth (user root)."""
-    with etcd_server(tmp_path / "etcd", tls=True) as server:
+def secure_etcd(lab: Lab) -> Iterator[EtcdServer]:
+    """etcd with TLS, client certificates required, and user/password auth (user root), on this machine: the hosts
+    reach it through the bridge (its certificate names that address)."""
+    with etcd_server(lab.shared / "etcd", tls=True, also_on=lab.bridge_ip) as server:
         server.enable_auth(SECRET)
         yield server
 
@@ -69,9 +74,9 @@ def secure_spec(server: EtcdServer, out: Path) -> str:
     return text.replace("  connect_timeout: 20s\n", "  connect_timeout: 20s\n" + secure_extra(server))
 
 
-def test_tls_and_auth_job_completes_without_leaking_the_password(tmp_path: Path, secure_etcd: EtcdServer) -> None:
+def test_tls_and_auth_job_completes_without_leaking_the_password(lab: Lab, secure_etcd: EtcdServer) -> None:
     """Two nodes over TLS with client certs and a password from password_env: success; password in no file."""
-    c = Cluster(tmp_path / "cluster", secure_etcd.endpoint)
+    c = Cluster(lab.shared / "cluster", lab, secure_etcd.at(lab.bridge_ip))
     c.env["ETCD_PASSWORD"] = SECRET
     try:
         c.write(secure_spec(secure_etcd, c.out))
@@ -87,9 +92,9 @@ def test_tls_and_auth_job_completes_without_leaking_the_password(tmp_path: Path,
         c.close()
 
 
-def test_wrong_password_is_a_clear_error(tmp_path: Path, secure_etcd: EtcdServer) -> None:
+def test_wrong_password_is_a_clear_error(lab: Lab, secure_etcd: EtcdServer) -> None:
     """A wrong password: exit 3, a message about auth, no traceback, and the wrong password is not echoed."""
-    c = Cluster(tmp_path / "cluster", secure_etcd.endpoint)
+    c = Cluster(lab.shared / "cluster", lab, secure_etcd.at(lab.bridge_ip))
     c.env["ETCD_PASSWORD"] = "wrong-" + SECRET
     try:
         c.write(secure_spec(secure_etcd, c.out))
@@ -102,14 +107,14 @@ def test_wrong_password_is_a_clear_error(tmp_path: Path, secure_etcd: EtcdServer
         c.close()
 
 
-def test_etcd_wiped_mid_run_both_nodes_restart_together(cluster: Cluster, etcd: EtcdServer) -> None:
+def test_etcd_wiped_mid_run_both_nodes_restart_together(cluster: Cluster, host_etcd: EtcdCluster) -> None:
     """etcd restarted on an EMPTY data dir while workers run: both agents see the job's keys gone (PeerLost 'etcd'),
     fail the attempt, and meet in a new one in the new etcd, on a fresh MASTER_PORT; the job then succeeds."""
     cluster.write(spec_text(cluster.endpoint, args=probe_args(cluster.out, "--sleep", "6")))
     a, b = cluster.start("a"), cluster.start("b")
     wait_for(lambda: len(cluster.worker_files()) == 2, what="both workers started")
     wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
-    etcd.restart_empty()
+    host_etcd.restart_empty()
     assert cluster.wait_all() == {"a": 0, "b": 0}, a.output() + b.output()
     for node in (a, b):
         report = node.report()
@@ -129,12 +134,12 @@ def test_node_ids_with_slashes_run_and_show_in_status(cluster: Cluster) -> None:
     """`--node rack1/a` and `--node rack1/b` (ids that used to wait out the join timeout) run the job; status shows
     the ids as given."""
     cluster.write(spec_text(cluster.endpoint, args=probe_args(cluster.out)))
-    cluster.start("rack1/a"), cluster.start("rack1/b")
+    cluster.start("rack1/a", on="a"), cluster.start("rack1/b", on="b")
     assert cluster.wait_all() == {"rack1/a": 0, "rack1/b": 0}, cluster.nodes["rack1/a"].output()
     assert [n["node"] for n in cluster.status()["nodes"]] == ["rack1/a", "rack1/b"]
 
 
-def test_etcd_gone_when_workers_finish_exits_0_with_a_report(cluster: Cluster, etcd: EtcdServer) -> None:
+def test_etcd_gone_when_workers_finish_exits_0_with_a_report(cluster: Cluster, host_etcd: EtcdCluster) -> None:
     """etcd killed (past the connect timeout) while the workers run to success: each agent still exits 0, writes
     report.json with outcome succeeded, and warns that etcd could not be told."""
     text = spec_text(cluster.endpoint, args=probe_args(cluster.out, "--sleep", "5"))
@@ -142,7 +147,7 @@ def test_etcd_gone_when_workers_finish_exits_0_with_a_report(cluster: Cluster, e
     a, b = cluster.start("a"), cluster.start("b")
     wait_for(lambda: len(cluster.worker_files()) == 2, what="both workers started")
     wait_for(lambda: a.state() == "RUNNING" and b.state() == "RUNNING", what="a and b RUNNING")
-    etcd.kill()
+    host_etcd.close()  # killed
     assert cluster.wait_all(60) == {"a": 0, "b": 0}, a.output() + b.output()
     for node in (a, b):
         assert node.report()["outcome"] == "succeeded"

@@ -59,10 +59,11 @@ def log_of(node: Node, attempt: int) -> Path:
 
 
 def worker_pid(node: Node) -> int:
-    """The pid of the node's current worker, proven to run ft_train.py."""
+    """The pid of the node's current worker as this test's PID namespace numbers it (status.json has its host's),
+    proven to run ft_train.py."""
     status = json.loads((node.run_dir() / f"group_{group_of(node)}" / "status.json").read_text())
     [worker] = status["workers"]
-    pid = int(worker["pid"])
+    pid = node.host.pids()[int(worker["pid"])]
     assert "ft_train.py" in Path(f"/proc/{pid}/cmdline").read_text()
     return pid
 
@@ -116,7 +117,7 @@ def test_a_killed_group_restarts_alone_on_its_node_while_the_other_node_steps(cl
     assert [(g["group"], g["attempts"]) for g in report["groups"]] == [(1, 2)]
     lighthouse = survivor.report()["replica_groups"]["lighthouse"]
     assert lighthouse["hosted"] and lighthouse["address"].startswith("http://")
-    assert not alive(pid) and not alive(lighthouse["pid"])
+    assert not alive(pid) and not survivor.host.alive(int(lighthouse["pid"]))
 
 
 @pytest.mark.integration

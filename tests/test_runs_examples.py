@@ -24,8 +24,7 @@ def source_tree_files() -> set[str]:
 def two_nodes(nodes: Cluster, tag: str, **env: str) -> str:
     """Run examples/jobs/elastic.yaml on nodes a and b (both must succeed); their output."""
     nodes.env.update(ETCD=nodes.endpoint, STEPS="40", LAST_CALL="1s", JOB_NAME=f"el-{tag}", **env)
-    started = [nodes.start(f"{tag}a", "--advertise-addr", "127.0.0.1"),
-               nodes.start(f"{tag}b", "--advertise-addr", "127.0.0.1")]
+    started = [nodes.start(f"{tag}a", on="a"), nodes.start(f"{tag}b", on="b")]
     codes = {n.name: n.wait() for n in started}
     out = "".join(n.output() for n in started)
     assert set(codes.values()) == {0}, out

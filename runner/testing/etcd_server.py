@@ -59,12 +59,13 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_certs(folder: Path) -> Certs:
-    """Generate a CA and server/client certificates with the openssl CLI."""
+def make_certs(folder: Path, ips: tuple[str, ...] = ()) -> Certs:
+    """Generate a CA and server/client certificates with the openssl CLI (the server's for 127.0.0.1 and `ips`)."""
     folder.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=runner-test-ca",
              "-keyout", "ca.key", "-out", "ca.crt", cwd=folder)
-    (folder / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+    more = "".join(f",IP:{ip}" for ip in ips)
+    (folder / "san.cnf").write_text(f"subjectAltName=IP:127.0.0.1,DNS:localhost{more}\n"
                                     "extendedKeyUsage=serverAuth,clientAuth\n")
     for name in ("server", "client"):
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
@@ -95,6 +96,10 @@ class EtcdServer:
     def endpoint(self) -> str:
         """host:port clients connect to."""
         return f"127.0.0.1:{self.client_port}"
+
+    def at(self, host: str) -> str:
+        """host:port clients reach this etcd at through `host`, one of its extra client hosts."""
+        return f"{host}:{self.client_port}"
 
     @property
     def up(self) -> bool:
@@ -200,11 +205,15 @@ class EtcdServer:
 
 
 @contextmanager
-def etcd_server(tmp: Path, *, tls: bool = False) -> Iterator[EtcdServer]:
-    """A running etcd under `tmp`; killed and reaped on exit, whatever happens."""
+def etcd_server(tmp: Path, *, tls: bool = False, also_on: str | None = None) -> Iterator[EtcdServer]:
+    """A running etcd under `tmp`; killed and reaped on exit, whatever happens.
+
+    `also_on`: one more address it listens on (and its certificate names), e.g. a simulated hosts' bridge, so that
+    hosts reach this machine's etcd as a machine of their network (`at(also_on)` is then their endpoint).
+    """
     tmp.mkdir(parents=True, exist_ok=True)
-    certs = make_certs(tmp / "certs") if tls else None
-    server = EtcdServer(tmp / "etcd-data", certs=certs)
+    certs = make_certs(tmp / "certs", (also_on,) if also_on else ()) if tls else None
+    server = EtcdServer(tmp / "etcd-data", certs=certs, extra_client_hosts=(also_on,) if also_on else ())
     try:
         server.start()
         yield server
