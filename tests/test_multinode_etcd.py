@@ -4,7 +4,6 @@ data), gone when the workers finish; node ids with slashes; TLS + auth."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from conftest import wait_for
@@ -68,9 +67,9 @@ def secure_extra(server: EtcdServer, password_env: str = "ETCD_PASSWORD") -> str
             f"  auth: {{user: root, password_env: {password_env}}}\n")
 
 
-def secure_spec(server: EtcdServer, out: Path) -> str:
-    """A 2-node spec on the TLS + auth etcd (TLS is on because rendezvous.tls is set)."""
-    text = spec_text(server.endpoint, args=probe_args(out, "--sleep", "1"))
+def secure_spec(server: EtcdServer, c: Cluster) -> str:
+    """A 2-node spec on the TLS + auth etcd, reached through the bridge (TLS is on because rendezvous.tls is set)."""
+    text = spec_text(c.endpoint, args=probe_args(c.out, "--sleep", "1"))
     return text.replace("  connect_timeout: 20s\n", "  connect_timeout: 20s\n" + secure_extra(server))
 
 
@@ -79,7 +78,7 @@ def test_tls_and_auth_job_completes_without_leaking_the_password(lab: Lab, secur
     c = Cluster(lab.shared / "cluster", lab, secure_etcd.at(lab.bridge_ip))
     c.env["ETCD_PASSWORD"] = SECRET
     try:
-        c.write(secure_spec(secure_etcd, c.out))
+        c.write(secure_spec(secure_etcd, c))
         c.start("a"), c.start("b")
         assert c.wait_all() == {"a": 0, "b": 0}, c.nodes["a"].output()
         status = c.cli("status", "--json")
@@ -97,7 +96,7 @@ def test_wrong_password_is_a_clear_error(lab: Lab, secure_etcd: EtcdServer) -> N
     c = Cluster(lab.shared / "cluster", lab, secure_etcd.at(lab.bridge_ip))
     c.env["ETCD_PASSWORD"] = "wrong-" + SECRET
     try:
-        c.write(secure_spec(secure_etcd, c.out))
+        c.write(secure_spec(secure_etcd, c))
         node = c.start("a")
         assert node.wait(60) == EXIT_INFRA
         out = node.output()

@@ -69,7 +69,7 @@ def test_ps_names_the_agent_the_fork_server_the_standbys_and_the_workers(job: An
         assert agent.startswith("runner: agent job titles"), agent
         for rank in (0, 1):
             pid = int((j.out / f"rank{rank}.pid").read_text())
-            assert cmdline(pid) == f"runner: worker rank {rank} of job titles (attempt 0)"
+            assert cmdline(pid) == f"runner: worker rank {rank} of job titles (attempt 0) work.py"
         assert any(t.startswith("runner: fork server of job titles") for t in titles.values()), titles
         for pid, title in {proc.pid: agent, **titles}.items():
             assert "-" * 32 not in title and "~" * 32 not in title, (pid, title)  # no padding in any argv

@@ -331,11 +331,12 @@ def become(orders: dict[str, object], fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(env)
     sys.orig_argv = list(argv)
+    rest = argv[2:]  # past `python -u`
+    program = rest[1] if rest[0] == "-m" else os.path.basename(rest[0])  # `pkill -f train.py` finds it, as a cold one
     set_title(f"runner: worker rank {env.get('RANK', '?')} of job {JOB} (attempt "
-              f"{env.get('TORCHELASTIC_RESTART_COUNT', '?')})")
+              f"{env.get('TORCHELASTIC_RESTART_COUNT', '?')}) {program}")
     sys.excepthook = without_own_frames(sys.excepthook)
     serve_flight_recorder(os.environ.get(FLIGHT_SOCKET_VAR, ""))
-    rest = argv[2:]  # past `python -u`
     ending = CleanEnd(os.environ.get("RUNNER_HEARTBEAT_FILE", ""))
     atexit.register(ending.mark)  # registered first, so it runs after the script's own handlers
     with ending:
