@@ -450,9 +450,8 @@ def aborted(found: Verdict, records: list[RankRecord], read: list[RankRecord]) -
         sig = next(iter(calls.values())).describe()
         if len(died) > 1 or unread:
             return replace(found, op=sig, note=f"the ranks read called {sig}; {unread} other rank(s) not read")
-        why = died_line(records, dead)
         return replace(found, finding=Finding.MISMATCH, culprits=died, waiting=tuple((r, node_of[r]) for r in calls),
-                       op=sig, odd=f"a call of its own ({why})")
+                       op=sig, odd=died_line(records, dead, next(iter(calls.values())).op))
     placed = len(died) == 1 and len(sides) == 2 and smaller_than_sent(records, dead)
     if placed:
         small = min(sides, key=lambda s: sum(numel(shape) for shape in s[1]))
@@ -477,10 +476,13 @@ def aborted(found: Verdict, records: list[RankRecord], read: list[RankRecord]) -
     )
 
 
-def died_line(records: list[RankRecord], rank: int) -> str:
-    """The error a rank died of, as its record has it."""
+def died_line(records: list[RankRecord], rank: int, op: str) -> str:
+    """What the rank that died called, as far as its error tells (its records are gone)."""
     detail = next((r.detail for r in records if r.rank == rank), "")
-    return f"it died: {detail}" if detail else "it died of it"
+    if (m := GLOO_SHORT.search(detail)) is not None and int(m[1]) > int(m[2]):
+        return f"a smaller {op} (it received {m[1]} bytes where its own call expected {m[2]})"
+    words = re.sub(r"^.*?\] ", "", detail.replace("what():", "").strip())  # gloo's `[enforce fail at file:line]`
+    return f"another call (its error: {words})" if words else "another call"
 
 
 def smaller_than_sent(records: list[RankRecord], rank: int) -> bool:

@@ -274,7 +274,12 @@ def test_a_mismatch_that_aborts_names_the_rank_whose_call_differed_with_both_cal
     # rank 2 gathers 5 floats: it dies itself; the others agree
     itself = analyse([record(0, gathered(10)), record(1, gathered(10)), died(2, GLOO_SHORT)], NOW)
     assert itself.finding is Finding.MISMATCH and itself.culprits == ((2, "a"),)
-    assert "rank 2 (node a) called a call of its own (it died: [enforce fail" in itself.reason()
+    assert ("rank 2 (node a) called a smaller all_gather (it received 40 bytes where its own call expected 20) while "
+            "ranks 0-1 (node a) called all_gather [[10]]; rank 2 (node a) died of it") in itself.reason()
+    other = analyse([record(0, gathered(10)), record(1, gathered(10)), died(2, "[enforce at x:1] Is there a "
+                                                                              "distributed collective mismatch")], NOW)
+    assert "rank 2 (node a) called another call (its error: Is there a distributed collective mismatch)" in (
+        other.reason())
     four = analyse([died(0, GLOO_SHORT), record(1, gathered(10)), record(2, gathered(10)), record(3, gathered(20))],
                    NOW)
     assert four.culprits == ((3, "a"),)

@@ -1,11 +1,13 @@
-"""A 2-rank gloo job that hangs on purpose at step 3 of its first attempt, in one of four ways (docs/hangs.md).
+"""A 2-rank gloo job that hangs on purpose at step 3 of its first attempt, in one of five ways (docs/hangs.md).
 
 Every rank touches $RUNNER_HEARTBEAT_FILE each step. On attempt 0, at step 3, the culprit rank (--culprit, default
 the last rank):
   skip      skips the step's all_reduce and keeps computing and beating: only its peers go silent;
   sleep     sleeps inside the step instead of entering the all_reduce;
   stop      stops itself (SIGSTOP) where the all_reduce would be;
-  mismatch  calls all_gather where the others call all_reduce.
+  mismatch  calls all_gather where the others call all_reduce;
+  size      every rank calls all_gather, the culprit with a tensor of --size floats (the others: 10): gloo aborts
+            the rank that receives more than its call expects (the culprit itself when --size is under 10).
 The others wait in the all_reduce. The runner's watchdog finds the silence, reads every rank's flight recorder and
 names the culprit; attempt 1 runs clean.
 """
@@ -23,7 +25,8 @@ import torch.distributed as dist
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["skip", "sleep", "stop", "mismatch"])
+    p.add_argument("mode", choices=["skip", "sleep", "stop", "mismatch", "size"])
+    p.add_argument("--size", type=int, default=20, help="size: the culprit's tensor's floats")
     p.add_argument("--culprit", type=int, default=-1, help="the rank that hangs (-1: the last)")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--pg-timeout", type=float, default=0, help="init_process_group's timeout in s (0: torch's)")
@@ -43,24 +46,33 @@ def main() -> None:
             part.write_text(f'{{"step": {step}}}')
             part.replace(beat)  # atomically: a reader never sees half of it
         beat.touch()
-        if first and rank == culprit and step == 3:
-            if args.stamp:
-                Path(args.stamp).write_text(f"{time.time()}\n")
-            if args.mode == "skip":
-                while True:  # a data-dependent branch without the collective; still alive and beating
-                    beat.touch()
-                    time.sleep(0.2)
-            if args.mode == "sleep":
-                time.sleep(3600)
-            if args.mode == "stop":
-                os.kill(os.getpid(), signal.SIGSTOP)
-            if args.mode == "mismatch":
-                dist.all_gather([torch.ones(10) for _ in range(world)], t)
-                continue
+        if first and step == 3 and args.mode == "size":
+            n = args.size if rank == culprit else 10
+            dist.all_gather([torch.ones(n) for _ in range(world)], torch.ones(n))
+        if first and rank == culprit and step == 3 and hang(args, beat, t, world):
+            continue
         dist.all_reduce(t)
         time.sleep(0.05)
     print(f"rank {rank}: {args.steps} steps", flush=True)
     dist.destroy_process_group()
+
+
+def hang(args: argparse.Namespace, beat: Path, t: torch.Tensor, world: int) -> bool:
+    """The culprit's step 3: hang as `args.mode` says; True when it called another collective instead."""
+    if args.stamp:
+        Path(args.stamp).write_text(f"{time.time()}\n")
+    if args.mode == "skip":
+        while True:  # a data-dependent branch without the collective; still alive and beating
+            beat.touch()
+            time.sleep(0.2)
+    if args.mode == "sleep":
+        time.sleep(3600)
+    if args.mode == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if args.mode == "mismatch":
+        dist.all_gather([torch.ones(10) for _ in range(world)], t)
+        return True
+    return False
 
 
 if __name__ == "__main__":
