@@ -125,8 +125,8 @@ class Verdict:
         if self.finding is Finding.NEVER_ENTERED:
             return f"hang: {who} never entered {where}; {waited_line(self.waiting, self.waited_s, 'it')}"
         if self.finding is Finding.MISMATCH:
-            head = (f"collective mismatch #{self.seq} (process group {self.group}): " if self.died
-                    else f"hang: mismatched collective #{self.seq} (process group {self.group}): ")
+            at = f"#{self.seq} (process group {self.group})" if self.group else f"#{self.seq} (c10d's fingerprints)"
+            head = f"collective mismatch {at}: " if self.died else f"hang: mismatched collective {at}: "
             tail = f"; {ranks_on_nodes(self.died)} died of it" if self.died else ""
             if self.waiting:
                 return f"{head}{who} called {self.odd} while {ranks_on_nodes(self.waiting)} called {self.op}{tail}"
@@ -290,7 +290,8 @@ def analyse(records: list[RankRecord], now_ns: int) -> Verdict:
                     died=those(records, Answer.MISMATCHED),
                     recorder_off=sum(r.answer is Answer.RECORDER_OFF for r in records))
     if found.died:  # a rank died of a collective-mismatch error: not a hang; the call that differed is sought
-        return aborted(found, records, read)
+        claims = {rank: c for r in records if r.answer is Answer.MISMATCHED for rank, c in claims_of(r.detail).items()}
+        return claimed(found, records, claims) if claims else aborted(found, records, read)
     stopped = those(records, Answer.STOPPED)
     gave_up = those(records, Answer.TIMED_OUT)
     stuck = first_stuck(read)
@@ -474,6 +475,56 @@ def aborted(found: Verdict, records: list[RankRecord], read: list[RankRecord]) -
         op=calls[next(r for r in normal if r in calls)].describe(),
         odd="; ".join(calls[next(r for r in ranks if r in calls)].describe() for _, ranks in rest),
     )
+
+
+def claimed(found: Verdict, records: list[RankRecord], claims: dict[int, Call]) -> Verdict:
+    """The rank whose call differed, from c10d's own words (TORCH_DISTRIBUTED_DEBUG=DETAIL).
+
+    Every rank that raises names its call and one other rank's, before the collective is run (so no record has it,
+    and every rank leaves). Precondition for naming, as for the records: one side outnumbers every other even if
+    every rank no words named joined that other.
+    """
+    node_of = {r.rank: r.node for r in records}
+    sides: dict[tuple[str, tuple[tuple[int, ...], ...]], list[int]] = defaultdict(list)
+    for rank, c in sorted(claims.items()):
+        if rank in node_of:
+            sides[c.signature].append(rank)
+    ordered = sorted(sides.values(), key=lambda ranks: (-len(ranks), ranks[0]))
+    found = replace(found, group="", seq=max(c.seq for c in claims.values()))
+    described = "; ".join(f"{claims[ranks[0]].describe()} (rank {rank_list(ranks)})" for ranks in ordered)
+    unknown = len(records) - sum(len(ranks) for ranks in ordered)
+    if len(ordered) < 2 or len(ordered[0]) <= len(ordered[1]) + unknown:
+        return replace(found, note=f"c10d's words name {described}")
+    odd = sorted(r for ranks in ordered[1:] for r in ranks)
+    return replace(found, finding=Finding.MISMATCH, culprits=tuple((r, node_of[r]) for r in odd),
+                   waiting=tuple((r, node_of[r]) for r in ordered[0]), op=claims[ordered[0][0]].describe(),
+                   odd="; ".join(claims[ranks[0]].describe() for ranks in ordered[1:]))
+
+
+# c10d's words (TORCH_DISTRIBUTED_DEBUG=DETAIL checks each collective's fingerprint on every rank before it runs)
+C10D_PRINT = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+), "
+                        r"OpType=(\w+), TensorShape=\[([\d, ]*)\]")
+CLAIM = re.compile(r"rank (\d+) (\w+) \[([\d, ]*)\] #(\d+)")
+
+
+def mismatch_words(line: str) -> str:
+    """A collective-mismatch error line, short (bounded).
+
+    c10d's fingerprints become `c10d: rank 0 ALLGATHER [10] #3; rank 2 ALLGATHER [20] #3`; other words stay.
+    """
+    prints = C10D_PRINT.findall(line[:4000])
+    if prints:
+        return "c10d: " + "; ".join(f"rank {r} {op} [{shape}] #{seq}" for r, seq, op, shape in prints[:4])
+    return line.strip()[:300]
+
+
+def claims_of(detail: str) -> dict[int, Call]:
+    """The calls c10d's words (as mismatch_words shortens them) say ranks made; {} for any other words."""
+    if not detail.startswith("c10d: "):
+        return {}
+    return {int(rank): Call(group="", seq=int(seq), op=op.lower(), done=True, created_ns=0,
+                            sizes=(tuple(int(d) for d in shape.replace(" ", "").split(",") if d),))
+            for rank, op, shape, seq in CLAIM.findall(detail)}
 
 
 def died_line(records: list[RankRecord], rank: int, op: str) -> str:

@@ -215,3 +215,16 @@ def test_a_mismatch_that_aborts_names_the_rank_whose_call_differed(job, nproc, s
     assert f"root cause (attempt 0): collective mismatch #4 (process group 0): rank {culprit} (node " in stderr
     assert called in failure["reason"] and others in failure["reason"]
     assert f"detected: rank {dies} killed by SIGABRT: a collective mismatch" in stderr
+
+
+def test_c10ds_mismatch_check_names_the_rank_whose_call_differed(job):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: c10d compares every rank's collective before running it, and every rank
+    raises `Detected mismatch between collectives on ranks`, naming its own call and one other rank's. No record
+    has the call and every rank leaves: the ranks' own words name the one that differed."""
+    failure, stderr = run_failed(job, ["size", "--pg-timeout", "5"], nproc=4, spec=NO_WATCHDOG,
+                                 extra="env:\n  TORCH_DISTRIBUTED_DEBUG: DETAIL\n")
+    hang = failure["hang"]
+    assert hang["finding"] == "mismatch" and [c["rank"] for c in hang["culprits"]] == [3], hang["reason"]
+    assert "(c10d's fingerprints): rank 3 (node " in failure["reason"]
+    assert "called allgather [[20]] while ranks 0-2 (node " in failure["reason"]
+    assert "a collective mismatch" in failure["detected"] and "root cause (attempt 0): collective mismatch #" in stderr

@@ -7,7 +7,18 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner.hangs import Answer, Culprit, Finding, RankRecord, Verdict, analyse, parse_dump, rank_list, read_dump
+from runner.hangs import (
+    Answer,
+    Culprit,
+    Finding,
+    RankRecord,
+    Verdict,
+    analyse,
+    mismatch_words,
+    parse_dump,
+    rank_list,
+    read_dump,
+)
 
 NOW = 1_800_000_000 * 10**9
 
@@ -316,3 +327,24 @@ def test_a_culprit_whose_stack_cannot_be_read_says_why():
                       {1: "its process is stopped (state T): py-spy cannot read a stopped process"})
     why = "rank 1 (culprit): no stack: its process is stopped (state T): py-spy cannot read a stopped process"
     assert culprit.stacks_text() == [why]
+
+
+C10D = ("RuntimeError: Detected mismatch between collectives on ranks. Rank {me} is running collective: "
+        "CollectiveFingerPrint(SequenceNumber=3, OpType=ALLGATHER, TensorShape=[{mine}], TensorDtypes=Float, "
+        "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu)), but Rank {other} is running collective: "
+        "CollectiveFingerPrint(SequenceNumber=3, OpType=ALLGATHER, TensorShape=[{theirs}], TensorDtypes=Float)")
+
+
+def test_c10d_fingerprints_name_the_rank_whose_call_differed_when_every_rank_leaves():
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: every rank raises before the collective runs, each naming itself and one
+    other; no record has the call. The words decide when they cover enough ranks."""
+    said = {r: mismatch_words(C10D.format(me=r, mine=10, other=3, theirs=20)) for r in range(3)}
+    said[3] = mismatch_words(C10D.format(me=3, mine=20, other=0, theirs=10))
+    assert said[0] == "c10d: rank 0 ALLGATHER [10] #3; rank 3 ALLGATHER [20] #3"
+    every = analyse([died(r, said[r]) for r in range(4)], NOW)
+    assert every.finding is Finding.MISMATCH and every.culprits == ((3, "a"),)
+    assert every.reason() == ("collective mismatch #3 (c10d's fingerprints): rank 3 (node a) called allgather [[20]] "
+                              "while ranks 0-2 (node a) called allgather [[10]]; ranks 0-3 (node a) died of it")
+    one = analyse([died(0, said[0]), *(RankRecord(r, "a", Answer.EXITING) for r in (1, 2, 3))], NOW)
+    assert one.finding is Finding.UNKNOWN and "c10d's words name" in one.reason()  # 1-2 unknown: could tip it
+    assert mismatch_words("x" * 5000 + " Is there a distributed collective mismatch") == "x" * 300

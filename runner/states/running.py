@@ -28,6 +28,7 @@ from runner.workers.failures import (
     Failure,
     collective_mismatch,
     collective_timeout,
+    mismatch_line,
     peer_hang,
     watchdog_failure,
     with_hang,
@@ -37,6 +38,8 @@ from runner.workers.failures import (
 
 if TYPE_CHECKING:
     from runner.core.context import Context
+
+C10D_WAIT_S = 2.0  # c10d's mismatch check raises on every rank at once: how long the other ranks' words are awaited
 
 
 async def handle(ctx: Context) -> Step:
@@ -167,7 +170,8 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
                                  worker.plan.log_dir, ctx.run.group.stderr_tail(event.local_rank))
         workers = ctx.run.group.workers.values()
         if ctx.recorder is not None and (words := collective_mismatch(failure)):  # the rank whose call differed
-            failure = with_mismatch(failure, await ctx.recorder.named(workers, mismatched={event.rank: words}))
+            found = await ctx.recorder.named(workers, mismatched=await dying_words(ctx, event.rank, words))
+            failure = with_mismatch(failure, found)
         elif ctx.recorder is not None and collective_timeout(failure):  # a hang that a peer gave up on: its culprit
             failure = with_hang(failure, await ctx.recorder.named(workers, timed_out=(event.rank,)))
         ctx.run.failure = failure
@@ -184,6 +188,20 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
         )
     await ctx.status.publish()  # the exit code for `runner status` (an exit that ends the attempt is published with it)
     return None
+
+
+async def dying_words(ctx: Context, rank: int, words: str) -> dict[int, str]:
+    """The mismatch words of `rank` and of every local worker whose stderr has some too.
+
+    c10d's fingerprint check (TORCH_DISTRIBUTED_DEBUG=DETAIL) raises on every rank at once, each naming its call
+    and one other's: the other workers' exits are waited for (at most C10D_WAIT_S) so that their words count.
+    """
+    assert ctx.run.group is not None
+    workers = list(ctx.run.group.workers.values())
+    if words.startswith("c10d: ") and (pending := [w.exited for w in workers if not w.exited.done()]):
+        await asyncio.wait(pending, timeout=C10D_WAIT_S)
+    said = {w.plan.rank: line for w in workers if (line := mismatch_line(ctx.run.group.stderr_tail(w.plan.local_rank)))}
+    return {**said, rank: words}
 
 
 def log_queued_exits(ctx: Context) -> None:

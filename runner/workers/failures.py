@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.events import PEER_REPORTED, TimerExpired
-from runner.hangs import Culprit, Verdict
+from runner.hangs import Culprit, Verdict, mismatch_words
 from runner.outcomes import FailureClass, FailureKind
 from runner.workers.launch_plan import error_file
 
@@ -256,10 +256,15 @@ COLLECTIVE_MISMATCH = re.compile(
 
 
 def collective_mismatch(failure: Failure) -> str:
-    """The line of the worker's error that says it died of a collective mismatch ("" when it did not)."""
-    for line in f"{failure.error}\n{failure.traceback}\n{failure.stderr_tail}".splitlines():
+    """The line of the worker's error that says it died of a collective mismatch, short ("" when it did not)."""
+    return mismatch_line(f"{failure.error}\n{failure.traceback}\n{failure.stderr_tail}")
+
+
+def mismatch_line(text: str) -> str:
+    """The line of `text` that says a collective mismatch, short (runner.hangs.mismatch_words); "" for none."""
+    for line in text.splitlines():
         if COLLECTIVE_MISMATCH.search(line):
-            return line.strip()[:300]
+            return mismatch_words(line)
     return ""
 
 
