@@ -7,8 +7,9 @@ without torch: the agent never imports it. In a hung job the ranks that wait sit
 up on a collective timeout keeps it open in its records: torch 2.13); the culprit is what makes them wait. Each
 finding has a precondition (docs/hangs.md lists them), and none can name a rank that was waiting:
 
-- **never_entered**: ranks read wait in call #k of a group (or, after a collective timeout or a mismatch, entered
-  it and gave up), and ranks read of that group never entered #k: those are named, whatever the others did next;
+- **never_entered**: ranks read wait in call #k of a group (or, after a collective timeout, entered it and gave
+  up), and ranks read of that group never entered #k and wait in no other call: those are named, whatever the
+  others did next; or one rank alone waits in a call elsewhere while the others read wait in #k;
 - **mismatch**: the ranks read entered the same call number with a different op or different sizes (the odd ones
   out are the culprits; with no majority, every side); a rank that died of a collective-mismatch error counts too;
 - **stopped**: a rank's process is stopped (SIGSTOP: state T), which can make no progress, whatever the others do;
@@ -123,7 +124,8 @@ class Verdict:
         where = f"{self.op.split(' ')[0]} #{self.seq} (process group {self.group})" if self.seq is not None else ""
         waited = waited_line(self.waiting, self.waited_s, where)
         if self.finding is Finding.NEVER_ENTERED:
-            return f"hang: {who} never entered {where}; {waited_line(self.waiting, self.waited_s, 'it')}"
+            instead = f" ({self.odd})" if self.odd else ""
+            return f"hang: {who} never entered {where}{instead}; {waited_line(self.waiting, self.waited_s, 'it')}"
         if self.finding is Finding.MISMATCH:
             at = f"#{self.seq} (process group {self.group})" if self.group else f"#{self.seq} (c10d's fingerprints)"
             head = f"collective mismatch {at}: " if self.died else f"hang: mismatched collective {at}: "
@@ -301,7 +303,7 @@ def analyse(records: list[RankRecord], now_ns: int) -> Verdict:
             return replace(found, finding=Finding.STOPPED, culprits=stopped)
         if found.finding is not Finding.UNKNOWN:
             return found
-        return silent(found, records)
+        return silent(found, records, read)
     if stopped:
         return replace(found, finding=Finding.STOPPED, culprits=stopped, waiting=gave_up)
     return after_timeout(found, records, read, gave_up) if gave_up else found
@@ -329,14 +331,15 @@ def those(records: list[RankRecord], answer: Answer) -> tuple[tuple[int, str], .
     return tuple(sorted((r.rank, r.node) for r in records if r.answer is answer))
 
 
-def silent(found: Verdict, records: list[RankRecord]) -> Verdict:
+def silent(found: Verdict, records: list[RankRecord], read: list[RankRecord]) -> Verdict:
     """Every rank read is inside the stuck call: the ranks that did not answer are named, if nothing else can be.
 
     Precondition: every rank but these answered with its records (none is exiting, timed out, stopped, without a
-    recorder or with it off): a waiter that leaves after a collective timeout may not answer either.
+    recorder or with it off: a waiter that leaves after a collective timeout may not answer either), and every
+    rank read that waits, waits in the stuck call.
     """
     quiet = those(records, Answer.SILENT)
-    if not quiet:
+    if not quiet or any(c.group != found.group or c.seq != found.seq for r in read for c in r.calls if not c.done):
         return found
     if any(r.answer is not Answer.ANSWERED and r.answer is not Answer.SILENT for r in records):
         others = sorted(r.rank for r in records if r.answer in TEARDOWN or r.answer is Answer.RECORDER_OFF)
@@ -350,22 +353,58 @@ def in_call(found: Verdict, records: list[RankRecord], read: list[RankRecord], s
     """The verdict around the stuck call: who waits in it, who never entered it, who called something else.
 
     never_entered's precondition: ranks read wait in #k of the group, and ranks read of that group never entered
-    #k (their records end before it). The ranks that gave up waiting (a collective timeout) count as waiting.
+    #k (their records end before it) and wait in no other call. The ranks that gave up waiting (a collective
+    timeout) count as waiting.
     """
+    node_of = {r.rank: r.node for r in records}
+    found, calls = placed(found, records, read, stuck, now_ns, gave_up)
+    waits = {r.rank for r in read if any(not c.done for c in r.calls)}
+    never = tuple(sorted((r.rank, r.node) for r in read
+                         if r.rank not in calls and r.rank not in waits and takes_part(r, stuck[0])))
+    if never:
+        return replace(found, finding=Finding.NEVER_ENTERED, culprits=never)
+    return mismatch(found, calls, node_of) or alone(found, records, read, now_ns, gave_up) or found
+
+
+def placed(found: Verdict, records: list[RankRecord], read: list[RankRecord], stuck: tuple[str, int], now_ns: int,
+           gave_up: tuple[tuple[int, str], ...]) -> tuple[Verdict, dict[int, Call]]:
+    """The verdict placed at call `stuck`: its op, who waits in it and for how long; and each rank read's call."""
     node_of = {r.rank: r.node for r in records}
     group, seq = stuck
     calls = {r.rank: call for r in read if (call := call_at(r, group, seq)) is not None}
     open_calls = {rank: c for rank, c in calls.items() if not c.done}
     oldest = min((c.created_ns for c in open_calls.values() if c.created_ns), default=0)
-    found = replace(
+    return replace(
         found, group=group, seq=seq, op=next(iter(open_calls.values())).describe() if open_calls else "",
         waiting=tuple(sorted({(rank, node_of[rank]) for rank in open_calls} | set(gave_up))),
         waited_s=max(0.0, (now_ns - oldest) / 1e9) if oldest else None,
-    )
-    never = tuple(sorted((r.rank, r.node) for r in read if r.rank not in calls and takes_part(r, group)))
-    if never:
-        return replace(found, finding=Finding.NEVER_ENTERED, culprits=never)
-    return mismatch(found, calls, node_of) or found
+    ), calls
+
+
+def alone(found: Verdict, records: list[RankRecord], read: list[RankRecord], now_ns: int,
+          gave_up: tuple[tuple[int, str], ...]) -> Verdict | None:
+    """One rank alone in a call elsewhere: it never entered the one the others read are in (None: no such rank).
+
+    The finding is `never_entered`, with the call it is in instead.
+
+    Precondition: at least two ranks read wait in one call #k; exactly one other rank read waits, in another call,
+    and it is a member of #k's group. (Two ranks or more elsewhere: a chain or a cycle of waits; nobody is named.)
+    """
+    at: dict[tuple[str, int], list[RankRecord]] = defaultdict(list)
+    for r in read:
+        if opened := [c for c in r.calls if not c.done]:
+            first = min(opened, key=lambda c: (c.created_ns, c.seq))
+            at[(first.group, first.seq)].append(r)
+    if len(at) != 2:
+        return None
+    (where, crowd), (_, lone) = sorted(at.items(), key=lambda kv: -len(kv[1]))
+    if len(lone) != 1 or len(crowd) < 2 or not takes_part(lone[0], where[0]):
+        return None
+    rank = lone[0]
+    elsewhere = min((c for c in rank.calls if not c.done), key=lambda c: (c.created_ns, c.seq))
+    found, _ = placed(found, records, read, where, now_ns, gave_up)
+    return replace(found, finding=Finding.NEVER_ENTERED, culprits=((rank.rank, rank.node),),
+                   odd=f"it is in {elsewhere.op} #{elsewhere.seq} (process group {elsewhere.group})")
 
 
 def behind(found: Verdict, records: list[RankRecord], read: list[RankRecord],

@@ -173,48 +173,61 @@ def test_any_records_give_a_verdict_whose_culprits_and_waiters_are_known_ranks(r
 # -- the culprit is never a waiter (docs/hangs.md: each finding's precondition) -------------------------------
 
 WAITER = st.sampled_from(["open", "timed_out", "exiting", "silent", "no_recorder", "exited"])
-CULPRIT = st.sampled_from(["behind", "stopped", "silent"])
+CULPRIT = st.sampled_from(["behind", "stopped", "silent", "elsewhere"])
 TEARDOWN_ANSWER = {"timed_out": Answer.TIMED_OUT, "exiting": Answer.EXITING, "silent": Answer.SILENT,
                    "no_recorder": Answer.NO_RECORDER, "exited": Answer.EXITED, "stopped": Answer.STOPPED}
+
+
+def as_seen(r: int, how: str, k: int, node: str) -> RankRecord:
+    """What the query gets from rank `r` that behaves as `how` (a culprit's or a waiter's way)."""
+    if how == "behind":
+        return record(r, calls_up_to(k, last_open=False), node)
+    if how == "open":
+        return record(r, calls_up_to(k + 1, last_open=True), node)
+    if how == "elsewhere":  # entered a collective of group 1 (with whom: not said) instead
+        return record(r, [*calls_up_to(k, last_open=False), entry(1, done=False, pg=1, at=NOW - 10**9)], node)
+    return RankRecord(r, node, TEARDOWN_ANSWER[how])
+
+
+def expected(how: dict[int, str], culprits: set[int]) -> tuple[Finding, set[int]] | None:
+    """The finding and the ranks named, where the culprits' own records or state show them (None: not decided)."""
+    kinds = {how[r] for r in culprits}
+    waiting_open = sum(how[r] == "open" for r in how if r not in culprits)
+    if "stopped" in kinds:
+        return Finding.STOPPED, {r for r in culprits if how[r] == "stopped"}
+    if kinds == {"behind"}:
+        return (Finding.NEVER_ENTERED if waiting_open else Finding.AWAY), culprits
+    if kinds == {"silent"} and waiting_open == len(how) - len(culprits):
+        return Finding.SILENT, culprits
+    if "behind" in kinds and waiting_open:  # the others are stopped by nothing, or wait where the records show
+        return Finding.NEVER_ENTERED, {r for r in culprits if how[r] == "behind"}
+    if kinds == {"elsewhere"} and len(culprits) == 1 and waiting_open >= 2:
+        return Finding.NEVER_ENTERED, culprits  # one rank alone elsewhere
+    return None
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.integers(2, 64), st.integers(1, 10), st.data())
 def test_the_culprit_is_named_or_nobody_is_never_a_rank_that_was_waiting(n, k, data):
     """n ranks; a non-empty strict subset never enters collective #k+1 (it sleeps: its records end at #k; or it is
-    stopped; or it cannot answer); the rest wait in #k+1. A waiter answers from inside the call, or is leaving after
-    a collective timeout: then at least one waiter is seen to have timed out (the exit that asked), and the others
-    answer anything a leaving process answers (exiting, nothing, no server, gone). Whatever the mix, every rank
-    named is a culprit; and the culprits are named whenever their own records or state show them."""
+    stopped; or it cannot answer; or it waits in a collective of another group); the rest wait in #k+1. A waiter
+    answers from inside the call, or is leaving after a collective timeout: then at least one waiter is seen to
+    have timed out (the exit that asked), and the others answer anything a leaving process answers (exiting,
+    nothing, no server, gone). Whatever the mix, every rank named is a culprit; and the culprits are named whenever
+    their own records or state show them."""
     culprits = data.draw(st.sets(st.integers(0, n - 1), min_size=1, max_size=n - 1))
     how = {r: data.draw(CULPRIT) if r in culprits else data.draw(WAITER) for r in range(n)}
     waiters = sorted(set(range(n)) - culprits)
     if any(how[r] != "open" for r in waiters) and not any(how[r] == "timed_out" for r in waiters):
         how[data.draw(st.sampled_from(waiters))] = "timed_out"
     nodes = data.draw(st.lists(st.sampled_from(["a", "b", "c"]), min_size=n, max_size=n))
-
-    def rec(r: int) -> RankRecord:
-        if how[r] == "behind":
-            return record(r, calls_up_to(k, last_open=False), nodes[r])
-        if how[r] == "open":
-            return record(r, calls_up_to(k + 1, last_open=True), nodes[r])
-        return RankRecord(r, nodes[r], TEARDOWN_ANSWER[how[r]])
-
-    verdict = analyse([rec(r) for r in range(n)], NOW)
+    verdict = analyse([as_seen(r, how[r], k, nodes[r]) for r in range(n)], NOW)
     named = {r for r, _ in verdict.culprits}
     assert named <= culprits, (verdict.finding, how)
     assert all(nodes[r] == node for r, node in verdict.culprits)
     assert not named & {r for r, _ in verdict.waiting}
-    kinds = {how[r] for r in culprits}
-    some_open = any(how[r] == "open" for r in waiters)
-    if "stopped" in kinds:
-        assert verdict.finding is Finding.STOPPED and named == {r for r in culprits if how[r] == "stopped"}
-    elif kinds == {"behind"}:
-        assert named == culprits and verdict.finding is (Finding.NEVER_ENTERED if some_open else Finding.AWAY)
-    elif kinds == {"silent"} and all(how[r] == "open" for r in waiters):
-        assert verdict.finding is Finding.SILENT and named == culprits
-    elif kinds == {"behind", "silent"} and some_open:
-        assert verdict.finding is Finding.NEVER_ENTERED and named == {r for r in culprits if how[r] == "behind"}
+    if (decided := expected(how, culprits)) is not None:
+        assert (verdict.finding, named) == decided, how
     if not named:
         assert verdict.finding is Finding.UNKNOWN
     assert verdict.reason().startswith("hang: ")
@@ -348,3 +361,31 @@ def test_c10d_fingerprints_name_the_rank_whose_call_differed_when_every_rank_lea
     one = analyse([died(0, said[0]), *(RankRecord(r, "a", Answer.EXITING) for r in (1, 2, 3))], NOW)
     assert one.finding is Finding.UNKNOWN and "c10d's words name" in one.reason()  # 1-2 unknown: could tip it
     assert mismatch_words("x" * 5000 + " Is there a distributed collective mismatch") == "x" * 300
+
+
+def test_one_rank_alone_in_a_call_elsewhere_is_named_and_a_rank_waiting_elsewhere_never_is():
+    """Ranks 0-2 wait in all_reduce #4 of the default group; rank 3 waits alone in broadcast #2 of group 1 (ranks
+    2-3): rank 3 never entered #4. Rank 2, a member of group 1 that never entered its #2, waits: it is not named."""
+    crowd = [*calls_up_to(3, last_open=False), entry(1, pg=1, op="gloo:broadcast"), entry(4, done=False)]
+    lone = [*calls_up_to(3, last_open=False), entry(1, pg=1, op="gloo:broadcast"),
+            entry(2, pg=1, op="gloo:broadcast", done=False, at=NOW - 20 * 10**9)]  # entered first: the oldest call
+    verdict = analyse([record(0, crowd), record(1, crowd), record(2, crowd), record(3, lone)], NOW)
+    assert verdict.finding is Finding.NEVER_ENTERED and verdict.culprits == ((3, "a"),)
+    assert verdict.waiting == ((0, "a"), (1, "a"), (2, "a")) and verdict.seq == 4 and verdict.group == "0"
+    assert verdict.reason().startswith("hang: rank 3 (node a) never entered all_reduce #4 (process group 0) (it is in "
+                                       "broadcast #2 (process group 1)); ranks 0-2 waited")
+    older = [*lone[:-1], {**lone[-1], "time_created_ns": NOW - 200 * 10**9}]  # entered before the others entered #4
+    assert analyse([record(0, crowd), record(1, crowd), record(2, crowd), record(3, older)], NOW).culprits == (
+        (3, "a"),)  # was: rank 2, which never entered group 1's #2 (but waits in #4)
+    two = analyse([record(0, crowd), record(1, crowd), record(2, lone), record(3, lone)], NOW)  # a cycle: nobody
+    assert not two.named
+
+
+def test_a_chain_of_waits_names_the_rank_at_its_end():
+    """Ranks 0-1 wait in all_reduce #4 for rank 2, which waits in group 1's #2 for rank 3, asleep: rank 3."""
+    first = [*calls_up_to(3, last_open=False), entry(1, pg=1), entry(4, done=False)]
+    chained = [*calls_up_to(3, last_open=False), entry(1, pg=1), entry(2, pg=1, done=False, at=NOW - 200 * 10**9)]
+    asleep = [*calls_up_to(3, last_open=False), entry(1, pg=1)]
+    verdict = analyse([record(0, first), record(1, first), record(2, chained), record(3, asleep)], NOW)
+    assert verdict.finding is Finding.NEVER_ENTERED and verdict.culprits == ((3, "a"),)
+    assert verdict.group == "1" and verdict.waiting == ((2, "a"),)
