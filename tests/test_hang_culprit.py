@@ -228,3 +228,15 @@ def test_c10ds_mismatch_check_names_the_rank_whose_call_differed(job):
     assert "(c10d's fingerprints): rank 3 (node " in failure["reason"]
     assert "called allgather [[20]] while ranks 0-2 (node " in failure["reason"]
     assert "a collective mismatch" in failure["detected"] and "root cause (attempt 0): collective mismatch #" in stderr
+
+
+def test_a_rank_alone_in_a_call_of_another_group_is_named(job):
+    """Three ranks; rank 2 calls all_reduce on a group of itself and rank 0, while ranks 0-1 wait in the default
+    group's: rank 2 is alone elsewhere, rank 0 waits (it is no culprit of the pair's call it never entered). Was:
+    `unknown`, "every rank read is inside all_reduce #1 (process group 1)"."""
+    failure, stderr, _ = run_hang(job, "elsewhere", nproc=3)
+    hang = failure["hang"]
+    assert hang["finding"] == "never_entered" and [c["rank"] for c in hang["culprits"]] == [2], hang["reason"]
+    assert [w["rank"] for w in hang["waiting"]] == [0, 1]
+    assert "never entered all_reduce #4 (process group 0) (it is in all_reduce #1 (process group 1)); ranks 0-1" in (
+        stderr)

@@ -6,6 +6,7 @@ the last rank):
   sleep     sleeps inside the step instead of entering the all_reduce;
   stop      stops itself (SIGSTOP) where the all_reduce would be;
   mismatch  calls all_gather where the others call all_reduce;
+  elsewhere calls all_reduce on a process group of itself and rank 0 instead (rank 0 is in the others' call);
   size      every rank calls all_gather, the culprit with a tensor of --size floats (the others: 10): gloo aborts
             the rank that receives more than its call expects (the culprit itself when --size is under 10).
 The others wait in the all_reduce. The runner's watchdog finds the silence, reads every rank's flight recorder and
@@ -25,7 +26,7 @@ import torch.distributed as dist
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=["skip", "sleep", "stop", "mismatch", "size"])
+    p.add_argument("mode", choices=["skip", "sleep", "stop", "mismatch", "elsewhere", "size"])
     p.add_argument("--size", type=int, default=20, help="size: the culprit's tensor's floats")
     p.add_argument("--culprit", type=int, default=-1, help="the rank that hangs (-1: the last)")
     p.add_argument("--steps", type=int, default=8)
@@ -40,6 +41,7 @@ def main() -> None:
     first = int(os.environ["TORCHELASTIC_RESTART_COUNT"]) == 0
     beat = Path(os.environ.get("RUNNER_HEARTBEAT_FILE", os.devnull))  # torchrun sets none
     t = torch.ones(10)
+    pair = dist.new_group([0, culprit]) if args.mode == "elsewhere" else None  # every rank makes it
     for step in range(args.steps):
         if args.report_steps and beat != Path(os.devnull):
             part = beat.with_name(beat.name + ".tmp")
@@ -51,6 +53,8 @@ def main() -> None:
             dist.all_gather([torch.ones(n) for _ in range(world)], torch.ones(n))
         if first and rank == culprit and step == 3 and hang(args, beat, t, world):
             continue
+        if first and rank == culprit and step == 3 and pair is not None:
+            dist.all_reduce(t, group=pair)  # rank 0 never comes: it waits in the others' all_reduce
         dist.all_reduce(t)
         time.sleep(0.05)
     print(f"rank {rank}: {args.steps} steps", flush=True)
