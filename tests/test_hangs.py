@@ -14,6 +14,7 @@ from runner.hangs import (
     RankRecord,
     Verdict,
     analyse,
+    claims_of,
     mismatch_words,
     parse_dump,
     rank_list,
@@ -389,3 +390,15 @@ def test_a_chain_of_waits_names_the_rank_at_its_end():
     verdict = analyse([record(0, first), record(1, first), record(2, chained), record(3, asleep)], NOW)
     assert verdict.finding is Finding.NEVER_ENTERED and verdict.culprits == ((3, "a"),)
     assert verdict.group == "1" and verdict.waiting == ((2, "a"),)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=600) | st.builds(lambda a, b, c: C10D.format(me=a, mine=b, other=a + 1, theirs=c),
+                                          st.integers(0, 10**6), st.text("0123456789, ", max_size=12),
+                                          st.text("0123456789, ", max_size=12)))
+def test_any_error_text_shortens_and_parses_without_raising(text):
+    """A worker's error line, shortened to travel (bounded) and read back as c10d's claims: never raises."""
+    words = mismatch_words(text)
+    assert len(words) <= 300 or words.startswith("c10d: ")
+    for rank, call in claims_of(words).items():
+        assert rank >= 0 and call.op == "allgather"
