@@ -457,6 +457,28 @@ def mismatch(found: Verdict, calls: dict[int, Call], node_of: dict[int, str]) ->
     )
 
 
+def call_at(record: RankRecord, group: str, seq: int) -> Call | None:
+    """The rank's call `seq` of `group` (an open one first, should a dump hold the number twice)."""
+    calls = [c for c in record.calls if c.group == group and c.seq == seq]
+    return min(calls, key=lambda c: c.done) if calls else None
+
+
+def first_stuck(read: list[RankRecord]) -> tuple[str, int] | None:
+    """(group, seq) of the open call entered first (the oldest a rank still waits in); None if no call is open."""
+    open_calls = [c for r in read for c in r.calls if not c.done]
+    if not open_calls:
+        return None
+    first = min(open_calls, key=lambda c: (c.created_ns or 0, c.seq))
+    return first.group, min(c.seq for c in open_calls if c.group == first.group)
+
+
+def takes_part(record: RankRecord, group: str) -> bool:
+    """Whether a rank is in `group`: it called a collective of it, or (the default group "0") none at all yet."""
+    return any(c.group == group for c in record.calls) or (group == "0" and not record.calls)
+
+
+# -- a mismatch that aborts (a rank died of it: its records are gone) -----------------------------------------
+
 # gloo's words when a rank receives more than its own call expects (torch 2.13: third_party/gloo/.../pair.cc)
 GLOO_SHORT = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
 
@@ -588,26 +610,6 @@ def numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def call_at(record: RankRecord, group: str, seq: int) -> Call | None:
-    """The rank's call `seq` of `group` (an open one first, should a dump hold the number twice)."""
-    calls = [c for c in record.calls if c.group == group and c.seq == seq]
-    return min(calls, key=lambda c: c.done) if calls else None
-
-
-def first_stuck(read: list[RankRecord]) -> tuple[str, int] | None:
-    """(group, seq) of the open call entered first (the oldest a rank still waits in); None if no call is open."""
-    open_calls = [c for r in read for c in r.calls if not c.done]
-    if not open_calls:
-        return None
-    first = min(open_calls, key=lambda c: (c.created_ns or 0, c.seq))
-    return first.group, min(c.seq for c in open_calls if c.group == first.group)
-
-
-def takes_part(record: RankRecord, group: str) -> bool:
-    """Whether a rank is in `group`: it called a collective of it, or (the default group "0") none at all yet."""
-    return any(c.group == group for c in record.calls) or (group == "0" and not record.calls)
 
 
 # -- the wire form (one node's records, shared with the other nodes through etcd) ------------------------------
