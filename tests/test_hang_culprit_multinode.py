@@ -47,6 +47,9 @@ def test_the_culprits_node_is_named_kept_out_and_the_job_finishes_on_the_other(c
         failed = next(t for t in node.transitions() if t["dst"] == "FAILED")  # the console's attempt line
         assert failed["reason"].startswith(story), (node.name, failed["reason"])
         assert "reported FAILED" not in failed["reason"]
+        if node is other:  # the culprit's stacks are its own node's: here, a line says where they are
+            assert (f"rank {culprit} (culprit): no stack: it runs on node {culprit_node.name}: its stacks are in "
+                    "that node's report") in first["stacks"]
     left = culprit_node.report()
     assert "kept out of the next round: this node held up the hang of attempt 0" in left["failures"][-1]["reason"]
     assert f"hang: rank {culprit} (node {culprit_node.name}) never entered all_reduce #4" in other.output()

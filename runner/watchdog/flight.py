@@ -148,6 +148,9 @@ class FlightRecorder:
             texts = await asyncio.gather(*(capture_stacks(w.pid, log=self.log) for w in culprits))
             stacks = {w.plan.rank: text for w, text in zip(culprits, texts, strict=True) if text}
             unread = {w.plan.rank: no_stack(w) for w in culprits if w.plan.rank not in stacks}
+        if self.capture:
+            unread |= {r: f"it runs on node {n}: its stacks are in that node's report"
+                       for r, n in verdict.culprits if n != self.node}
         took = time.monotonic() - began
         self.log.warning("hang_culprit", reason=verdict.reason(), finding=verdict.finding.value,
                          culprits=[r for r, _ in verdict.culprits], took_s=round(took, 3),
