@@ -135,7 +135,10 @@ class Verdict:
             return f"{head}{who} disagree: {self.odd}{tail}"
         if self.finding is Finding.AWAY:
             gave_up = ranks_on_nodes(self.waiting)
-            return f"hang: {who} was in no collective (last call: {self.odd}) while {gave_up} timed out waiting in one"
+            unread = sorted(set(self.missing) - {r for r, _ in self.waiting})
+            tail = f" ({'rank' if len(unread) == 1 else 'ranks'} {rank_list(unread)} not read)" if unread else ""
+            return (f"hang: {who} was in no collective (last call: {self.odd}) while {gave_up} timed out waiting in "
+                    f"one{tail}")
         if self.finding is Finding.STOPPED:
             return f"hang: {who} is stopped (SIGSTOP or SIGTSTP: process state T)" + (f"; {waited}" if where else "")
         if self.finding is Finding.SILENT:

@@ -241,7 +241,7 @@ def test_the_reported_case_four_ranks_the_waiters_timed_out_and_leave_the_one_th
                        RankRecord(2, "vm", Answer.EXITING), record(3, calls_up_to(3, last_open=False), "vm")], NOW)
     assert verdict.finding is Finding.AWAY and verdict.culprits == ((3, "vm"),)
     assert verdict.reason() == ("hang: rank 3 (node vm) was in no collective (last call: all_reduce [[10]] #3) "
-                                "while rank 1 (node vm) timed out waiting in one")
+                                "while rank 1 (node vm) timed out waiting in one (ranks 0, 2 not read)")
 
 
 def test_a_rank_that_did_not_answer_is_named_only_when_every_other_rank_waits_from_inside_the_call():
