@@ -292,9 +292,11 @@ def peer_hang(failure: Failure, found: Culprit | None, *, local_ranks: dict[int,
     verdict = found.verdict
     first = verdict.culprits[0][0]
     local = local_ranks.get(first) if len(verdict.culprits) == 1 else None
+    hang = not verdict.died  # a mismatch that aborts keeps its own class, on the node where a rank died of it
     return replace(
         failure, reason=verdict.reason(), detected=failure.reason.replace(" lost: ", " "), hang=verdict,
-        stacks="\n".join(found.stacks_text()), classified=FailureClass.HANG, evidence="another node's hang query",
+        stacks="\n".join(found.stacks_text()), classified=FailureClass.HANG if hang else None,
+        evidence="another node's hang query" if hang else "",
         rank=first if len(verdict.culprits) == 1 else None, local_rank=local,
         log_dir=rank_dir(local) if local is not None else "",
     )
