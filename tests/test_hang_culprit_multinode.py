@@ -83,3 +83,26 @@ def test_a_collective_timeout_across_two_nodes_names_the_same_rank_on_both(clust
         assert first["hang"]["culprits"] == [{"rank": 3, "node": culprit_node.name}], (node.name, first["reason"])
         assert first["reason"].startswith(f"hang: rank 3 (node {culprit_node.name}) "), (node.name, first["reason"])
         assert 3 not in [w["rank"] for w in first["hang"]["waiting"]]
+
+
+def test_a_mismatch_that_aborts_across_two_nodes_names_the_same_rank_on_both(cluster):
+    """2 nodes of 2 ranks; every rank calls all_gather, rank 3 with 20 floats, the others 10: gloo aborts rank 0
+    (it receives more than its call expects). Its node reads its own live rank and asks the other node, whose
+    ranks answer; both nodes name rank 3 with both calls, in the same words. The class stays the death's on the
+    node where it happened (signal), the other node's is a lost peer's: a mismatch is not a hang."""
+    cluster.write(spec_text(cluster.endpoint, name="hmm", nodes="2", nproc=2, script=EXAMPLES / "hang_culprit.py",
+                            args=json.dumps(["size", "--pg-timeout", "5"])[1:-1], restart="max_restarts: 0"))
+    a, b = cluster.start("a"), cluster.start("b")
+    cluster.wait_all()
+    first = {node.name: node.report()["failures"][0] for node in (a, b)}
+    dying = next(name for name, f in first.items() if f.get("rank") == 0 and f.get("signal") == "SIGABRT")
+    other = next(name for name in first if name != dying)
+    culprit_node = next(n for n in (a, b) if '"rank": 3' in json.dumps(
+        [e for e in map(json.loads, (n.run_dir() / "agent.jsonl").read_text().splitlines())
+         if e.get("event") == "worker_started"]))
+    assert first[dying]["reason"] == first[other]["reason"], first
+    assert first[dying]["reason"].startswith(
+        f"collective mismatch #4 (process group 0): rank 3 (node {culprit_node.name}) called all_gather [[20]] while ")
+    assert first[dying]["reason"].endswith(f"called all_gather [[10]]; rank 0 (node {dying}) died of it")
+    assert first[dying]["class"] == "signal" and first[other]["class"] == "node_lost"
+    assert first[other]["detected"] == f"node {dying} reported FAILED"
