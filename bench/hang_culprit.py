@@ -8,11 +8,14 @@ instead of entering the all_reduce rank 0 waits in (it writes the time it starts
   torchrun: the same script with init_process_group(timeout=T) (torchrun has no heartbeat: the collective timeout
             is its only detection), --max-restarts 0. Times from the stamp to torchrun's exit, and the rank its
             "Root Cause" names.
+  runner, collective timeout: the same script with init_process_group(timeout=T) and no watchdog (runner's
+            default): times to the culprit named, and the rank named. With --nproc 3 or more every waiter times
+            out at about the same moment (issue 30: the waiters leaving were named `silent`).
 Part 2, a healthy loop (bench/workers/fr_cost.py: 2 ranks, all_reduce of 10 floats, the smallest step, where a
 per-collective cost shows most, and of 1 MiB) under runner's defaults with watchdog.flight_recorder 2000 (the
 default: recorder and worker server on) and 0 (both off), alternately: median step time and rank 0's RSS.
 
-    python bench/hang_culprit.py [--runs 5] [--timeout 3]
+    python bench/hang_culprit.py [--runs 5] [--timeout 3] [--nproc 2] [--part all|culprit|cost]
 """
 
 from __future__ import annotations
@@ -40,9 +43,12 @@ NUMELS = (10, 262144)  # the smallest step (a per-collective cost shows most) an
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
-def spec(script: Path, args: list[str], extra: str) -> str:
-    return (f"version: 1\nname: hb\nentrypoint:\n  script: {script}\n  args: {json.dumps(args)}\nnproc_per_node: 2\n"
-            f"restart:\n  max_restarts: 0\nshutdown:\n  grace_period: 5s\n{extra}")
+NPROC = {"n": 2}  # --nproc: the ranks of part 1
+
+
+def spec(script: Path, args: list[str], extra: str, nproc: int = 2) -> str:
+    return (f"version: 1\nname: hb\nentrypoint:\n  script: {script}\n  args: {json.dumps(args)}\n"
+            f"nproc_per_node: {nproc}\nrestart:\n  max_restarts: 0\nshutdown:\n  grace_period: 5s\n{extra}")
 
 
 def epoch(iso: str) -> float:
@@ -52,7 +58,8 @@ def epoch(iso: str) -> float:
 def runner_hang(work: Path, timeout: float) -> dict[str, float | str]:
     stamp = work / "stamp"
     job = work / "job.yaml"
-    job.write_text(spec(SCRIPT, ["sleep", "--stamp", str(stamp)], f"watchdog:\n  heartbeat_timeout: {timeout}s\n"))
+    job.write_text(spec(SCRIPT, ["sleep", "--stamp", str(stamp)], f"watchdog:\n  heartbeat_timeout: {timeout}s\n",
+                        NPROC["n"]))
     subprocess.run([*RUNNER, str(job)], cwd=work, capture_output=True, text=True, timeout=300, check=False)
     began = float(stamp.read_text())
     (run_dir,) = [d for d in (work / "runner-logs" / "hb").iterdir() if not d.is_symlink()]
@@ -63,9 +70,24 @@ def runner_hang(work: Path, timeout: float) -> dict[str, float | str]:
             "after_detect_s": epoch(named["timestamp"]) - detected, "names": ",".join(map(str, named["culprits"]))}
 
 
+def runner_timeout(work: Path, timeout: float) -> dict[str, float | str]:
+    stamp = work / "stamp"
+    job = work / "job.yaml"
+    job.write_text(spec(SCRIPT, ["sleep", "--stamp", str(stamp), "--pg-timeout", str(timeout)], "", NPROC["n"]))
+    subprocess.run([*RUNNER, str(job)], cwd=work, capture_output=True, text=True, timeout=300, check=False)
+    began = float(stamp.read_text())
+    (run_dir,) = [d for d in (work / "runner-logs" / "hb").iterdir() if not d.is_symlink()]
+    events = [json.loads(line) for line in (run_dir / "agent.jsonl").read_text().splitlines()]
+    detected = min(epoch(e["timestamp"]) for e in events if e.get("event") == "worker_exited")
+    named = next((e for e in events if e.get("event") == "hang_culprit"), {"culprits": [], "timestamp": ""})
+    at = epoch(str(named["timestamp"])) if named["timestamp"] else float("nan")
+    return {"detect_s": detected - began, "named_s": at - began, "after_detect_s": at - detected,
+            "names": ",".join(map(str, named["culprits"])) or "none"}
+
+
 def torchrun_hang(work: Path, timeout: float) -> dict[str, float | str]:
     stamp = work / "stamp"
-    done = subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", "--max-restarts", "0", str(SCRIPT),
+    done = subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", str(NPROC["n"]), "--max-restarts", "0", str(SCRIPT),
                            "sleep", "--stamp", str(stamp), "--pg-timeout", str(timeout)],
                           cwd=work, capture_output=True, text=True, timeout=600, check=False)
     ended = time.time()
@@ -89,43 +111,58 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--timeout", type=float, default=3.0, help="heartbeat_timeout / the collective timeout, s")
+    ap.add_argument("--nproc", type=int, default=2, help="part 1's ranks (the last one hangs)")
+    ap.add_argument("--part", choices=["all", "culprit", "cost"], default="all")
     args = ap.parse_args()
-    arms: dict[str, list[dict[str, float | str]]] = {"runner": [], "torchrun": []}
+    NPROC["n"] = args.nproc
     with tempfile.TemporaryDirectory(prefix="hang-bench-") as tmp:
-        for i in range(args.runs):
-            for name, fn in (("runner", runner_hang), ("torchrun", torchrun_hang)):
-                work = Path(tmp, f"{name}{i}")
-                work.mkdir()
-                arms[name].append(fn(work, args.timeout))
-        rows = []
-        for name, runs in arms.items():
-            named = [float(r["named_s"]) for r in runs if r["named_s"] == r["named_s"]]
-            rows.append([name, spread([float(r["detect_s"]) for r in runs]),
-                         spread(named) if named else "never",
-                         spread([float(r["after_detect_s"]) for r in runs]) if named else "-",
-                         "/".join(sorted({str(r["names"]) for r in runs}))])
-        print(f"hang -> failure, {args.runs} runs, T = {args.timeout:g} s (median (min-max), seconds from the hang)")
-        print(table(["launcher", "hang -> detected", "hang -> culprit named", "detected -> named",
-                     "rank blamed (culprit: 1)"], rows))
-        out = Path(tmp, "cost.jsonl")
-        for _ in range(args.runs):
-            for numel in NUMELS:
-                for entries in (2000, 0):
-                    cost(Path(tmp), entries, numel, out)
-        lines = [json.loads(line) for line in out.read_text().splitlines()]
-        rows = []
-        for numel in NUMELS:
-            medians = {}
-            for on in (True, False):
-                mine = [x for x in lines if bool(x["fr"]) == on and x["numel"] == numel]
-                medians[on] = statistics.median(x["step_us"] for x in mine)
-                rows.append([f"{numel} floats", "on (2000)" if on else "off (0)", spread([x["step_us"] for x in mine]),
-                             f"{statistics.median(x['rss_kib'] for x in mine) / 1024:.1f}"])
-            rows.append([f"{numel} floats", "on / off", f"{medians[True] / medians[False]:.3f}", ""])
-        print(f"\nhealthy step: all_reduce on 2 ranks (gloo), {args.runs} runs of 3000 steps each, alternating")
-        print(table(["tensor", "flight recorder", "step us, median (min-max)", "rank 0 RSS MiB"], rows))
+        if args.part != "cost":
+            culprit_part(tmp, args.runs, args.timeout, args.nproc)
+        if args.part != "culprit":
+            cost_part(tmp, args.runs)
     print(machine_line())
     print(reproduce_line())
+
+
+def culprit_part(tmp: str, runs: int, timeout: float, nproc: int) -> None:
+    arms: dict[str, list[dict[str, float | str]]] = {"runner": [], "runner, collective timeout": [], "torchrun": []}
+    for i in range(runs):
+        for name, fn in (("runner", runner_hang), ("runner, collective timeout", runner_timeout),
+                         ("torchrun", torchrun_hang)):
+            work = Path(tmp, f"{name.replace(', ', '-').replace(' ', '-')}{i}")
+            work.mkdir()
+            arms[name].append(fn(work, timeout))
+    rows = []
+    for name, arm in arms.items():
+        named = [float(r["named_s"]) for r in arm if r["named_s"] == r["named_s"]]
+        rows.append([name, spread([float(r["detect_s"]) for r in arm]),
+                     spread(named) if named else "never",
+                     spread([float(r["after_detect_s"]) for r in arm]) if named else "-",
+                     " / ".join(f"{n} ({sum(str(r['names']) == n for r in arm)})"
+                                for n in sorted({str(r["names"]) for r in arm}))])
+    print(f"hang -> failure, {nproc} ranks, {runs} runs, T = {timeout:g} s (median (min-max), seconds from the hang)")
+    print(table(["launcher", "hang -> detected", "hang -> culprit named", "detected -> named",
+                 f"rank blamed (runs) (culprit: {nproc - 1})"], rows))
+
+
+def cost_part(tmp: str, runs: int) -> None:
+    out = Path(tmp, "cost.jsonl")
+    for _ in range(runs):
+        for numel in NUMELS:
+            for entries in (2000, 0):
+                cost(Path(tmp), entries, numel, out)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = []
+    for numel in NUMELS:
+        medians = {}
+        for on in (True, False):
+            mine = [x for x in lines if bool(x["fr"]) == on and x["numel"] == numel]
+            medians[on] = statistics.median(x["step_us"] for x in mine)
+            rows.append([f"{numel} floats", "on (2000)" if on else "off (0)", spread([x["step_us"] for x in mine]),
+                         f"{statistics.median(x['rss_kib'] for x in mine) / 1024:.1f}"])
+        rows.append([f"{numel} floats", "on / off", f"{medians[True] / medians[False]:.3f}", ""])
+    print(f"\nhealthy step: all_reduce on 2 ranks (gloo), {runs} runs of 3000 steps each, alternating")
+    print(table(["tensor", "flight recorder", "step us, median (min-max)", "rank 0 RSS MiB"], rows))
 
 
 if __name__ == "__main__":

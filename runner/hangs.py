@@ -3,27 +3,32 @@
 torch's flight recorder (TORCH_FR_BUFFER_SIZE) keeps, per rank, the last collectives it called: process group,
 `collective_seq_id`, op (`profiling_name`, e.g. "gloo:all_reduce"), tensor sizes and whether the call is over
 (`retired`, or `state: completed`). Its JSON dump (the worker server's `fr_trace_json`) is parsed here, bounded,
-without torch: the agent never imports it. In a hung job the ranks that wait sit in an open call; the culprit is
-what makes them wait:
+without torch: the agent never imports it. In a hung job the ranks that wait sit in an open call (a rank that gave
+up on a collective timeout keeps it open in its records: torch 2.13); the culprit is what makes them wait. Each
+finding has a precondition (docs/hangs.md lists them), and none can name a rank that was waiting:
 
-- a rank that never entered that call (it skipped it, or sleeps or computes elsewhere): **never_entered**;
-- ranks that entered the same call number with a different op or different sizes: **mismatch** (the odd ones out
-  are the culprits; with no majority, every side is named);
-- a rank whose process is stopped (SIGSTOP: state T), which can answer nothing: **stopped**;
-- a rank that did not answer the query while its peers wait: **silent**;
-- after a collective timeout (the rank that waited is gone, its records with it): the ranks that are in no
-  collective at all, with their last call: **away**.
+- **never_entered**: ranks read wait in call #k of a group (or, after a collective timeout, entered it and gave
+  up), and ranks read of that group never entered #k and wait in no other call: those are named, whatever the
+  others did next; or one rank alone waits in a call elsewhere while the others read wait in #k;
+- **mismatch**: the ranks read entered the same call number with a different op or different sizes (the odd ones
+  out are the culprits; with no majority, every side); a rank that died of a collective-mismatch error counts too;
+- **stopped**: a rank's process is stopped (SIGSTOP: state T), which can make no progress, whatever the others do;
+- **silent**: every rank read waits in the same call, every other rank answered, and these did not answer;
+- **away**: a rank gave up waiting in a collective (a collective timeout; its records are gone), and the ranks read
+  are in no collective at all: they are named, with their last call.
 
-Anything else (every rank inside the same call, or no rank waiting in a collective) is **unknown**, and says so.
-Point-to-point calls (send/recv) are not matched: only collectives, which every rank of a group must call in order.
+Anything else is **unknown** and names nobody: every rank read inside the same call with ranks unread, no rank
+waiting, ranks that may be exiting, a recorder that keeps nothing. Point-to-point calls (send/recv) are not
+matched: only collectives, which every rank of a group must call in order.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import re
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 MAX_ENTRIES = 20_000  # per rank: more than any sane TORCH_FR_BUFFER_SIZE; the rest of a dump is not read
 MAX_NAME = 80  # characters of an op or process-group name kept
@@ -33,11 +38,18 @@ class Answer(enum.Enum):
     """How a rank answered the flight-recorder query."""
 
     ANSWERED = "answered"
+    RECORDER_OFF = "recorder_off"  # it answered, with no records at all (no `entries`: its recorder is off)
     STOPPED = "stopped"  # its process is stopped (SIGSTOP, SIGTSTP): nothing in it can answer
     SILENT = "silent"  # no answer within the bound (blocked, or its recorder's server is not running)
-    NO_RECORDER = "no_recorder"  # nothing listens: a cold worker, a script without torch, the recorder off
-    EXITED = "exited"  # the process was gone before it was asked
+    EXITING = "exiting"  # its process is ending: its server answered, its handlers already gone (404)
+    NO_RECORDER = "no_recorder"  # nothing listens: a cold worker, a script without torch, a process that ended
+    EXITED = "exited"  # the process was gone before it was asked, or during the query
     TIMED_OUT = "timed_out"  # it ended on a collective timeout: it waited in a collective (its records are gone)
+    MISMATCHED = "mismatched"  # it died of a collective-mismatch error (detail: the error); its records are gone
+
+
+# Answers that show a rank going away: after a collective timeout a waiter may answer any of these, or not at all
+TEARDOWN = frozenset({Answer.EXITING, Answer.NO_RECORDER, Answer.EXITED, Answer.TIMED_OUT, Answer.MISMATCHED})
 
 
 class Finding(enum.Enum):
@@ -97,6 +109,9 @@ class Verdict:
     odd: str = ""  # mismatch: what the culprits called instead, `all_gather [[10]] (rank 2)`
     ranks: int = 0  # ranks whose records were read
     missing: tuple[int, ...] = ()  # ranks that could not be read (stopped, silent, gone, no recorder)
+    died: tuple[tuple[int, str], ...] = ()  # ranks that died of a collective-mismatch error (their records gone)
+    recorder_off: int = 0  # ranks that answered with no records at all (their recorder is off)
+    note: str = ""  # unknown: why the evidence does not decide
 
     @property
     def named(self) -> bool:
@@ -109,21 +124,43 @@ class Verdict:
         where = f"{self.op.split(' ')[0]} #{self.seq} (process group {self.group})" if self.seq is not None else ""
         waited = waited_line(self.waiting, self.waited_s, where)
         if self.finding is Finding.NEVER_ENTERED:
-            return f"hang: {who} never entered {where}; {waited_line(self.waiting, self.waited_s, 'it')}"
+            instead = f" ({self.odd})" if self.odd else ""
+            return f"hang: {who} never entered {where}{instead}; {waited_line(self.waiting, self.waited_s, 'it')}"
         if self.finding is Finding.MISMATCH:
-            head = f"hang: mismatched collective #{self.seq} (process group {self.group}): "
+            at = f"#{self.seq} (process group {self.group})" if self.group else f"#{self.seq} (c10d's fingerprints)"
+            head = f"collective mismatch {at}: " if self.died else f"hang: mismatched collective {at}: "
+            tail = f"; {ranks_on_nodes(self.died)} died of it" if self.died else ""
             if self.waiting:
-                return f"{head}{who} called {self.odd} while {ranks_on_nodes(self.waiting)} called {self.op}"
-            return f"{head}{who} disagree: {self.odd}"
+                return f"{head}{who} called {self.odd} while {ranks_on_nodes(self.waiting)} called {self.op}{tail}"
+            return f"{head}{who} disagree: {self.odd}{tail}"
         if self.finding is Finding.AWAY:
             gave_up = ranks_on_nodes(self.waiting)
-            return f"hang: {who} was in no collective (last call: {self.odd}) while {gave_up} timed out waiting in one"
+            unread = sorted(set(self.missing) - {r for r, _ in self.waiting})
+            tail = f" ({'rank' if len(unread) == 1 else 'ranks'} {rank_list(unread)} not read)" if unread else ""
+            return (f"hang: {who} was in no collective (last call: {self.odd}) while {gave_up} timed out waiting in "
+                    f"one{tail}")
         if self.finding is Finding.STOPPED:
             return f"hang: {who} is stopped (SIGSTOP or SIGTSTP: process state T)" + (f"; {waited}" if where else "")
         if self.finding is Finding.SILENT:
             return f"hang: {who} did not answer the flight-recorder query" + (f"; {waited}" if where else "")
+        return self.unknown_reason(where)
+
+    def unknown_reason(self, where: str) -> str:
+        """The line of a verdict that names nobody: what the records show, and why that does not decide."""
+        note = f" ({self.note})" if self.note else ""
+        if self.died:
+            return (f"collective mismatch: {ranks_on_nodes(self.died)} died of it; which rank's call differed cannot "
+                    f"be told{note}")
+        if not self.ranks and self.recorder_off:
+            return ("hang: no records: the flight recorder is off in the workers (their dumps have no entries: "
+                    "TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE is 0 in their environment)")
         if where:
+            if self.missing:
+                return (f"hang: every rank read is inside {where}; ranks {rank_list(list(self.missing))} could not "
+                        f"be read, so which rank holds it up cannot be told{note}")
             return f"hang: every rank read is inside {where}: the collective itself is stuck (transport, network)"
+        if self.note:
+            return f"hang: no culprit can be told{note}"
         return "hang: no rank was waiting in a collective: the hang is outside collectives (see the stacks)"
 
     def to_dict(self) -> dict[str, object]:
@@ -139,6 +176,7 @@ class Verdict:
             "waited_s": None if self.waited_s is None else round(self.waited_s, 3),
             "ranks_read": self.ranks,
             "ranks_unread": list(self.missing),
+            "died": [{"rank": r, "node": n} for r, n in self.died],
             "reason": self.reason(),
         }
 
@@ -150,10 +188,13 @@ class Culprit:
     verdict: Verdict
     stacks: dict[int, str]
     took_s: float
+    unread: dict[int, str] = field(default_factory=dict)  # culprits of this node whose stacks could not be had: why
 
     def stacks_text(self) -> list[str]:
-        """Each culprit's stacks under its rank, lowest rank first (the failure's stacks)."""
-        return [f"rank {r} (culprit):\n{text.rstrip()}" for r, text in sorted(self.stacks.items())]
+        """Each culprit's stacks under its rank, lowest rank first (the failure's stacks); a missing one says why."""
+        texts = {r: f"rank {r} (culprit):\n{text.rstrip()}" for r, text in self.stacks.items()}
+        texts.update({r: f"rank {r} (culprit): no stack: {why}" for r, why in self.unread.items() if r not in texts})
+        return [text for _, text in sorted(texts.items())]
 
 
 def rank_list(ranks: list[int]) -> str:
@@ -186,17 +227,31 @@ def waited_line(waiting: tuple[tuple[int, str], ...], waited_s: float | None, wh
 
 # -- parsing a dump (bounded; anything malformed is left out, never raised) -----------------------------------
 
-def parse_dump(raw: bytes | str) -> tuple[Call, ...]:
-    """The collectives of one `fr_trace_json` dump; () for anything that is not one."""
+def read_dump(raw: bytes | str) -> tuple[Call, ...] | None:
+    """The collectives of one `fr_trace_json` dump; () for anything that is not one.
+
+    None: a dump with no `entries` and no process group in `pg_config`: the recorder keeps nothing
+    (TORCH_FR_BUFFER_SIZE=0; torch 2.13 writes `entries` only once a collective is recorded, and a recorder that is
+    on lists the process groups in `pg_config` from the start).
+    """
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
         return ()
-    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return ()
+    entries = data.get("entries")
+    if entries is None and "version" in data:
+        return () if data.get("pg_config") else None
     if not isinstance(entries, list):
         return ()
     calls = (call_of(e) for e in entries[-MAX_ENTRIES:] if isinstance(e, dict))
     return tuple(c for c in calls if c is not None)
+
+
+def parse_dump(raw: bytes | str) -> tuple[Call, ...]:
+    """The collectives of one `fr_trace_json` dump; () for anything that is not one, or a recorder that is off."""
+    return read_dump(raw) or ()
 
 
 def call_of(entry: dict[str, object]) -> Call | None:
@@ -228,30 +283,50 @@ def sizes_of(value: object) -> tuple[tuple[int, ...], ...]:
 
 
 # -- the analysis ---------------------------------------------------------------------------------------------
+# Each finding's precondition is written where it is decided, and in docs/hangs.md. A rank is named only on
+# evidence that it is not waiting: its own records (it is in no call, or not in the one the others are in), its
+# process state (stopped), or, for a rank that did not answer, every other rank answering from inside one call.
 
 def analyse(records: list[RankRecord], now_ns: int) -> Verdict:
     """The culprit of the hang these records were taken in (`now_ns`: when, epoch nanoseconds)."""
     read = [r for r in records if r.answer is Answer.ANSWERED]
     found = Verdict(Finding.UNKNOWN, (), ranks=len(read),
-                    missing=tuple(sorted(r.rank for r in records if r.answer is not Answer.ANSWERED)))
+                    missing=tuple(sorted(r.rank for r in records if r.answer is not Answer.ANSWERED)),
+                    died=those(records, Answer.MISMATCHED),
+                    recorder_off=sum(r.answer is Answer.RECORDER_OFF for r in records))
+    if found.died:  # a rank died of a collective-mismatch error: not a hang; the call that differed is sought
+        claims = {rank: c for r in records if r.answer is Answer.MISMATCHED for rank, c in claims_of(r.detail).items()}
+        return claimed(found, records, claims) if claims else aborted(found, records, read)
     stopped = those(records, Answer.STOPPED)
+    gave_up = those(records, Answer.TIMED_OUT)
     stuck = first_stuck(read)
     if stuck is not None:
-        found = in_call(found, records, read, stuck, now_ns)
-        if found.finding is not Finding.UNKNOWN or stopped:
-            return replace(found, finding=Finding.STOPPED, culprits=stopped) if stopped else found
+        found = in_call(found, records, read, stuck, now_ns, gave_up)
+        if stopped:  # precondition: process state T (it can make no progress, whatever the others do)
+            return replace(found, finding=Finding.STOPPED, culprits=stopped)
+        if found.finding is not Finding.UNKNOWN:
+            return found
+        return silent(found, records, read)
     if stopped:
-        return replace(found, finding=Finding.STOPPED, culprits=stopped)
-    if silent := those(records, Answer.SILENT):
-        return replace(found, finding=Finding.SILENT, culprits=silent)
-    gave_up = those(records, Answer.TIMED_OUT)
-    if stuck is None and gave_up and read:
-        lasts = "; ".join((f"rank {r.rank}: " if len(read) > 1 else "")
-                          + (f"{r.calls[-1].describe()} #{r.calls[-1].seq}" if r.calls else "none yet")
-                          for r in sorted(read, key=lambda r: r.rank))
-        return replace(found, finding=Finding.AWAY, culprits=tuple(sorted((r.rank, r.node) for r in read)),
-                       waiting=gave_up, odd=lasts)
-    return found
+        return replace(found, finding=Finding.STOPPED, culprits=stopped, waiting=gave_up)
+    return after_timeout(found, records, read, gave_up) if gave_up else found
+
+
+def after_timeout(found: Verdict, records: list[RankRecord], read: list[RankRecord],
+                  gave_up: tuple[tuple[int, str], ...]) -> Verdict:
+    """No rank read is in a call, and ranks gave up waiting in one: who never came (never_entered, else away)."""
+    if not read:
+        return replace(found, note=f"{ranks_on_nodes(gave_up)} timed out waiting in a collective, and no other "
+                                   "rank's records could be read")
+    if (left := behind(found, records, read, gave_up)) is not None:
+        return left
+    # precondition: a rank gave up waiting in a collective, and no rank read is in one (a rank that gave up keeps
+    # its call open in its records until it has exited: a waiter that still answers is in a call)
+    lasts = "; ".join((f"rank {r.rank}: " if len(read) > 1 else "")
+                      + (f"{r.calls[-1].describe()} #{r.calls[-1].seq}" if r.calls else "none yet")
+                      for r in sorted(read, key=lambda r: r.rank))
+    return replace(found, finding=Finding.AWAY, culprits=tuple(sorted((r.rank, r.node) for r in read)),
+                   waiting=gave_up, odd=lasts)
 
 
 def those(records: list[RankRecord], answer: Answer) -> tuple[tuple[int, str], ...]:
@@ -259,29 +334,112 @@ def those(records: list[RankRecord], answer: Answer) -> tuple[tuple[int, str], .
     return tuple(sorted((r.rank, r.node) for r in records if r.answer is answer))
 
 
+def silent(found: Verdict, records: list[RankRecord], read: list[RankRecord]) -> Verdict:
+    """Every rank read is inside the stuck call: the ranks that did not answer are named, if nothing else can be.
+
+    Precondition: every rank but these answered with its records (none is exiting, timed out, stopped, without a
+    recorder or with it off: a waiter that leaves after a collective timeout may not answer either), and every
+    rank read that waits, waits in the stuck call.
+    """
+    quiet = those(records, Answer.SILENT)
+    if not quiet or any(c.group != found.group or c.seq != found.seq for r in read for c in r.calls if not c.done):
+        return found
+    if any(r.answer is not Answer.ANSWERED and r.answer is not Answer.SILENT for r in records):
+        others = sorted(r.rank for r in records if r.answer in TEARDOWN or r.answer is Answer.RECORDER_OFF)
+        return replace(found, note=f"{ranks_on_nodes(quiet)} did not answer, and {rank_list(others)} could not "
+                                   "be read either: a rank leaving after a collective timeout does not answer")
+    return replace(found, finding=Finding.SILENT, culprits=quiet)
+
+
 def in_call(found: Verdict, records: list[RankRecord], read: list[RankRecord], stuck: tuple[str, int],
-            now_ns: int) -> Verdict:
-    """The verdict around the stuck call: who waits in it, who never entered it, who called something else."""
+            now_ns: int, gave_up: tuple[tuple[int, str], ...] = ()) -> Verdict:
+    """The verdict around the stuck call: who waits in it, who never entered it, who called something else.
+
+    never_entered's precondition: ranks read wait in #k of the group, and ranks read of that group never entered
+    #k (their records end before it) and wait in no other call. The ranks that gave up waiting (a collective
+    timeout) count as waiting.
+    """
+    node_of = {r.rank: r.node for r in records}
+    found, calls = placed(found, records, read, stuck, now_ns, gave_up)
+    waits = {r.rank for r in read if any(not c.done for c in r.calls)}
+    never = tuple(sorted((r.rank, r.node) for r in read
+                         if r.rank not in calls and r.rank not in waits and takes_part(r, stuck[0])))
+    if never:
+        return replace(found, finding=Finding.NEVER_ENTERED, culprits=never)
+    return mismatch(found, calls, node_of) or alone(found, records, read, now_ns, gave_up) or found
+
+
+def placed(found: Verdict, records: list[RankRecord], read: list[RankRecord], stuck: tuple[str, int], now_ns: int,
+           gave_up: tuple[tuple[int, str], ...]) -> tuple[Verdict, dict[int, Call]]:
+    """The verdict placed at call `stuck`: its op, who waits in it and for how long; and each rank read's call."""
     node_of = {r.rank: r.node for r in records}
     group, seq = stuck
     calls = {r.rank: call for r in read if (call := call_at(r, group, seq)) is not None}
     open_calls = {rank: c for rank, c in calls.items() if not c.done}
     oldest = min((c.created_ns for c in open_calls.values() if c.created_ns), default=0)
-    found = replace(
+    return replace(
         found, group=group, seq=seq, op=next(iter(open_calls.values())).describe() if open_calls else "",
-        waiting=tuple(sorted((rank, node_of[rank]) for rank in open_calls)),
+        waiting=tuple(sorted({(rank, node_of[rank]) for rank in open_calls} | set(gave_up))),
         waited_s=max(0.0, (now_ns - oldest) / 1e9) if oldest else None,
-    )
-    never = tuple(sorted((r.rank, r.node) for r in read if r.rank not in calls and takes_part(r, group)))
-    if never:
-        return replace(found, finding=Finding.NEVER_ENTERED, culprits=never)
-    return mismatch(found, calls, node_of) or found
+    ), calls
+
+
+def alone(found: Verdict, records: list[RankRecord], read: list[RankRecord], now_ns: int,
+          gave_up: tuple[tuple[int, str], ...]) -> Verdict | None:
+    """One rank alone in a call elsewhere: it never entered the one the others read are in (None: no such rank).
+
+    The finding is `never_entered`, with the call it is in instead.
+
+    Precondition: at least two ranks read wait in one call #k; exactly one other rank read waits, in another call,
+    and it is a member of #k's group. (Two ranks or more elsewhere: a chain or a cycle of waits; nobody is named.)
+    """
+    at: dict[tuple[str, int], list[RankRecord]] = defaultdict(list)
+    for r in read:
+        if opened := [c for c in r.calls if not c.done]:
+            first = min(opened, key=lambda c: (c.created_ns, c.seq))
+            at[(first.group, first.seq)].append(r)
+    if len(at) != 2:
+        return None
+    (where, crowd), (_, lone) = sorted(at.items(), key=lambda kv: -len(kv[1]))
+    if len(lone) != 1 or len(crowd) < 2 or not takes_part(lone[0], where[0]):
+        return None
+    rank = lone[0]
+    elsewhere = min((c for c in rank.calls if not c.done), key=lambda c: (c.created_ns, c.seq))
+    found, _ = placed(found, records, read, where, now_ns, gave_up)
+    return replace(found, finding=Finding.NEVER_ENTERED, culprits=((rank.rank, rank.node),),
+                   odd=f"it is in {elsewhere.op} #{elsewhere.seq} (process group {elsewhere.group})")
+
+
+def behind(found: Verdict, records: list[RankRecord], read: list[RankRecord],
+           gave_up: tuple[tuple[int, str], ...]) -> Verdict | None:
+    """The ranks read that never entered the last call the others read of its group entered (and left).
+
+    None when every rank read reached it; asked when no rank read is still in a call.
+
+    Precondition: a rank gave up on (or died in) a collective. A healthy collective ends on no rank before every
+    rank of its group entered it, so a rank whose records end before a call that others entered never came.
+    """
+    node_of = {r.rank: r.node for r in records}
+    latest: dict[str, Call] = {}
+    for c in (c for r in read for c in r.calls):
+        if c.group not in latest or (c.seq, c.created_ns) > (latest[c.group].seq, latest[c.group].created_ns):
+            latest[c.group] = c
+    for last in sorted(latest.values(), key=lambda c: -c.created_ns):
+        members = [r for r in read if takes_part(r, last.group)]
+        at = [r.rank for r in members if call_at(r, last.group, last.seq) is not None]
+        never = tuple(sorted((r.rank, r.node) for r in members if r.rank not in at))
+        if never and at:
+            waiting = tuple(sorted({(rank, node_of[rank]) for rank in at} | set(gave_up)))
+            return replace(found, finding=Finding.NEVER_ENTERED, culprits=never, waiting=waiting, group=last.group,
+                           seq=last.seq, op=last.describe())
+    return None
 
 
 def mismatch(found: Verdict, calls: dict[int, Call], node_of: dict[int, str]) -> Verdict | None:
     """The ranks that called something else at the stuck call number; None when every rank called the same.
 
-    With a majority, the others are the culprits and the majority waits; without one, every side is named.
+    Precondition: the ranks read entered the same call number of one group with different signatures. With a
+    majority, the others are the culprits and the majority waits; without one, every side is named.
     """
     sides: dict[tuple[str, tuple[tuple[int, ...], ...]], list[int]] = defaultdict(list)
     for rank, c in sorted(calls.items()):
@@ -294,7 +452,7 @@ def mismatch(found: Verdict, calls: dict[int, Call], node_of: dict[int, str]) ->
     else:  # no majority: nobody can tell who is right
         normal, odd = [], sorted(calls)
     odd_calls = "; ".join(calls[ranks[0]].describe() + ("" if normal else f" (rank {rank_list(ranks)})")
-                      for ranks in ordered if ranks is not normal)
+                          for ranks in ordered if ranks is not normal)
     return replace(
         found, finding=Finding.MISMATCH, culprits=tuple((r, node_of[r]) for r in odd),
         waiting=tuple((r, node_of[r]) for r in normal),
@@ -320,6 +478,141 @@ def first_stuck(read: list[RankRecord]) -> tuple[str, int] | None:
 def takes_part(record: RankRecord, group: str) -> bool:
     """Whether a rank is in `group`: it called a collective of it, or (the default group "0") none at all yet."""
     return any(c.group == group for c in record.calls) or (group == "0" and not record.calls)
+
+
+# -- a mismatch that aborts (a rank died of it: its records are gone) -----------------------------------------
+
+# gloo's words when a rank receives more than its own call expects (torch 2.13: third_party/gloo/.../pair.cc)
+GLOO_SHORT = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
+
+
+def aborted(found: Verdict, records: list[RankRecord], read: list[RankRecord]) -> Verdict:
+    """A rank died of a collective-mismatch error: the rank whose call differed, from the ranks read.
+
+    The ranks read are compared at the last call of the group entered last (over or not: their peer's death ended
+    it). Precondition for naming: the sides' sizes decide whatever the ranks not read called: every rank but the
+    one that died was read and agrees (then the one that died differed), or one side outnumbers every other even if
+    all the ranks not read joined that other. The rank that died is placed on a side only by gloo's words: it
+    received more than its call expected, so its call is the smaller of two.
+    """
+    node_of = {r.rank: r.node for r in records}
+    died = found.died
+    entered = [c for r in read for c in r.calls]
+    if not entered:
+        return replace(found, note="no other rank's records could be read")
+    last = max(entered, key=lambda c: (c.created_ns, c.seq))
+    seq = max(c.seq for c in entered if c.group == last.group)
+    calls = {r.rank: c for r in read if (c := call_at(r, last.group, seq)) is not None}
+    found = replace(found, group=last.group, seq=seq)
+    if not calls:
+        return found
+    sides: dict[tuple[str, tuple[tuple[int, ...], ...]], list[int]] = defaultdict(list)
+    for rank, c in sorted(calls.items()):
+        sides[c.signature].append(rank)
+    unread = len(records) - len(calls) - len(died)
+    dead = died[0][0]
+    if len(sides) == 1:
+        sig = next(iter(calls.values())).describe()
+        if len(died) > 1 or unread:
+            return replace(found, op=sig, note=f"the ranks read called {sig}; {unread} other rank(s) not read")
+        return replace(found, finding=Finding.MISMATCH, culprits=died, waiting=tuple((r, node_of[r]) for r in calls),
+                       op=sig, odd=died_line(records, dead, next(iter(calls.values())).op))
+    placed = len(died) == 1 and len(sides) == 2 and smaller_than_sent(records, dead)
+    if placed:
+        small = min(sides, key=lambda s: sum(numel(shape) for shape in s[1]))
+        big = max(sides, key=lambda s: sum(numel(shape) for shape in s[1]))
+        if small == big:
+            placed = False
+        else:
+            sides[small] = sorted([*sides[small], dead])
+    unknown = unread + (0 if placed else len(died))
+    ordered = sorted(sides.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    (_, normal), rest = ordered[0], ordered[1:]
+    described = "; ".join(f"{calls[next(r for r in ranks if r in calls)].describe()} (rank {rank_list(ranks)})"
+                          for _, ranks in ordered)
+    if len(normal) <= len(rest[0][1]) + unknown:
+        return replace(found, note=f"the ranks read called {described}")
+    odd = sorted(r for _, ranks in rest for r in ranks)
+    return replace(
+        found, finding=Finding.MISMATCH, culprits=tuple((r, node_of[r]) for r in odd),
+        waiting=tuple((r, node_of[r]) for r in normal),
+        op=calls[next(r for r in normal if r in calls)].describe(),
+        odd="; ".join(calls[next(r for r in ranks if r in calls)].describe() for _, ranks in rest),
+    )
+
+
+def claimed(found: Verdict, records: list[RankRecord], claims: dict[int, Call]) -> Verdict:
+    """The rank whose call differed, from c10d's own words (TORCH_DISTRIBUTED_DEBUG=DETAIL).
+
+    Every rank that raises names its call and one other rank's, before the collective is run (so no record has it,
+    and every rank leaves). Precondition for naming, as for the records: one side outnumbers every other even if
+    every rank no words named joined that other.
+    """
+    node_of = {r.rank: r.node for r in records}
+    sides: dict[tuple[str, tuple[tuple[int, ...], ...]], list[int]] = defaultdict(list)
+    for rank, c in sorted(claims.items()):
+        if rank in node_of:
+            sides[c.signature].append(rank)
+    ordered = sorted(sides.values(), key=lambda ranks: (-len(ranks), ranks[0]))
+    found = replace(found, group="", seq=max(c.seq for c in claims.values()))
+    described = "; ".join(f"{claims[ranks[0]].describe()} (rank {rank_list(ranks)})" for ranks in ordered)
+    unknown = len(records) - sum(len(ranks) for ranks in ordered)
+    if len(ordered) < 2 or len(ordered[0]) <= len(ordered[1]) + unknown:
+        return replace(found, note=f"c10d's words name {described}")
+    odd = sorted(r for ranks in ordered[1:] for r in ranks)
+    return replace(found, finding=Finding.MISMATCH, culprits=tuple((r, node_of[r]) for r in odd),
+                   waiting=tuple((r, node_of[r]) for r in ordered[0]), op=claims[ordered[0][0]].describe(),
+                   odd="; ".join(claims[ranks[0]].describe() for ranks in ordered[1:]))
+
+
+# c10d's words (TORCH_DISTRIBUTED_DEBUG=DETAIL checks each collective's fingerprint on every rank before it runs)
+C10D_PRINT = re.compile(r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+), "
+                        r"OpType=(\w+), TensorShape=\[([\d, ]*)\]")
+CLAIM = re.compile(r"rank (\d+) (\w+) \[([\d, ]*)\] #(\d+)")
+
+
+def mismatch_words(line: str) -> str:
+    """A collective-mismatch error line, short (bounded).
+
+    c10d's fingerprints become `c10d: rank 0 ALLGATHER [10] #3; rank 2 ALLGATHER [20] #3`; other words stay.
+    """
+    prints = C10D_PRINT.findall(line[:4000])
+    if prints:
+        return "c10d: " + "; ".join(f"rank {r} {op} [{shape}] #{seq}" for r, seq, op, shape in prints[:4])
+    return line.strip()[:300]
+
+
+def claims_of(detail: str) -> dict[int, Call]:
+    """The calls c10d's words (as mismatch_words shortens them) say ranks made; {} for any other words."""
+    if not detail.startswith("c10d: "):
+        return {}
+    return {int(rank): Call(group="", seq=int(seq), op=op.lower(), done=True, created_ns=0,
+                            sizes=(tuple(int(d) for d in shape.replace(" ", "").split(",") if d),))
+            for rank, op, shape, seq in CLAIM.findall(detail)}
+
+
+def died_line(records: list[RankRecord], rank: int, op: str) -> str:
+    """What the rank that died called, as far as its error tells (its records are gone)."""
+    detail = next((r.detail for r in records if r.rank == rank), "")
+    if (m := GLOO_SHORT.search(detail)) is not None and int(m[1]) > int(m[2]):
+        return f"a smaller {op} (it received {m[1]} bytes where its own call expected {m[2]})"
+    words = re.sub(r"^.*?\] ", "", detail.replace("what():", "").strip())  # gloo's `[enforce fail at file:line]`
+    return f"another call (its error: {words})" if words else "another call"
+
+
+def smaller_than_sent(records: list[RankRecord], rank: int) -> bool:
+    """Whether the rank's error says it received more than its call expected (gloo's words)."""
+    detail = next((r.detail for r in records if r.rank == rank), "")
+    m = GLOO_SHORT.search(detail)
+    return m is not None and int(m[1]) > int(m[2])
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    """Elements of a tensor of `shape`."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 # -- the wire form (one node's records, shared with the other nodes through etcd) ------------------------------

@@ -106,6 +106,7 @@ def test_with_the_recorder_off_the_rank_that_timed_out_is_reported_and_a_line_sa
 def test_a_stopped_worker_is_continued_so_the_stop_signal_ends_it_before_the_grace(job):
     """The SIGSTOPped culprit gets SIGCONT after SIGTERM: the run ends long before shutdown.grace_period (20 s)."""
     failure, _, j = run_hang(job, "stop")
+    assert "rank 1 (culprit): no stack: its process is stopped (state T)" in failure["stacks"]  # not a waiter's
     transitions = j.transitions()
     failed = next(t for t in transitions if t["dst"] == "FAILED")["time"]
     assert transitions[-1]["time"] - failed < 10, "the stopped worker waited out the grace period"
@@ -155,3 +156,87 @@ def test_a_progress_stall_is_a_hang_whose_culprit_is_named(job):
     assert "reported no new step for" in failure["detected"] and "(last step 3; progress_timeout 3 s)" in (
         failure["detected"])
     assert '"event": "progress_stalled"' in (j.run_dir() / "agent.jsonl").read_text()
+
+
+def run_failed(job, args: list[str], *, nproc: int, spec: str = SPEC, extra: str = "") -> tuple[dict[str, object], str]:
+    """Run hang_culprit.py to its failure (no restart): (the failure in report.json, stderr)."""
+    j = job(spec.format(script=EXAMPLES / "hang_culprit.py", args=json.dumps(args), nproc=nproc, extra=extra))
+    res = j.run(timeout=120)
+    assert res.returncode == 1, res.stderr[-3000:]
+    (failure,) = json.loads((j.run_dir() / "report.json").read_text())["failures"]
+    return failure, res.stderr
+
+
+NO_WATCHDOG = SPEC.replace("watchdog:\n  heartbeat_timeout: 3s\n", "")
+
+
+@pytest.mark.parametrize(("nproc", "culprit"), [(3, 2), (4, 3), (4, 0), (8, 5)])
+def test_a_collective_timeout_with_many_ranks_names_the_rank_that_slept_never_a_waiter(job, nproc, culprit):
+    """The reported case: no watchdog, init_process_group(timeout=3s), one rank sleeps before the 4th all_reduce.
+    Every waiter times out at about the same moment and leaves; those still leaving when the records are read
+    answer nothing useful (torch's handlers gone). The one that slept answered: it is named, and no waiter is
+    (was: `silent`, naming the waiters that were leaving)."""
+    failure, stderr = run_failed(job, ["sleep", "--culprit", str(culprit), "--pg-timeout", "3"], nproc=nproc,
+                                 spec=NO_WATCHDOG)
+    assert failure["kind"] == "worker" and failure["class"] == "hang", failure["reason"]
+    hang = failure["hang"]
+    assert hang["finding"] in ("away", "never_entered"), hang["reason"]
+    assert [c["rank"] for c in hang["culprits"]] == [culprit]
+    assert culprit not in [w["rank"] for w in hang["waiting"]]
+    assert f"root cause (attempt 0): hang: rank {culprit} (node " in stderr
+    assert "Timed out waiting 3000ms" in failure["stderr_tail"] and failure["rank"] != culprit
+
+
+def test_the_recorder_off_through_the_jobs_env_says_so(job):
+    """TORCH_FR_BUFFER_SIZE=0 in the spec's env: every dump comes back without entries. The root cause is the
+    watchdog's, with the line that says the recorder was off (was: "the hang is outside collectives")."""
+    failure, stderr = run_failed(job, ["sleep"], nproc=3, extra="env:\n  TORCH_FR_BUFFER_SIZE: 0\n")
+    assert failure["reason"].startswith("watchdog: rank ")
+    assert failure["hang"]["finding"] == "unknown" and failure["hang"]["ranks_read"] == 0
+    assert "culprit: not analysed: the flight recorder is off in the workers (their dumps have no entries" in stderr
+    assert "outside collectives" not in stderr
+
+
+@pytest.mark.parametrize(("nproc", "size", "dies"), [(3, 20, 0), (4, 5, 3), (8, 20, 0)])
+def test_a_mismatch_that_aborts_names_the_rank_whose_call_differed(job, nproc, size, dies):
+    """Every rank calls all_gather; the last rank's tensor has `size` floats, the others' 10. gloo aborts the rank
+    that receives more than its call expects (the culprit itself when its tensor is smaller): `op.preamble.length
+    <= op.nbytes ... Is there a distributed collective mismatch`. The ranks still alive are read before they are
+    killed; the root cause is the rank whose call differed with both calls, not the receiver's SIGABRT."""
+    culprit = nproc - 1
+    failure, stderr = run_failed(job, ["size", "--size", str(size), "--pg-timeout", "5"], nproc=nproc,
+                                 spec=NO_WATCHDOG)
+    assert failure["rank"] == dies and failure["signal"] == "SIGABRT", failure["reason"]
+    hang = failure["hang"]
+    assert hang["finding"] == "mismatch" and [c["rank"] for c in hang["culprits"]] == [culprit], hang["reason"]
+    assert hang["died"] == [{"rank": dies, "node": hang["culprits"][0]["node"]}]
+    others = f"ranks 0-{nproc - 2} (node {hang['culprits'][0]['node']}) called all_gather [[10]]"
+    called = f"all_gather [[{size}]]" if size > 10 else "a smaller all_gather (it received"
+    assert f"root cause (attempt 0): collective mismatch #4 (process group 0): rank {culprit} (node " in stderr
+    assert called in failure["reason"] and others in failure["reason"]
+    assert f"detected: rank {dies} killed by SIGABRT: a collective mismatch" in stderr
+
+
+def test_c10ds_mismatch_check_names_the_rank_whose_call_differed(job):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: c10d compares every rank's collective before running it, and every rank
+    raises `Detected mismatch between collectives on ranks`, naming its own call and one other rank's. No record
+    has the call and every rank leaves: the ranks' own words name the one that differed."""
+    failure, stderr = run_failed(job, ["size", "--pg-timeout", "5"], nproc=4, spec=NO_WATCHDOG,
+                                 extra="env:\n  TORCH_DISTRIBUTED_DEBUG: DETAIL\n")
+    hang = failure["hang"]
+    assert hang["finding"] == "mismatch" and [c["rank"] for c in hang["culprits"]] == [3], hang["reason"]
+    assert "(c10d's fingerprints): rank 3 (node " in failure["reason"]
+    assert "called allgather [[20]] while ranks 0-2 (node " in failure["reason"]
+    assert "a collective mismatch" in failure["detected"] and "root cause (attempt 0): collective mismatch #" in stderr
+
+
+def test_a_rank_alone_in_a_call_of_another_group_is_named(job):
+    """Three ranks; rank 2 calls all_reduce on a group of itself and rank 0, while ranks 0-1 wait in the default
+    group's: rank 2 is alone elsewhere, rank 0 waits (it is no culprit of the pair's call it never entered). Was:
+    `unknown`, "every rank read is inside all_reduce #1 (process group 1)"."""
+    failure, stderr, _ = run_hang(job, "elsewhere", nproc=3)
+    hang = failure["hang"]
+    assert hang["finding"] == "never_entered" and [c["rank"] for c in hang["culprits"]] == [2], hang["reason"]
+    assert [w["rank"] for w in hang["waiting"]] == [0, 1]
+    assert "never entered all_reduce #4 (process group 0) (it is in all_reduce #1 (process group 1)); ranks 0-1" in (
+        stderr)

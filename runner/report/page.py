@@ -238,7 +238,7 @@ def hang_lines(hang: object) -> list[str]:
 
     call = f"{hang.get('collective')} #{hang.get('collective_seq')}" if hang.get("collective") else ""
     items = [("finding", hang.get("finding")), ("culprit", who("culprits")), ("waiting", who("waiting")),
-             ("collective", call),
+             ("collective", call), ("called instead", str(hang.get("odd_call") or "")), ("died of it", who("died")),
              ("waited", f"{hang.get('waited_s')} s" if hang.get("waited_s") is not None else ""),
              ("ranks not read", ", ".join(map(str, hang.get("ranks_unread") or [])))]
     return [f'<div class="hang">{esc(k)}: {esc(v)}</div>' for k, v in items if v]

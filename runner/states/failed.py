@@ -54,7 +54,7 @@ def own_mark(ctx: Context, failure: Failure) -> Mark | None:
     A hang with a culprit named elsewhere, a lost peer or a rendezvous timeout is not this node's doing: None.
     """
     verdict = failure.hang
-    if verdict is not None and verdict.named:
+    if verdict is not None and verdict.named and not verdict.died:  # a mismatch that aborts is the program's
         mine = ctx.inputs.node in {n for _, n in verdict.culprits}
         return Mark(time.time(), FailureClass.HANG.value, verdict.reason(), culprit=True) if mine else None
     if failure.kind in (FailureKind.WORKER, FailureKind.WATCHDOG):
@@ -68,8 +68,8 @@ def kept_out(ctx: Context, verdict: Verdict | None) -> str:
     Only when watchdog.keep_out_culprit is on and the round's other nodes still make nodes.min; otherwise the
     node stays in, and says why.
     """
-    if not ctx.spec.watchdog.keep_out_culprit or verdict is None or not verdict.named:
-        return ""
+    if not ctx.spec.watchdog.keep_out_culprit or verdict is None or not verdict.named or verdict.died:
+        return ""  # a mismatch that aborts is the program's, not the machine's
     node = ctx.inputs.node
     if {n for _, n in verdict.culprits} != {node}:
         return ""

@@ -12,6 +12,7 @@ from runner.core.machine import Step, Trigger
 from runner.core.restart_policy import claim_round_for_membership
 from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_WORKERS_FAILED
 from runner.events import (
+    PEER_REPORTED,
     DeadlineReached,
     Event,
     GuardLost,
@@ -23,12 +24,23 @@ from runner.events import (
     WorkerExited,
 )
 from runner.outcomes import FailureKind, Outcome
-from runner.workers.failures import Failure, collective_timeout, watchdog_failure, with_hang, worker_failure
+from runner.workers.failures import (
+    Failure,
+    collective_mismatch,
+    collective_timeout,
+    mismatch_line,
+    peer_hang,
+    watchdog_failure,
+    with_hang,
+    with_mismatch,
+    worker_failure,
+)
 
 if TYPE_CHECKING:
     from runner.core.context import Context
 
 SETTLE_S = 2.0  # a rank that failed of a closed connection: how long its peers may take to fail of their own
+C10D_WAIT_S = 2.0  # c10d's mismatch check raises on every rank at once: how long the other ranks' words are awaited
 
 
 async def handle(ctx: Context) -> Step:
@@ -100,9 +112,7 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
             or (f"stop requested (signal {event.signum})" if event.signum else "stop requested (runner stop)"),
         )
     if isinstance(event, PeerLost):
-        reason = f"node {event.node} lost: {event.why}"
-        ctx.run.failure = Failure(kind=FailureKind.PEER, reason=reason, attempt=ctx.run.attempt)
-        return Step(Trigger.peer_lost, ctx.run.failure.reason)
+        return await on_peer_lost(ctx, event)
     if isinstance(event, MembershipChanged):
         await claim_round_for_membership(ctx)
         return Step(Trigger.membership_changed, f"node(s) waiting to join: {', '.join(event.waiting)}")
@@ -113,6 +123,22 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
     reason = f"max_run_time ({event.max_run_time:g} s) reached"  # DeadlineReached, the last kind of Event
     ctx.run.failure = Failure(kind=FailureKind.DEADLINE, reason=reason, attempt=ctx.run.attempt)
     return Step(Trigger.deadline_reached, reason, Outcome.FAILED, EXIT_WORKERS_FAILED)
+
+
+async def on_peer_lost(ctx: Context, event: PeerLost) -> Step:
+    """A peer is gone or failed: the attempt fails; on a hang, with the hang's culprit as the root cause.
+
+    A peer that reported FAILED after the hang query this node answered failed on that hang: the root cause is the
+    culprit, as on the node that found it (every node analysed the same records).
+    """
+    failure = Failure(kind=FailureKind.PEER, reason=f"node {event.node} lost: {event.why}", attempt=ctx.run.attempt)
+    if event.why == PEER_REPORTED and ctx.recorder is not None and ctx.recorder.asked():
+        found = await ctx.recorder.settled()  # bounded by the query's own bounds
+        workers = ctx.run.group.workers.values() if ctx.run.group is not None else ()
+        failure = peer_hang(failure, found, local_ranks={w.plan.rank: w.plan.local_rank for w in workers},
+                            rank_dir=lambda local_rank: rank_dir(ctx, local_rank))
+    ctx.run.failure = failure
+    return Step(Trigger.peer_lost, failure.reason)
 
 
 def on_hang(ctx: Context, event: TimerExpired | HangQuery) -> Step | None:
@@ -150,9 +176,12 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
             event = WorkerExited(root.plan.local_rank, root.plan.rank, root.pid, root.exited.result(), root.attempt)
         failure = worker_failure(ctx.run.attempt, event.rank, event.local_rank, event.exit_code,
                                  worker.plan.log_dir, ctx.run.group.stderr_tail(event.local_rank))
-        if ctx.recorder is not None and collective_timeout(failure):  # a hang that a peer gave up on: its culprit
-            found = await ctx.recorder.named(ctx.run.group.workers.values(), timed_out=(event.rank,))
-            failure = with_hang(failure, found)
+        workers = ctx.run.group.workers.values()
+        if ctx.recorder is not None and (words := collective_mismatch(failure)):  # the rank whose call differed
+            found = await ctx.recorder.named(workers, mismatched=await dying_words(ctx, event.rank, words))
+            failure = with_mismatch(failure, found)
+        elif ctx.recorder is not None and collective_timeout(failure):  # a hang that a peer gave up on: its culprit
+            failure = with_hang(failure, await ctx.recorder.named(workers, timed_out=(event.rank,)))
         ctx.run.failure = failure
         return Step(Trigger.worker_failed, ctx.run.failure.reason)
     if not ctx.run.group.running():
@@ -167,6 +196,20 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
         )
     await ctx.status.publish()  # the exit code for `runner status` (an exit that ends the attempt is published with it)
     return None
+
+
+async def dying_words(ctx: Context, rank: int, words: str) -> dict[int, str]:
+    """The mismatch words of `rank` and of every local worker whose stderr has some too.
+
+    c10d's fingerprint check (TORCH_DISTRIBUTED_DEBUG=DETAIL) raises on every rank at once, each naming its call
+    and one other's: the other workers' exits are waited for (at most C10D_WAIT_S) so that their words count.
+    """
+    assert ctx.run.group is not None
+    workers = list(ctx.run.group.workers.values())
+    if words.startswith("c10d: ") and (pending := [w.exited for w in workers if not w.exited.done()]):
+        await asyncio.wait(pending, timeout=C10D_WAIT_S)
+    said = {w.plan.rank: line for w in workers if (line := mismatch_line(ctx.run.group.stderr_tail(w.plan.local_rank)))}
+    return {**said, rank: words}
 
 
 def log_queued_exits(ctx: Context) -> None:

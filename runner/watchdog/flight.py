@@ -15,14 +15,14 @@ import contextlib
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
 import structlog
 
 from runner.contract import FLIGHT_SOCKET_VAR
-from runner.hangs import Answer, Culprit, RankRecord, analyse, parse_dump
+from runner.hangs import Answer, Culprit, RankRecord, analyse, read_dump
 from runner.system import procs
 from runner.system.soft_io import warn_once
 from runner.watchdog.stacks import capture_stacks
@@ -76,21 +76,28 @@ class FlightRecorder:
         """Per local rank: the socket its worker serves its records on (none when the recorder is off)."""
         return {r: {FLIGHT_SOCKET_VAR: sock} for r in local_ranks if (sock := self.socket(r))}
 
-    def ask(self, workers: Iterable[Worker], timed_out: Iterable[int] = ()) -> asyncio.Task[Culprit | None]:
+    def ask(self, workers: Iterable[Worker], timed_out: Iterable[int] = (),
+            mismatched: Mapping[int, str] | None = None) -> asyncio.Task[Culprit | None]:
         """This attempt's query of every worker, started by the first to ask; the others share it.
 
-        Askers: a watchdog expiry, a worker's collective timeout (`timed_out`: its rank), another node's hang query.
-        No worker is signalled for it.
+        Askers: a watchdog expiry, a worker's collective timeout (`timed_out`: its rank), a worker's death of a
+        collective mismatch (`mismatched`: its rank and its error), another node's hang query. No worker is
+        signalled for it.
         """
         if self._query is None:
-            work = self.culprit(list(workers), timed_out=frozenset(timed_out))
+            work = self.culprit(list(workers), timed_out=frozenset(timed_out), mismatched=dict(mismatched or {}))
             self._query = asyncio.get_running_loop().create_task(work)
         return self._query
 
-    async def named(self, workers: Iterable[Worker], timed_out: Iterable[int] = ()) -> Culprit | None:
+    def asked(self) -> bool:
+        """Whether this attempt's records were asked for (a hang here, or another node's query)."""
+        return self._query is not None
+
+    async def named(self, workers: Iterable[Worker], timed_out: Iterable[int] = (),
+                    mismatched: Mapping[int, str] | None = None) -> Culprit | None:
         """The culprit of this attempt's hang (None: the recorder is off, or the query failed: logged)."""
         try:
-            return await asyncio.shield(self.ask(workers, timed_out))
+            return await asyncio.shield(self.ask(workers, timed_out, mismatched))
         except Exception:  # the hang is still reported, as it was seen
             self.log.exception("hang_culprit_failed")
             return None
@@ -123,29 +130,39 @@ class FlightRecorder:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.folder = None
 
-    async def culprit(self, workers: list[Worker], *, timed_out: frozenset[int]) -> Culprit | None:
+    async def culprit(self, workers: list[Worker], *, timed_out: frozenset[int],
+                      mismatched: dict[int, str] | None = None) -> Culprit | None:
         """Ask every worker, analyse, take the local culprits' stacks; None when the recorder is off."""
         if not self.entries:
             return None
         began = time.monotonic()
-        records = list(await asyncio.gather(*(self.read(w, timed_out) for w in workers)))
+        records = list(await asyncio.gather(*(self.read(w, timed_out, mismatched or {}) for w in workers)))
         if self.share is not None:
             records = await self.share(records, timeout=SHARE_TIMEOUT_S)
         verdict = analyse(records, time.time_ns())
         by_rank = {w.plan.rank: w for w in workers}
         culprits = [by_rank[r] for r, n in verdict.culprits if n == self.node and r in by_rank]
         stacks: dict[int, str] = {}
+        unread: dict[int, str] = {}
         if self.capture and culprits:
             texts = await asyncio.gather(*(capture_stacks(w.pid, log=self.log) for w in culprits))
             stacks = {w.plan.rank: text for w, text in zip(culprits, texts, strict=True) if text}
+            unread = {w.plan.rank: no_stack(w) for w in culprits if w.plan.rank not in stacks}
+        if self.capture:
+            unread |= {r: f"it runs on node {n}: its stacks are in that node's report"
+                       for r, n in verdict.culprits if n != self.node}
         took = time.monotonic() - began
         self.log.warning("hang_culprit", reason=verdict.reason(), finding=verdict.finding.value,
-                         culprits=[r for r, _ in verdict.culprits], took_s=round(took, 3))
-        return Culprit(verdict, stacks, took)
+                         culprits=[r for r, _ in verdict.culprits], took_s=round(took, 3),
+                         unread={r.rank: r.answer.value for r in records if r.answer is not Answer.ANSWERED})
+        return Culprit(verdict, stacks, took, unread)
 
-    def unasked(self, worker: Worker, timed_out: frozenset[int]) -> RankRecord | None:
-        """The record of a worker that cannot be asked: it timed out in a collective, exited, or is stopped."""
+    def unasked(self, worker: Worker, timed_out: frozenset[int],
+                mismatched: Mapping[int, str] | None = None) -> RankRecord | None:
+        """The record of a worker that cannot be asked: it died of a mismatch, timed out, exited, or is stopped."""
         rank = worker.plan.rank
+        if mismatched and rank in mismatched:
+            return RankRecord(rank, self.node, Answer.MISMATCHED, detail=mismatched[rank][:300])
         if rank in timed_out:
             return RankRecord(rank, self.node, Answer.TIMED_OUT, detail="it gave up waiting in a collective")
         if worker.exited.done():
@@ -154,23 +171,54 @@ class FlightRecorder:
             return RankRecord(rank, self.node, Answer.STOPPED, detail="process state T")
         return None
 
-    async def read(self, worker: Worker, timed_out: frozenset[int] = frozenset()) -> RankRecord:
-        """One worker's records, or how it failed to answer."""
+    async def read(self, worker: Worker, timed_out: frozenset[int] = frozenset(),
+                   mismatched: Mapping[int, str] | None = None) -> RankRecord:
+        """One worker's records, or how it failed to answer (a worker that ended during the query: exited)."""
         rank, path = worker.plan.rank, self.socket(worker.plan.local_rank)
-        if (unasked := self.unasked(worker, timed_out)) is not None:
+        if (unasked := self.unasked(worker, timed_out, mismatched)) is not None:
             return unasked
         try:
             body = await asyncio.wait_for(query(path), QUERY_TIMEOUT_S)
         except (FileNotFoundError, ConnectionRefusedError) as e:
             why = f"no flight-recorder server at {path} ({type(e).__name__}): started cold, or torch not preloaded"
-            return RankRecord(rank, self.node, Answer.NO_RECORDER, detail=why)
+            return self.gone(worker) or RankRecord(rank, self.node, Answer.NO_RECORDER, detail=why)
         except TimeoutError:
             answer = Answer.STOPPED if stopped(worker.pid) else Answer.SILENT
-            return RankRecord(rank, self.node, answer, detail=f"no answer within {QUERY_TIMEOUT_S:g} s")
+            gone = self.gone(worker) if answer is Answer.SILENT else None
+            return gone or RankRecord(rank, self.node, answer, detail=f"no answer within {QUERY_TIMEOUT_S:g} s")
+        except NotServed as e:  # torch's handlers are unregistered as its process ends
+            return RankRecord(rank, self.node, Answer.EXITING, detail=f"its process is ending: {e}"[:300])
         except (OSError, ValueError) as e:
-            return RankRecord(rank, self.node, Answer.SILENT, detail=f"query failed: {e}"[:300])
+            return self.gone(worker) or RankRecord(rank, self.node, Answer.SILENT, detail=f"query failed: {e}"[:300])
         keep(Path(worker.plan.log_dir, DUMP_FILE), body)
-        return RankRecord(rank, self.node, Answer.ANSWERED, parse_dump(body))
+        return self.answered(rank, body)
+
+    def answered(self, rank: int, body: bytes) -> RankRecord:
+        """A rank's records from its dump; a dump with no records at all says its recorder is off."""
+        calls = read_dump(body)
+        if calls is None:
+            why = "its dump has no entries: TORCH_FR_BUFFER_SIZE (or TORCH_NCCL_TRACE_BUFFER_SIZE) is 0 in its env"
+            return RankRecord(rank, self.node, Answer.RECORDER_OFF, detail=why)
+        return RankRecord(rank, self.node, Answer.ANSWERED, calls)
+
+    def gone(self, worker: Worker) -> RankRecord | None:
+        """The record of a worker that ended while it was asked (None: it still runs)."""
+        if worker.exited.done():
+            return RankRecord(worker.plan.rank, self.node, Answer.EXITED, detail="exited during the query")
+        return None
+
+
+def no_stack(worker: Worker) -> str:
+    """Why a culprit's stack could not be read (py-spy's own reason is in agent.jsonl: stacks_unavailable)."""
+    if stopped(worker.pid):
+        return "its process is stopped (state T): py-spy cannot read a stopped process"
+    if worker.exited.done():
+        return "its process had exited"
+    return "py-spy could not read it (see the stacks_unavailable event in agent.jsonl)"
+
+
+class NotServed(ValueError):
+    """The worker's server answered that it has no flight-recorder handler (404): its process is ending."""
 
 
 def keep(path: Path, body: bytes) -> None:
@@ -207,6 +255,8 @@ async def query(path: str) -> bytes:
             await writer.wait_closed()
     head, _, body = bytes(data).partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0].split()
+    if len(status) >= 2 and status[1] == b"404":
+        raise NotServed(body[:120].decode(errors="replace"))
     if len(status) < 2 or status[1] != b"200":
         raise ValueError(f"answer {head[:80]!r}")
     return body

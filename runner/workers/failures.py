@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.events import PEER_REPORTED, TimerExpired
-from runner.hangs import Culprit, Verdict
+from runner.hangs import Culprit, Verdict, mismatch_words
 from runner.outcomes import FailureClass, FailureKind
 from runner.workers.launch_plan import error_file
 
@@ -275,7 +275,7 @@ def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
 
 def peer_reported(failure: Failure) -> bool:
     """A peer's loss seen through its own FAILED state: that peer is alive and charges the failure with its class."""
-    return failure.kind is FailureKind.PEER and failure.reason.endswith(PEER_REPORTED)
+    return failure.kind is FailureKind.PEER and (failure.detected or failure.reason).endswith(PEER_REPORTED)
 
 
 # A worker that gave up waiting in a collective: gloo's transport, NCCL's watchdog, c10d's wait (torch 2.13 words)
@@ -288,6 +288,61 @@ COLLECTIVE_TIMEOUT = re.compile(
 def collective_timeout(failure: Failure) -> bool:
     """Whether the worker's error is a collective timeout: a hang a rank gave up on (docs/hangs.md)."""
     return bool(COLLECTIVE_TIMEOUT.search(f"{failure.error}\n{failure.traceback}\n{failure.stderr_tail}"))
+
+
+# A worker that died of a collective mismatch: gloo's words (a receiver got more than its call expected), c10d's
+# (TORCH_DISTRIBUTED_DEBUG=DETAIL's collective fingerprints), NCCL's (torch 2.13 words; NCCL's not tried: no GPU)
+COLLECTIVE_MISMATCH = re.compile(
+    r"Is there a distributed collective mismatch|Received data size doesn't match expected size"
+    r"|[Dd]etected mismatch between collectives|[Cc]ollective (?:operation )?mismatch|[Mm]ismatched collective"
+)
+
+
+def collective_mismatch(failure: Failure) -> str:
+    """The line of the worker's error that says it died of a collective mismatch, short ("" when it did not)."""
+    return mismatch_line(f"{failure.error}\n{failure.traceback}\n{failure.stderr_tail}")
+
+
+def mismatch_line(text: str) -> str:
+    """The line of `text` that says a collective mismatch, short (runner.hangs.mismatch_words); "" for none."""
+    for line in text.splitlines():
+        if COLLECTIVE_MISMATCH.search(line):
+            return mismatch_words(line)
+    return ""
+
+
+def with_mismatch(failure: Failure, found: Culprit | None) -> Failure:
+    """A worker's death of a collective mismatch, with the rank whose call differed as its root cause.
+
+    When the records of the ranks still alive name it; its class stays the death's (a signal, an exception).
+    """
+    if found is None or not found.verdict.named:
+        note = unnamed(found.verdict if found is not None else None, recorder=True)
+        return replace(failure, hang=found.verdict if found is not None else None, culprit_note=note)
+    return replace(failure, reason=found.verdict.reason(), detected=f"{failure.reason}: a collective mismatch",
+                   hang=found.verdict, stacks="\n".join(found.stacks_text()))
+
+
+def peer_hang(failure: Failure, found: Culprit | None, *, local_ranks: dict[int, int],
+              rank_dir: Callable[[int], str]) -> Failure:
+    """A peer's FAILED report that follows the hang query this node answered: the hang's culprit as the root cause.
+
+    Every node analysed the same records, so this node names the culprit the detecting node names (one story on
+    every node). Unchanged when the records name no culprit.
+    """
+    if found is None or not found.verdict.named:
+        return failure
+    verdict = found.verdict
+    first = verdict.culprits[0][0]
+    local = local_ranks.get(first) if len(verdict.culprits) == 1 else None
+    hang = not verdict.died  # a mismatch that aborts keeps its own class, on the node where a rank died of it
+    return replace(
+        failure, reason=verdict.reason(), detected=failure.reason.replace(" lost: ", " "), hang=verdict,
+        stacks="\n".join(found.stacks_text()), classified=FailureClass.HANG if hang else None,
+        evidence="another node's hang query" if hang else "",
+        rank=first if len(verdict.culprits) == 1 else None, local_rank=local,
+        log_dir=rank_dir(local) if local is not None else "",
+    )
 
 
 def with_hang(failure: Failure, found: Culprit | None) -> Failure:
@@ -338,7 +393,11 @@ def unnamed(verdict: Verdict | None, *, recorder: bool) -> str:
                 "the watchdog timed out, which may be one that waited for another")
     if verdict is None:
         return "not analysed (the query failed: see agent.jsonl)"
-    if verdict.ranks == 0:
+    if verdict.ranks == 0 and verdict.recorder_off:
+        return ("not analysed: the flight recorder is off in the workers (their dumps have no entries: "
+                "TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE is 0 in their environment); the rank named is "
+                "the one seen first, which may be one that waited for another")
+    if verdict.ranks == 0 and not verdict.died:
         return ("no rank's flight recorder could be read (workers started cold, or torch not preloaded: "
                 "docs/hangs.md)")
     return verdict.reason()
