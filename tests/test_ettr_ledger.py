@@ -233,7 +233,7 @@ def test_gauges_and_status_show_the_figures_or_say_unknown() -> None:
     assert ettr({"ettr": 1.0, "lost_s": 0.0}) == "1.00"
     assert (ettr(None), ettr({"ettr": 7}), ettr({"ettr": True})) == ("-", "?", "?")
     rows = groups_table([{"group": 0, "state": "RUNNING", "ledger": {"ettr": 0.8, "lost_s": 1.0}}])
-    assert rows[1].split()[-1] == "ETTR" and rows[2].endswith("0.80 (lost 1.0s)")
+    assert rows[1].split()[-2:] == ["ETTR", "PIDS"] and rows[2].endswith("0.80 (lost 1.0s)  -")
 
 
 # ---------------------------------------------------------------------------------------------- real jobs

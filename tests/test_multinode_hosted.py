@@ -517,7 +517,7 @@ def test_no_etcd_binary_is_one_clear_error_and_nothing_else(tmp_path: Path) -> N
     (bare / "bin" / "python").symlink_to(sys.executable)
     (bare / "pyvenv.cfg").write_text((Path(sys.executable).parent.parent / "pyvenv.cfg").read_text())
     spec = tmp_path / "job.yaml"
-    spec.write_text(hosted_spec(free_port()).replace("format: json", "format: console"))
+    spec.write_text(hosted_spec(free_port(), host="127.0.0.1").replace("format: json", "format: console"))
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LOGS": str(tmp_path / "logs"),
            "XDG_STATE_HOME": str(tmp_path / "state"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), sysconfig.get_path("purelib")])}

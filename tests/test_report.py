@@ -180,13 +180,13 @@ def test_any_run_dir_content_gives_a_page(agent: list[str], transitions: list[st
 def test_report_merges_every_node_of_an_etcd_job(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """Two nodes; rank 1 (node b) fails on attempt 0; the page shows both nodes and the root cause on b."""
     nodes: Cluster = request.getfixturevalue("cluster")
-    nodes.env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    nodes.env["XDG_STATE_HOME"] = str(nodes.tmp / "state")  # a home shared by the hosts (each has its own /tmp)
     nodes.write(spec_text(nodes.endpoint, name="merged", args=probe_args(
         nodes.out, "--sleep", "3", "--fail-rank", "1", "--fail-attempts", "1")))
     a = nodes.start("a")
     b = nodes.start("b")
     assert nodes.wait_all() == {"a": 0, "b": 0}, a.output() + b.output()
-    res = runner(tmp_path, "report", "merged")  # by name: both nodes' runs from the index
+    res = runner(nodes.tmp, "report", "merged")  # by name: both nodes' runs from the shared home's index
     assert res.returncode == 0, res.stderr
     text = Path(res.stdout.strip()).read_text()
     page = Page(text)

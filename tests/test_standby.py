@@ -106,7 +106,7 @@ def test_a_restarted_worker_runs_in_its_warm_standby_as_a_cold_one_would(job: An
             assert w["leader"] and w["tag_in_proc_environ"] and w["pickled"] == 42
             assert w["ppid"] == warm.proc.pid  # forked by the server, adopted by the agent: the agent's child
             assert w["contract"]["TORCHELASTIC_RESTART_COUNT"] == str(attempt)
-            assert w["title"] == f"runner: worker rank {rank} of job standby (attempt {attempt})"  # ps: its title
+            assert w["title"] == f"runner: worker rank {rank} of job standby (attempt {attempt}) standby_probe.py"  # ps: its title
             assert c["cmdline"][:2] == ["-u", str(PROBE)]  # a cold worker: its own argv, as under torchrun
     rep = report(warm)["standby"]
     assert rep["enabled"] is True
@@ -287,7 +287,7 @@ def test_with_etcd_the_first_attempt_starts_in_standbys_warmed_during_the_rendez
     res = j.run()
     assert res.returncode == 0, res.stderr
     assert report(j)["standby"]["handed_off"] == 2
-    assert j.worker_info(0)["title"] == "runner: worker rank 0 of job standby (attempt 0)"
+    assert j.worker_info(0)["title"] == "runner: worker rank 0 of job standby (attempt 0) standby_probe.py"
 
 
 def test_with_the_local_rendezvous_the_first_attempt_starts_in_standbys_started_in_init(job: Any) -> None:
@@ -305,7 +305,7 @@ def test_with_the_local_rendezvous_the_first_attempt_starts_in_standbys_started_
         info = j.worker_info(rank, 0)
         assert info["preloaded"] is True  # torch was in sys.modules at the script's first statement
         assert info["gc_frozen"] > 0
-        assert info["title"] == f"runner: worker rank {rank} of job standby (attempt 0)"  # its title in ps
+        assert info["title"] == f"runner: worker rank {rank} of job standby (attempt 0) standby_probe.py"  # its title in ps
         assert info["contract"]["TORCHELASTIC_RESTART_COUNT"] == "0"
 
 
