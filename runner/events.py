@@ -87,5 +87,15 @@ class GuardLost:
     why: str
 
 
+@dataclass(frozen=True)
+class Fenced:
+    """This node is cut off from etcd and every peer of its round (runner/rendezvous/etcd/fence.py).
+
+    Its lease is about to lapse: its workers must stop before the other nodes give their ranks to others.
+    """
+
+    why: str
+
+
 Event = (WorkerExited | TimerExpired | StopRequested | PeerLost | MembershipChanged | DeadlineReached | GuardLost
-         | HangQuery)
+         | HangQuery | Fenced)

@@ -27,6 +27,7 @@ class FailureKind(enum.Enum):
     DEADLINE = "deadline"  # watchdog.max_run_time passed
     GUARD = "guard"  # the shepherd died and could not be replaced: no-orphan guarantee lost
     HEALTH = "health"  # this node failed its health checks for health.give_up_after (runner/health/)
+    FENCED = "fenced"  # this node was cut off from etcd and its peers: it stopped its workers and left
 
     def __str__(self) -> str:
         return self.value
@@ -34,7 +35,7 @@ class FailureKind(enum.Enum):
     @property
     def infrastructure(self) -> bool:
         """Not the workers' fault: never retried by the restart policy, exit code 3."""
-        return self in (FailureKind.RENDEZVOUS, FailureKind.GUARD, FailureKind.HEALTH)
+        return self in (FailureKind.RENDEZVOUS, FailureKind.GUARD, FailureKind.HEALTH, FailureKind.FENCED)
 
     @property
     def one_worker(self) -> bool:

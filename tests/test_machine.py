@@ -43,6 +43,7 @@ EXPECTED = {
     (S.RUNNING, T.peer_lost, S.FAILED, None),
     (S.RUNNING, T.deadline_reached, S.SHUTDOWN, None),
     (S.RUNNING, T.guard_lost, S.SHUTDOWN, None),
+    (S.RUNNING, T.fenced, S.SHUTDOWN, None),
     (S.RUNNING, T.membership_changed, S.RESTARTING, None),
     (S.FAILED, T.give_up, S.SHUTDOWN, G.stopping),
     (S.FAILED, T.give_up, S.SHUTDOWN, G.class_spent),

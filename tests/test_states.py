@@ -15,7 +15,7 @@ from runner.config import load_spec_text
 from runner.core.context import Charge, Context, JobInputs
 from runner.core.machine import JobState, Step, Trigger
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
-from runner.events import GuardLost, MembershipChanged, StopRequested, TimerExpired, WorkerExited
+from runner.events import Fenced, GuardLost, MembershipChanged, StopRequested, TimerExpired, WorkerExited
 from runner.outcomes import FailureKind, Outcome
 from runner.rendezvous.base import RendezvousResult
 from runner.states import failed, init, rendezvous, restarting, running, shutdown
@@ -278,6 +278,19 @@ def test_running_stops_the_job_when_the_guard_is_lost(tmp_path):
     assert (step.outcome, step.exit_code) == (Outcome.ERROR, 3)
     assert "fork failed" in step.reason
     assert ctx.run.failure.kind is FailureKind.GUARD
+
+
+def test_running_stops_the_job_when_this_node_is_fenced_and_shutdown_cuts_the_grace(tmp_path):
+    """Cut off from etcd and every peer: stop now, exit 3, the fence's reason; SHUTDOWN's grace is a sixth of the
+    lease TTL at most, so the workers are gone before the lease lapses (runner/rendezvous/etcd/fence.py)."""
+    ctx = make_ctx(tmp_path)
+    step = run(running.on_event(ctx, Fenced("cut off: etcd has not renewed this node's lease")))
+    assert step.trigger is Trigger.fenced
+    assert (step.outcome, step.exit_code) == (Outcome.FAILED, 3)
+    assert ctx.run.failure.kind is FailureKind.FENCED and "cut off" in ctx.run.failure.reason
+    assert shutdown.grace_period(ctx) == min(ctx.spec.shutdown.grace_period, ctx.spec.rendezvous.lease_ttl / 6)
+    ctx.run.failure = None
+    assert shutdown.grace_period(ctx) == ctx.spec.shutdown.grace_period
 
 
 def test_a_membership_change_claims_the_round_uncharged_before_the_workers_stop(tmp_path):

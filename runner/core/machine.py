@@ -46,6 +46,7 @@ class Trigger(enum.Enum):
     peer_lost = "peer_lost"
     deadline_reached = "deadline_reached"
     guard_lost = "guard_lost"
+    fenced = "fenced"
     membership_changed = "membership_changed"
     decide = "decide"  # fired by FAILED: the restart policy's guarded edges below pick retry / give_up / non_retryable
     retry = "retry"
@@ -108,6 +109,7 @@ TRANSITIONS: tuple[Edge, ...] = (
     Edge(T.peer_lost, (S.RUNNING,), S.FAILED),
     Edge(T.deadline_reached, (S.RUNNING,), S.SHUTDOWN),
     Edge(T.guard_lost, (S.RUNNING,), S.SHUTDOWN),
+    Edge(T.fenced, (S.RUNNING,), S.SHUTDOWN),
     Edge(T.membership_changed, (S.RUNNING,), S.RESTARTING),
     # The restart policy: FAILED fires `decide`; the first edge whose guard holds is taken.
     decided(T.give_up, S.SHUTDOWN, G.stopping),

@@ -15,6 +15,7 @@ from runner.events import (
     PEER_REPORTED,
     DeadlineReached,
     Event,
+    Fenced,
     GuardLost,
     HangQuery,
     MembershipChanged,
@@ -116,6 +117,9 @@ async def on_event(ctx: Context, event: Event) -> Step | None:  # noqa: PLR0911 
     if isinstance(event, MembershipChanged):
         await claim_round_for_membership(ctx)
         return Step(Trigger.membership_changed, f"node(s) waiting to join: {', '.join(event.waiting)}")
+    if isinstance(event, Fenced):
+        ctx.run.failure = Failure(kind=FailureKind.FENCED, reason=event.why, attempt=ctx.run.attempt)
+        return Step(Trigger.fenced, event.why, Outcome.FAILED, EXIT_INFRA)
     if isinstance(event, GuardLost):
         reason = f"stopping: the shepherd died and could not be replaced ({event.why}); no worker may outlive us"
         ctx.run.failure = Failure(kind=FailureKind.GUARD, reason=reason, attempt=ctx.run.attempt)

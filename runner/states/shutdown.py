@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.errors import EXIT_OK, EXIT_STOPPED_BASE
-from runner.outcomes import Outcome
+from runner.outcomes import FailureKind, Outcome
 from runner.runs.index import state_dir
 from runner.system import soft_io
 from runner.system.private_files import write_private
@@ -28,13 +28,12 @@ if TYPE_CHECKING:
 
 async def handle(ctx: Context) -> None:
     """Stop workers (the received signal, or the spec's, then grace, then SIGKILL), the watchdog, the rendezvous."""
-    spec = ctx.spec
     if ctx.run.failure is not None and ctx.run.failure not in ctx.run.failures:  # a fatal error that skipped FAILED
         ctx.run.failures.append(ctx.run.failure)
     if ctx.run.standbys is not None:
         ctx.run.standbys.close()
     if ctx.run.group is not None:
-        await ctx.run.group.stop(forwarded_signal(ctx), spec.shutdown.grace_period, ctx.hurry)
+        await ctx.run.group.stop(forwarded_signal(ctx), grace_period(ctx), ctx.hurry)
     if ctx.timer is not None:
         await ctx.timer.stop()
     if ctx.recorder is not None:
@@ -52,6 +51,18 @@ async def handle(ctx: Context) -> None:
         ctx.warnings.warn("rendezvous_close_failed", error=str(e) or type(e).__name__)
     ctx.shepherd.close()
     write_report(ctx)
+
+
+def grace_period(ctx: Context) -> float:
+    """shutdown.grace_period; for a node that fenced itself, at most a sixth of the lease TTL.
+
+    Its workers are then gone before its lease lapses and the other nodes give their ranks to others
+    (runner/rendezvous/etcd/fence.py).
+    """
+    failure = ctx.run.failure
+    if failure is not None and failure.kind is FailureKind.FENCED:
+        return min(ctx.spec.shutdown.grace_period, ctx.spec.rendezvous.lease_ttl / 6)
+    return ctx.spec.shutdown.grace_period
 
 
 def forwarded_signal(ctx: Context) -> str:

@@ -13,6 +13,10 @@ or our lease is gone together with the job's epoch key) is noticed within the le
 - in every case: re-admits itself first (fresh lease, spec digest and epoch written again or adopted, restart count
   seeded from what this node knew), so every node meets in the new etcd's round 0 and nobody keeps a stale world.
 
+A node cut off from etcd and from every peer of its round fences itself before its lease lapses
+(runner.rendezvous.etcd.fence): the agent gets Fenced, stops its workers and leaves; nothing is written to etcd
+after that (this node's keys vanish with its lease, and the others go on without it).
+
 Side calls (publish, charge_restart, close) return or raise RendezvousError within the connect timeout, whatever
 etcd does.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import socket
 import time
 from collections.abc import Awaitable, Coroutine
 from functools import partial
@@ -31,7 +36,7 @@ import structlog
 
 from runner.config.spec import JobSpec
 from runner.errors import RendezvousError, RendezvousTimeout
-from runner.events import PeerLost
+from runner.events import Fenced, PeerLost
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.admin import write_control
 from runner.rendezvous.etcd.client import (
@@ -46,6 +51,7 @@ from runner.rendezvous.etcd.client import (
     value_is,
 )
 from runner.rendezvous.etcd.connect import new_session
+from runner.rendezvous.etcd.fence import Fence, Peer
 from runner.rendezvous.etcd.hang_exchange import share
 from runner.rendezvous.etcd.keys import JobKeys, check_node_id, dump, ledger_of, load
 from runner.rendezvous.etcd.lease import LeaseKeeper, revoke_ticket
@@ -98,6 +104,8 @@ class EtcdRendezvous:
         self._lost_event = asyncio.Event()
         self._restarts_known = 0  # the job-wide restart count this node last saw (seeds a recreated job)
         self._lease_listener: LeaseListener | None = None  # the guard: revokes our lease if this agent dies
+        self._fence: Fence | None = None  # while a round runs: fires when this node is the one cut off
+        self.fenced: str | None = None  # why this node fenced itself (then nothing more goes to etcd)
 
     @property
     def session(self) -> EtcdSession:
@@ -239,6 +247,9 @@ class EtcdRendezvous:
                                      since=since)
         self._monitor.stops = self._stop_sink
         await self._monitor.start(waiter[-1].take_watch())  # a follower's stream goes on watching for it
+        self._fence = Fence(self.lease.ttl, lambda: self.lease.confirmed_until, await self._fence_peers(result),
+                            self._on_fenced, self._log)
+        self._fence.start()
         self._log.info("rendezvous_complete", round=result.round, group_rank=result.group_rank,
                        nodes=result.group_world_size, master_addr=result.master_addr, master_port=result.master_port)
         return result
@@ -473,7 +484,7 @@ class EtcdRendezvous:
         Before open() (the agent ended in INIT: no etcd binary, a refused spec) there is nothing to publish to: the
         state is only remembered (status.json has it), not a warning on top of the error that ended the run.
         """
-        if self._session is None:
+        if self._session is None or self.fenced is not None:
             self._state_record(state)
             return
         await self._bounded("publish", self._publish(state))
@@ -502,6 +513,13 @@ class EtcdRendezvous:
         """
         if self._session is None:
             return
+        if self.fenced is not None:  # cut off: etcd is not waited for; the lease lapses and the others go on
+            await self._stop_monitor()
+            if self._lease is not None:
+                await self._lease.stop(revoke=False)
+            await self._session.close()
+            self._log.info("rendezvous_closed", outcome=outcome, fenced=True)
+            return
         try:
             await self._bounded("close", self._leave(outcome, alone=alone))
         finally:
@@ -527,9 +545,41 @@ class EtcdRendezvous:
         await self.lease.stop(revoke=True)
 
     async def _stop_monitor(self) -> None:
+        if self._fence is not None:
+            fence, self._fence = self._fence, None
+            await fence.stop()
         if self._monitor is not None:
             monitor, self._monitor = self._monitor, None
             await monitor.stop()
+
+    async def _fence_peers(self, result: RendezvousResult) -> list[Peer]:
+        """The peer the fence asks: the master node's (group rank 0) address; for the master, group rank 1's.
+
+        Read and resolved now, while etcd and the name service answer; none for a round of one node. Any port does
+        (a refused connection proves the path): the round's master port.
+        """
+        if len(result.nodes) < 2:
+            return []
+        node, host = result.nodes[0], result.master_addr
+        if result.group_rank == 0:
+            node = result.nodes[1]
+            try:
+                raw = await self._bounded("fence_peer", self.session.call(
+                    lambda c: c.get(self._keys.join(result.round, node))))
+                record = load(raw.value) if raw is not None else None
+            except (RendezvousError, ValueError) as e:
+                self._log.warning("fence_peer_unknown", node=node, error=str(e))
+                return []
+            if not isinstance(record, dict) or not isinstance(record.get("addr"), str):
+                return []
+            host = record["addr"]
+        return [Peer(node, await resolved(host, self._log), result.master_port)]
+
+    def _on_fenced(self, reason: str) -> None:
+        """Cut off: nothing more goes to etcd; the agent stops its workers (Fenced)."""
+        self.fenced = reason
+        if self._events is not None:
+            self._events.put_nowait(Fenced(reason))
 
 
 @functools.lru_cache(maxsize=4)
@@ -537,6 +587,17 @@ def spec_identity(spec: JobSpec) -> tuple[dict[str, Any], bytes, bytes]:
     """The spec's shared tree (secrets as digests), its digest and the tree as stored, once per spec (read-only)."""
     tree = shared_tree(spec)
     return tree, tree_digest(tree).encode(), dump(tree)
+
+
+async def resolved(host: str, log: FilteringBoundLogger, timeout: float = 2.0) -> str:
+    """`host`'s first address (a name is resolved once, while the name service answers); `host` itself if not."""
+    try:
+        async with asyncio.timeout(timeout):
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, TimeoutError) as e:
+        log.warning("fence_peer_unresolved", host=host, error=str(e) or type(e).__name__)
+        return host
+    return str(infos[0][4][0]) if infos else host
 
 
 def _round_of(kvs: list[Any]) -> int:

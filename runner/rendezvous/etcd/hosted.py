@@ -156,7 +156,7 @@ class HostedRendezvous:
             await self._inner.close(outcome, alone=alone)
         finally:
             try:
-                if self._admitted:
+                if self._admitted and self._inner.fenced is None:  # a fenced node reaches no etcd: nothing to wait for
                     await self._linger()
             finally:
                 self._server = None

@@ -18,6 +18,7 @@ import dataclasses
 import math
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -79,6 +80,9 @@ class LeaseKeeper:
         self._log = log or structlog.get_logger("runner.rendezvous.etcd")
         self._listener: LeaseListener | None = None
         self._ticket: RevokeTicket | None = None
+        # until when etcd is known to keep the lease (monotonic): the send time of the last grant or keep-alive etcd
+        # acknowledged, plus the TTL it answered (runner.rendezvous.etcd.fence reads it)
+        self.confirmed_until = 0.0
 
     def watch(self, listener: LeaseListener, ticket: RevokeTicket) -> None:
         """Tell `listener` how to revoke the lease (`ticket` with the lease id) now and at every grant; None at stop."""
@@ -88,7 +92,9 @@ class LeaseKeeper:
 
     async def grant(self) -> int:
         """Grant a fresh lease and start keeping it alive."""
+        sent = time.monotonic()
         self.lease_id = await self._session.call(lambda c: c.lease_grant(self.ttl))
+        self.confirmed_until = sent + self.ttl
         self._log.info("etcd_lease_granted", lease=hex(self.lease_id), ttl=self.ttl)
         if self._listener is not None and self._ticket is not None:
             self._listener(dataclasses.replace(self._ticket, lease=self.lease_id))
@@ -143,8 +149,11 @@ class LeaseKeeper:
         while True:
             await asyncio.sleep(self.ttl / 3)
             try:
+                sent = time.monotonic()
                 ttl = await self._session.call(lambda c: c.lease_keepalive(self.lease_id))
-                if ttl <= 0:
+                if ttl > 0:
+                    self.confirmed_until = sent + ttl
+                else:
                     await self._replace_lost_lease()
             except RendezvousError as exc:
                 self._log.warning("etcd_lease_keepalive_failed", error=exc.message)
