@@ -1,4 +1,10 @@
-"""A gloo job whose chosen rank crashes (before init_process_group) on its first attempts; the others wait in init."""
+"""A gloo job that fails on its first attempts and then succeeds: the restart demo (examples/jobs/restart.yaml).
+
+On attempts 0 .. --fail-attempts - 1 (TORCHELASTIC_RESTART_COUNT), rank --fail-rank raises RuntimeError, or with
+--exit-code N prints one line to stderr and exits with N; @record writes the raised error to torchrun's error file
+($TORCHELASTIC_ERROR_FILE), where the runner reads the root cause. Every other rank, and every rank on a later
+attempt, joins the gloo group, all-reduces a 1 and prints `rank R: attempt A ok, all_reduce=<world size>`.
+"""
 
 import argparse
 import os
@@ -18,8 +24,8 @@ def main() -> None:
     args = p.parse_args()
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     rank = int(os.environ["RANK"])
-    # The failing rank fails before init_process_group: the others wait for it there and are stopped by the
-    # runner, so the root cause is always this rank (a crash after init would race with the others' gloo errors).
+    # It fails before init_process_group: the others wait for it there until the runner stops them, so the
+    # root cause is always this rank (after init, its death would race with the others' gloo errors).
     if rank == args.fail_rank and attempt < args.fail_attempts:
         if args.exit_code:
             print(f"rank {rank}: exiting with code {args.exit_code} on attempt {attempt}", file=sys.stderr)

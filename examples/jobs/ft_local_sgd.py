@@ -23,14 +23,19 @@ rank 0: `step` is the sync count (TorchFT's manager.current_step()), `samples` t
     ft_train step mode=localsgd group=0 step=7 commit=1 groups=2 samples=640 loss=2.3 pid=123 time=<epoch s>
     ft_train inner group=0 samples=16 pid=123 time=<epoch s>      (every inner step: its samples, kept once a
                                                                  later sync of the same process commits)
+    ft_train heal group=0 step=7 pid=123 time=<epoch s>         (the group copied a live peer's weights)
     ft_train final group=0 step=30 params_sha=<sha256 of the parameters' bytes>
-After every inner step, group rank 0 writes {"step": S, "loss": L} to $RUNNER_HEARTBEAT_FILE (S: the syncs
+`--log-every N` prints one `step` line in N syncs (default 1: every one), and always the first, the last, one not
+committed and one whose `groups` differs from the line before; the `inner` lines only with N = 1 (they are
+bench/goodput.py's accounting, one per inner step). The known noise of TorchFT and torch is not printed, as in
+ft_train.py (quiet_known_noise). After every inner step, group rank 0 writes {"step": S, "loss": L} to $RUNNER_HEARTBEAT_FILE (S: the syncs
 committed), runner's view of the group's progress and its heartbeat.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import signal
 import sys
@@ -39,7 +44,19 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from ft_train import on_sigusr1, params_sha, per_worker_batch, pin_cpus, report_step, say, setup
+from ft_train import (
+    HEALS,
+    StepLines,
+    log_every,
+    on_sigusr1,
+    params_sha,
+    per_worker_batch,
+    pin_cpus,
+    quiet_known_noise,
+    report_step,
+    say,
+    setup,
+)
 from torch import nn
 from torch.nn import functional
 
@@ -53,8 +70,10 @@ def make_manager(args: argparse.Namespace, group: int, model: nn.Module, opt: to
         return {"model": model.state_dict(), "optim": opt.state_dict()}
 
     def load_state_dict(sd: dict[str, dict[str, object]]) -> None:
+        # The peer's tensors lie in read-only bytes: the optimizer's load would keep them (ft_train.py's make_manager).
         model.load_state_dict(sd["model"])
-        opt.load_state_dict(sd["optim"])
+        opt.load_state_dict(copy.deepcopy(sd["optim"]))
+        HEALS.loaded += 1
 
     return Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=args.timeout)),
@@ -82,7 +101,7 @@ def average_in_group(model: nn.Module, world: int) -> None:
 
 
 def train(args: argparse.Namespace) -> None:
-    os.environ.setdefault("RUST_LOG", "warn")  # TorchFT's Rust side logs every quorum at info level
+    quiet_known_noise()
     from torchft.local_sgd import LocalSGD
 
     if not os.environ.get("TORCHFT_LIGHTHOUSE"):
@@ -102,14 +121,17 @@ def train(args: argparse.Namespace) -> None:
         params=sum(p.numel() for p in model.parameters()), time=f"{time.time():.3f}")
     inner = 0  # inner steps since the last sync (each draws its own batch)
     lval = float("nan")
+    lines = StepLines(args.log_every)
 
     def synced(committed: bool) -> None:
         step = manager.current_step()
         if rank == 0:
             participants = manager.num_participants()
-            say("step", mode="localsgd", group=group, step=step, commit=int(committed), groups=participants,
-                samples=participants * args.sync_every * batch * world if committed and inner else 0,
-                loss=f"{lval:.4f}", pid=os.getpid(), time=f"{time.time():.3f}")
+            HEALS.say_new(group, step)
+            lines.say(mode="localsgd", group=group, step=step, commit=int(committed), groups=participants,
+                      last=step >= args.outer_steps,
+                      samples=participants * args.sync_every * batch * world if committed and inner else 0,
+                      loss=f"{lval:.4f}", pid=os.getpid(), time=f"{time.time():.3f}")
             report_step(step, lval)
 
     # LocalSGD syncs from the optimizer's post-step hook: after every N-th opt.step() it takes a quorum, averages
@@ -127,7 +149,7 @@ def train(args: argparse.Namespace) -> None:
             average_in_group(model, world)
             lval = loss.item()
             inner += 1
-            if rank == 0:  # kept once a later sync of this process commits (a failed sync keeps the local steps)
+            if rank == 0 and args.log_every == 1:  # kept once a later sync of this process commits
                 say("inner", group=group, samples=batch * world, pid=os.getpid(), time=f"{time.time():.3f}")
             opt.step()  # the N-th one syncs
             if inner == args.sync_every:
@@ -160,6 +182,9 @@ def main() -> None:
                    help="seconds a sync waits for its quorum (the other groups' N steps included)")
     p.add_argument("--cpus", default="", help="pin group k to the k-th of these '|'-separated CPU lists (0,1|2,3)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each inner step (pacing)")
+    p.add_argument("--log-every", type=log_every, default=1, metavar="N",
+                   help="print one sync's step line in N (and always the first, the last, one not committed and a "
+                        "change in the groups that synced); the inner lines only with 1")
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     signal.signal(signal.SIGUSR1, on_sigusr1)

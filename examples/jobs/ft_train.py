@@ -14,31 +14,43 @@ What it prints (one line each, key=value, so that tests and bench/goodput.py par
 the others from each group's rank 0):
     ft_train start mode=ft group=0 groups=2 rank=0 world=1 pid=123 attempt=0 params=109610 time=<epoch s>
     ft_train step mode=ft group=0 step=41 commit=1 groups=2 samples=32 loss=2.3012 time=<epoch s>
+    ft_train heal group=0 step=2 pid=123 time=<epoch s>     (ft: the group copied a live peer's weights)
     ft_train params group=0 step=300 params_sha=<sha256 of the parameters' bytes>    (SIGUSR1, or --sha-every)
     ft_train final group=0 step=300 params_sha=<...>
     ft_train ckpt group=0 step=200 seconds=0.0412 bytes=21904567 time=<epoch s>      (--mode ddp, rank 0)
 `step` is the committed step (TorchFT's manager.current_step() after the step; unchanged with commit=0), `groups`
 the replica groups whose gradients the step averaged, `samples` the samples it committed (groups x per-group batch,
-0 when not committed). After each committed step, group rank 0 writes {"step": S, "loss": L} to
+0 when not committed). `--log-every N` prints one `step` line in N (default 1: every one), and always the
+first, the last, a dropped one (commit=0) and one whose `groups` differs from the line before: the lines that tell
+a failure and a recovery. After each committed step, group rank 0 writes {"step": S, "loss": L} to
 $RUNNER_HEARTBEAT_FILE (atomically), which is how runner learns the group's progress; it is also a heartbeat.
 
 `--mode ddp` runs the same model and data as a plain torch DDP job over all WORLD_SIZE workers instead, with a
 checkpoint every --ckpt-every steps that every attempt resumes from (the whole-job-restart baseline of
 bench/goodput.py). Both modes use the same global batch (--global-batch sequences): per worker global/WORLD, where
 in ft mode WORLD counts every group's workers (NUM_REPLICA_GROUPS x the group's WORLD_SIZE).
+
+What it does not print: four messages of TorchFT and torch that say nothing about this run (quiet_known_noise and
+spend_ddp_unused_notice below; docs/replica_groups.md, "What the examples do not print"). Each filter matches one
+message; every other line of torch, TorchFT and this script reaches the worker's output.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
+import logging
 import os
 import random
 import signal
 import sys
+import tempfile
 import time
+import warnings
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import torch
@@ -201,6 +213,122 @@ def on_sigusr1(_signum: int, _frame: object) -> None:
     SHA_REQUESTED = True
 
 
+def log_every(text: str) -> int:
+    """--log-every: a whole number of steps, at least 1."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (1 prints every step), not {n}")
+    return n
+
+
+class StepLines:
+    """Which `step` lines to print: one in `every`, and always the first, the last, a dropped step and a change in
+    the number of groups that stepped (a group died or came back), so that a quiet log still tells every failure."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.groups: int | None = None  # `groups` of the step before (None: no step yet in this process)
+
+    def wanted(self, step: int, *, committed: bool, groups: int, last: bool) -> bool:
+        first, changed = self.groups is None, groups != self.groups
+        self.groups = groups
+        return self.every == 1 or first or changed or last or not committed or step % self.every == 0
+
+    def say(self, *, step: int, commit: int, groups: int, last: bool, **fields: object) -> None:
+        """The `step` line, when wanted."""
+        if self.wanted(step, committed=bool(commit), groups=groups, last=last):
+            say("step", mode=fields.pop("mode"), group=fields.pop("group"), step=step, commit=commit, groups=groups,
+                **fields)
+
+
+class Heals:
+    """How often the Manager loaded a live peer's state into this process (the group healed), and a `heal` line
+    for each (the Manager loads it from its own thread; the training loop prints)."""
+
+    def __init__(self) -> None:
+        self.loaded = 0
+        self.said = 0
+
+    def say_new(self, group: int, step: int) -> None:
+        if self.loaded != self.said:
+            self.said = self.loaded
+            say("heal", group=group, step=step, pid=os.getpid(), time=f"{time.time():.3f}")
+
+
+HEALS = Heals()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Known noise: what TorchFT and torch print here that says nothing about this run, turned off one message at a time.
+
+class DropMessage(logging.Filter):
+    """Drops the records whose message contains `needle`; every other record passes."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__()
+        self.needle = needle
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.needle not in record.getMessage()
+
+
+def quiet_known_noise() -> None:
+    """Three messages of TorchFT and torch that this job's user can do nothing about (docs/replica_groups.md), and
+    TorchFT's Rust side's info logs (a line per quorum; its warnings and errors still show). Before TorchFT starts."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    # TorchFT's Manager warns at every new quorum "Unable to reset NCCL flight recorder recording so traces will be
+    # incorrect": torch has no NCCL here (the CPU build, gloo), so there is no NCCL trace to be incorrect.
+    if not torch.cuda.is_available():
+        logging.getLogger("torchft.manager").addFilter(DropMessage("Unable to reset NCCL flight recorder"))
+    # A recovering group receives the peer's state in read-only bytes, and torch warns once that the tensors over
+    # them are not writable. This script copies them before anything writes them (load_state_dict in make_manager:
+    # the model's load copies, the optimizer's state is deep-copied first), so the warning is about nothing here.
+    warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+    # TorchFT serves its state to a recovering peer with the standard library's http.server, which writes an access
+    # line per request to stderr ('"GET /checkpoint/2/full HTTP/1.1" 200 -'). The recovering group prints its own
+    # `ft_train heal` line instead; a request that fails (4xx, 5xx) is still logged, with its error.
+    plain_log_request = BaseHTTPRequestHandler.log_request
+
+    def log_request(handler: BaseHTTPRequestHandler, code: int | str = "-", size: int | str = "-") -> None:
+        if isinstance(code, int) and code < 400 and handler.path.startswith("/checkpoint/"):
+            return
+        plain_log_request(handler, code, size)
+
+    BaseHTTPRequestHandler.log_request = log_request  # type: ignore[method-assign]
+
+
+DDP_UNUSED_NOTICE = b"find_unused_parameters=True was specified in DDP constructor"
+
+
+def spend_ddp_unused_notice() -> None:
+    """Spend torch's once-per-process DDP notice "find_unused_parameters=True was specified in DDP constructor, but
+    did not find any unused parameters ... consider turning this flag off" on a throwaway module, before TorchFT's
+    DDP would print it at the first step.
+
+    The advice does not apply: TorchFT's DDP sets find_unused_parameters=True on purpose and allows no other value
+    (it keeps DDP from rebuilding its gradient buckets after the first step, which a recovering group would do at
+    another step than the others, averaging mismatched buffers). The notice is C++ (torch's reducer, written to
+    stderr, no Python warning to filter), so this one forward of a one-parameter DDP runs with stderr caught in a
+    file, before any other thread of TorchFT exists, and everything caught except that notice is written back."""
+    from torchft.process_group import ProcessGroupDummy
+
+    probe = nn.parallel.DistributedDataParallel(nn.Linear(1, 1), process_group=ProcessGroupDummy(0, 1),
+                                                find_unused_parameters=True)
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as caught:
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            probe(torch.zeros(1, 1))
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            rest = b"".join(ln for ln in caught.read().splitlines(keepends=True) if DDP_UNUSED_NOTICE not in ln)
+            if rest:
+                os.write(2, rest)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Training.
 
@@ -227,8 +355,11 @@ def make_manager(args: argparse.Namespace, group: int, model: nn.Module, opt: to
         return {"model": model.state_dict(), "optim": opt.state_dict()}
 
     def load_state_dict(sd: dict[str, dict[str, object]]) -> None:
+        # The peer's tensors lie in read-only bytes: the model's load copies them, the optimizer's would keep them
+        # (AdamW's moments would then be written in place, in memory that Python deems immutable), hence the copy.
         model.load_state_dict(sd["model"])
-        opt.load_state_dict(sd["optim"])
+        opt.load_state_dict(copy.deepcopy(sd["optim"]))
+        HEALS.loaded += 1
 
     # The store is the group's own (MASTER_ADDR:MASTER_PORT, hosted by rank 0's init_process_group); the
     # lighthouse and rank 0's port come from TORCHFT_LIGHTHOUSE and TORCHFT_MANAGER_PORT.
@@ -269,13 +400,14 @@ def group_ddp(manager, model: nn.Module, world: int) -> nn.Module:
 
 
 def train_ft(args: argparse.Namespace) -> None:
-    os.environ.setdefault("RUST_LOG", "warn")  # TorchFT's Rust side logs every quorum at info level
+    quiet_known_noise()
     if not os.environ.get("TORCHFT_LIGHTHOUSE"):
         sys.exit("ft mode needs TORCHFT_LIGHTHOUSE (run it with runner's replica_groups, or start "
                  "`torchft_lighthouse --min_replicas 1` and point TORCHFT_LIGHTHOUSE at it), or use --mode ddp")
     group = int(os.environ.get("REPLICA_GROUP_ID", "0"))
     groups = int(os.environ.get("NUM_REPLICA_GROUPS", "1"))
     pin_cpus(args.cpus, group)
+    spend_ddp_unused_notice()
     # The group's own world: rank 0 hosts the group's store (which the Manager uses too), and a group of more
     # than one worker averages its gradients inside the group before TorchFT averages them across groups.
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
@@ -286,6 +418,7 @@ def train_ft(args: argparse.Namespace) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     manager = make_manager(args, group, model, opt)
     ddp = group_ddp(manager, model, world)
+    lines = StepLines(args.log_every)
     say("start", mode="ft", group=group, groups=groups, rank=rank, world=world, pid=os.getpid(),
         attempt=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
         params=sum(p.numel() for p in model.parameters()), time=f"{time.time():.3f}")
@@ -306,9 +439,10 @@ def train_ft(args: argparse.Namespace) -> None:
         step, lval = manager.current_step(), loss.item()
         if rank == 0:
             participants = manager.num_participants()
-            say("step", mode="ft", group=group, step=step, commit=int(committed), groups=participants,
-                samples=participants * batch * world if committed else 0, loss=f"{lval:.4f}",
-                time=f"{time.time():.3f}")
+            HEALS.say_new(group, step)
+            lines.say(mode="ft", group=group, step=step, commit=int(committed), groups=participants,
+                      last=step >= args.steps, samples=participants * batch * world if committed else 0,
+                      loss=f"{lval:.4f}", time=f"{time.time():.3f}")
             if committed:
                 report_step(step, lval)
         maybe_sha(args, model, group, rank, step, committed=committed)
@@ -364,6 +498,7 @@ def train_ddp(args: argparse.Namespace) -> None:
         opt.load_state_dict(sd["optim"])
         step = int(sd["step"])
     ddp = DistributedDataParallel(model)
+    lines = StepLines(args.log_every)
     say("start", mode="ddp", group=0, groups=1, rank=rank, world=world, pid=os.getpid(),
         attempt=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), resumed=step,
         params=sum(p.numel() for p in model.parameters()), time=f"{time.time():.3f}")
@@ -376,8 +511,8 @@ def train_ddp(args: argparse.Namespace) -> None:
         step += 1
         lval = loss.item()
         if rank == 0:
-            say("step", mode="ddp", group=0, step=step, commit=1, groups=1, samples=batch * world,
-                loss=f"{lval:.4f}", time=f"{time.time():.3f}")
+            lines.say(mode="ddp", group=0, step=step, commit=1, groups=1, last=step >= args.steps,
+                      samples=batch * world, loss=f"{lval:.4f}", time=f"{time.time():.3f}")
             report_step(step, lval)
             if ckpt is not None and step % args.ckpt_every == 0:
                 began = time.monotonic()
@@ -415,6 +550,9 @@ def main() -> None:
     p.add_argument("--sha-every", type=int, default=0, help="also print the params checksum every N committed steps")
     p.add_argument("--cpus", default="", help="pin group k to the k-th of these '|'-separated CPU lists (0,1|2,3)")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (pacing)")
+    p.add_argument("--log-every", type=log_every, default=1, metavar="N",
+                   help="print one step line in N (and always the first, the last, a dropped step and a change in "
+                        "the groups that stepped)")
     args = p.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     signal.signal(signal.SIGUSR1, on_sigusr1)
