@@ -60,10 +60,15 @@ PEER_REPORTED = "reported FAILED"  # PeerLost.why when the peer published its ow
 
 @dataclass(frozen=True)
 class PeerLost:
-    """Another node of the job left (its lease expired or it reported FAILED)."""
+    """Another node of the job left (its lease expired or it reported FAILED).
+
+    `cause`: the root cause the peer published with its FAILED state (its first failing rank and exception line), so
+    that every node's FAILED line and summary name it, not only the peer's.
+    """
 
     node: str
     why: str
+    cause: str = ""
 
 
 @dataclass(frozen=True)

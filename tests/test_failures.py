@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import random
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from runner.config.spec import Backoff
 from runner.states.restarting import backoff_delay
 from runner.workers.failures import read_error_file, signal_name, tail, worker_failure
@@ -49,3 +52,17 @@ def test_backoff_first_restart_is_immediate_then_grows_to_max():
     jb = Backoff(initial=1.0, max=5.0, multiplier=2.0, jitter=0.5)
     rnd = random.Random(1)
     assert all(0.5 <= backoff_delay(jb, 2, rnd) <= 1.5 for _ in range(100))
+
+
+@given(st.text(min_size=1, max_size=20).filter(lambda s: " lost: " not in s), st.text(max_size=200))
+def test_a_peers_report_reads_the_same_with_or_without_its_cause(node: str, cause: str) -> None:
+    """`node b lost: reported FAILED` and the same with `: <its root cause>`: one detected line, a peer report."""
+    from runner.events import PEER_REPORTED
+    from runner.outcomes import FailureKind
+    from runner.workers.failures import Failure, peer_reported, reported_line
+
+    bare = f"node {node} lost: {PEER_REPORTED}"
+    for reason in (bare, f"{bare}: {cause}"):
+        assert reported_line(reason) == f"node {node} {PEER_REPORTED}"
+        assert peer_reported(Failure(kind=FailureKind.PEER, reason=reason, attempt=0))
+    assert not peer_reported(Failure(kind=FailureKind.PEER, reason=f"node {node} lost: lease expired", attempt=0))

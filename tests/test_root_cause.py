@@ -111,3 +111,32 @@ def test_an_exception_line_names_the_users_frame_and_tells_collateral_apart() ->
     own = 'Traceback (most recent call last):\n  File "/w/t.py", line 42, in <module>\nValueError: bad batch\n'
     assert exception_line(own) == "ValueError: bad batch (t.py:42)" and not collateral(own)
     assert exception_line("no traceback here\n") == "" and not collateral("")
+
+
+RAISER = """\
+import os, time
+if os.environ["RANK"] == "1":
+    time.sleep(0.5)
+    raise ValueError("bad batch 7")
+time.sleep(60)
+"""
+
+
+@pytest.mark.integration
+def test_every_node_names_the_root_cause_raised_on_another_node(request: pytest.FixtureRequest) -> None:
+    """Two nodes on hosts of their own; rank 1 (node b) raises. Node a's FAILED line, summary and report name rank 1's
+    exception, as b's do: b publishes its root cause with its FAILED state, a reads it from there."""
+    from multinode_helpers import Cluster, spec_text
+
+    nodes: Cluster = request.getfixturevalue("cluster")
+    script = nodes.tmp / "raiser.py"
+    script.write_text(RAISER)
+    nodes.write(spec_text(nodes.endpoint, script=script, restart="max_restarts: 0"))
+    a, b = nodes.start("a"), nodes.start("b")
+    codes = nodes.wait_all(90)
+    assert codes == {"a": 1, "b": 1}, a.output()[-3000:] + b.output()[-3000:]
+    mine = b.report()["failures"][0]["reason"]
+    assert "rank 1 exited with code 1: ValueError: bad batch 7" in mine, mine
+    theirs = a.report()["failures"][0]["reason"]
+    assert theirs.startswith("node b lost: reported FAILED: ") and mine in theirs, theirs
+    assert "ValueError: bad batch 7" in a.output()  # the FAILED line and the summary on a's console

@@ -74,8 +74,21 @@ def node_status(ctx: Context, state: JobState) -> dict[str, object]:
         "workers": workers,
         "outcome": ctx.outcome.value if ctx.outcome is not None else None,
         **({"unhealthy": ctx.run.unhealthy} if ctx.run.unhealthy is not None else {}),  # out of the round: why
+        **({"cause": cause} if (cause := own_cause(ctx, state)) else {}),  # FAILED: the root cause, for the peers
         **ctx.recovery.status(),  # launch and the last recovery: running_s, ready_s (docs/time_to_recover.md)
     }
+
+
+CAUSE_CHARS = 300  # a published root cause, at most (one line: the rank, its exception, where it was raised)
+
+
+def own_cause(ctx: Context, state: JobState) -> str:
+    """While FAILED, this node's own root cause (not a peer's loss, which the peers know already); '' otherwise."""
+    failure = ctx.run.failure
+    if state is not JobState.FAILED or failure is None or failure.kind is FailureKind.PEER:
+        return ""
+    line = failure.reason.splitlines()[0] if failure.reason else ""
+    return line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 1] + "…"
 
 
 STATUS_REFRESH_S = 2.0  # while the run lives, status.json's totals (wall time, ETTR) are at most this old

@@ -135,7 +135,8 @@ async def on_peer_lost(ctx: Context, event: PeerLost) -> Step:
     A peer that reported FAILED after the hang query this node answered failed on that hang: the root cause is the
     culprit, as on the node that found it (every node analysed the same records).
     """
-    failure = Failure(kind=FailureKind.PEER, reason=f"node {event.node} lost: {event.why}", attempt=ctx.run.attempt)
+    reason = f"node {event.node} lost: {event.why}" + (f": {event.cause}" if event.cause else "")
+    failure = Failure(kind=FailureKind.PEER, reason=reason, attempt=ctx.run.attempt)
     if event.why == PEER_REPORTED and ctx.recorder is not None and ctx.recorder.asked():
         found = await ctx.recorder.settled()  # bounded by the query's own bounds
         workers = ctx.run.group.workers.values() if ctx.run.group is not None else ()

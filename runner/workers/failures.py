@@ -273,9 +273,16 @@ def tail(path: Path, lines: int = TAIL_LINES, max_bytes: int = 16384) -> str:
     return last_lines(data.decode(errors="replace"), lines)
 
 
+def reported_line(reason: str) -> str:
+    """A peer's `node b lost: reported FAILED: <its cause>` as what this node detected: `node b reported FAILED`."""
+    found = re.match(f"(.*?) lost: {PEER_REPORTED}(?:$|: )", reason, re.DOTALL)
+    return f"{found[1]} {PEER_REPORTED}" if found else reason.replace(" lost: ", " ")
+
+
 def peer_reported(failure: Failure) -> bool:
     """A peer's loss seen through its own FAILED state: that peer is alive and charges the failure with its class."""
-    return failure.kind is FailureKind.PEER and (failure.detected or failure.reason).endswith(PEER_REPORTED)
+    text = failure.detected or failure.reason  # "node b lost: reported FAILED", then ": <its root cause>" if known
+    return failure.kind is FailureKind.PEER and re.search(f" lost: {PEER_REPORTED}(?:$|: )", text) is not None
 
 
 # A worker that gave up waiting in a collective: gloo's transport, NCCL's watchdog, c10d's wait (torch 2.13 words)
@@ -337,7 +344,7 @@ def peer_hang(failure: Failure, found: Culprit | None, *, local_ranks: dict[int,
     local = local_ranks.get(first) if len(verdict.culprits) == 1 else None
     hang = not verdict.died  # a mismatch that aborts keeps its own class, on the node where a rank died of it
     return replace(
-        failure, reason=verdict.reason(), detected=failure.reason.replace(" lost: ", " "), hang=verdict,
+        failure, reason=verdict.reason(), detected=reported_line(failure.reason), hang=verdict,
         stacks="\n".join(found.stacks_text()), classified=FailureClass.HANG if hang else None,
         evidence="another node's hang query" if hang else "",
         rank=first if len(verdict.culprits) == 1 else None, local_rank=local,

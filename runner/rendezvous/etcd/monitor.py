@@ -36,6 +36,16 @@ if TYPE_CHECKING:
     from runner.events import Event as AgentEvent
 
 RETRY_S = 1.0
+CAUSE_CHARS = 300  # a peer's published root cause, at most (what etcd holds is input: bounded here)
+
+
+def cause_of(record: dict[str, Any]) -> str:
+    """The root cause a peer published (its FAILED state's, or a `lost` key's `cause`): one bounded line, or ''."""
+    cause = record.get("cause")
+    if not isinstance(cause, str):
+        return ""
+    line = cause.splitlines()[0] if cause else ""
+    return line[:CAUSE_CHARS]
 
 
 class RoundMonitor:
@@ -51,7 +61,7 @@ class RoundMonitor:
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
         self._watched = result.group_rank  # ring position of the member watched (itself: nobody)
         self._state: dict[str, Any] = {}  # the watched member's last live state
-        self._finding: tuple[str, str] | None = None  # a loss found here whose `lost` key is still to be written
+        self._finding: tuple[str, str, str] | None = None  # a loss found here whose `lost` key is still to be written
         self._reported: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
         self._advance()
@@ -157,14 +167,14 @@ class RoundMonitor:
         if isinstance(state, dict):
             self._state = state
             if state.get("state") == "FAILED" and state.get("round") == self._res.round:
-                self._found(node, PEER_REPORTED)
+                self._found(node, PEER_REPORTED, cause_of(state))
         return False
 
     def _on_news(self, key: bytes, value: Any) -> None:
         """An annex key was written (other rounds', and this round's leader and result, are no news here)."""
         r = self._res.round
         if key == self._k.lost(r) and isinstance(value, dict):
-            self._lost(str(value.get("node")), str(value.get("why", "lost")))
+            self._lost(str(value.get("node")), str(value.get("why", "lost")), cause_of(value))
         elif key == self._k.hang(r) and isinstance(value, dict) and value.get("by") != self._res.node:
             self._emit(("hang", ""), HangQuery(str(value.get("by"))[:200]))
         elif key == self._k.opened(r):
@@ -194,19 +204,19 @@ class RoundMonitor:
         self._on_control(control)
         return isinstance(control, dict) and control.get("state") == "stopping"
 
-    def _found(self, node: str, why: str) -> None:
+    def _found(self, node: str, why: str, cause: str = "") -> None:
         """This node found a member lost: PeerLost here, and the round's `lost` key for every other member."""
-        self._lost(node, why)
+        self._lost(node, why, cause)
         if self._finding is None:
-            self._finding = (node, why)
+            self._finding = (node, why, cause)
 
     async def _write_finding(self) -> None:
         """Write the round's `lost` key for the loss found here, unless a member wrote one already."""
         if self._finding is None:
             return
-        node, why = self._finding
+        node, why, cause = self._finding
         key = self._k.lost(self._res.round)
-        value = dump({"node": node, "why": why, "by": self._res.node})
+        value = dump({"node": node, "why": why, "by": self._res.node, **({"cause": cause} if cause else {})})
         await self._s.call(lambda c: c.txn([absent(key)], [put_op(key, value)]))
         self._finding = None
 
@@ -221,9 +231,9 @@ class RoundMonitor:
             stop = StopRequested(signum=0, graceful=bool(control.get("graceful", True)))
             self._emit(("stop", ""), stop, self.stops)
 
-    def _lost(self, node: str, why: str) -> None:
+    def _lost(self, node: str, why: str, cause: str = "") -> None:
         if node != self._res.node and node in self._res.nodes:
-            self._emit(("lost", node), PeerLost(node, why))
+            self._emit(("lost", node), PeerLost(node, why, cause))
 
     def _emit(self, tag: tuple[str, str], event: Any, sink: Callable[[Any], None] | None = None) -> None:
         """`event` once per tag, to `sink` if given, else onto the events queue."""
