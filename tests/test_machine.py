@@ -109,7 +109,7 @@ def decide(ctx) -> tuple[JobState, Step]:
 
     async def go():
         await gather(ctx)
-        assert await model.trigger(T.decide.value, ctx=ctx)
+        assert await model.trigger(T.decide.value, facts=ctx)
         return await settle(ctx, model.taken)
 
     step = asyncio.run(go())
@@ -181,7 +181,7 @@ def test_triggers_outside_the_table_are_refused(src):
     machine.set_state(src)
     for trigger in set(Trigger) - allowed:
         with pytest.raises(Exception):  # noqa: B017 - transitions raises MachineError
-            asyncio.run(model.trigger(trigger.value, ctx=None))
+            asyncio.run(model.trigger(trigger.value, facts=None))
         assert model.state is src
 
 

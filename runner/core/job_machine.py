@@ -1,8 +1,8 @@
 """The machine of a job of replica groups (docs/replica_groups.md): the job's own states above the groups' machines.
 
 Each group runs the agent's machine (runner/core/machine.py) on its own. The job above them has a table of its own,
-built the same way: states, triggers, guarded edges (data), executed by `transitions`. The guards are pure functions
-of a `JobFacts` snapshot (runner/core/job_policy.py); what happens after an edge (stopping the groups with the
+on the same kernel (runner/core/table_machine.py): states, triggers, guarded edges (data). The guards are pure
+functions of a `JobFacts` snapshot (runner/core/job_policy.py); what happens after an edge (stopping the groups with the
 edge's cause, the job's outcome) runs after the guard decided, in the supervisor (runner/agent/replicas.py).
 
 STARTING: the node takes its place (its groups, the lighthouse). TRAINING: every group is up (running, still
@@ -14,16 +14,13 @@ edge that ended it carries the job's outcome.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from transitions.extensions.asyncio import AsyncMachine
-
-from runner.outcomes import Outcome
+from runner.core import table_machine
 
 if TYPE_CHECKING:
-    from transitions import EventData
+    from transitions.extensions.asyncio import AsyncMachine
 
     from runner.core.job_policy import JobFacts
 
@@ -63,26 +60,9 @@ class JobGuard(enum.Enum):
     all_up = "every group is up again"
 
 
-@dataclass(frozen=True)
-class JobEdge:
-    """One row of the job's table: `trigger` takes the job from any of `sources` to `dest` (when `when` holds)."""
-
-    trigger: JobTrigger
-    sources: tuple[JobPhase, ...]
-    dest: JobPhase
-    when: JobGuard | None = None
-    fired_by: JobTrigger | None = None  # `review` for the guarded edges
-
-
-@dataclass(frozen=True)
-class JobStep:
-    """An edge's cause, and (when it ends the job) the job's outcome, exit code and a fix."""
-
-    trigger: JobTrigger
-    reason: str = ""
-    outcome: Outcome | None = None
-    exit_code: int | None = None
-    fix: str = ""
+JobEdge = table_machine.Edge[JobPhase, JobTrigger, JobGuard]
+JobStep = table_machine.Step[JobTrigger]
+JobModel = table_machine.Model[JobPhase, JobTrigger, JobGuard]
 
 
 P, T, G = JobPhase, JobTrigger, JobGuard
@@ -110,53 +90,20 @@ JOB_TRANSITIONS: tuple[JobEdge, ...] = (
 JobGuardCheck = Callable[["JobFacts"], bool]
 
 
-class JobModel:
-    """The object `transitions` drives for the job: its phase and the edge taken last."""
-
-    state: JobPhase
-    taken: JobEdge | None = None
-    trigger: Callable[..., Awaitable[bool]]  # added by `transitions`
-
-
 def build_job_machine(guards: Mapping[JobGuard, JobGuardCheck]) -> tuple[JobModel, AsyncMachine]:
-    """Build the job's machine from JOB_TRANSITIONS; guarded edges ask `guards[edge.when](facts)` in table order.
+    """The job's machine from JOB_TRANSITIONS; a guarded edge asks `guards[edge.when](facts)` in table order.
 
-    Unqueued, as the groups' machine: one driver fires every trigger, and `trigger()` says whether an edge was
-    taken (a `review` with no guard holding takes none: the job stays where it is).
+    A `review` with no guard holding takes no edge: the job stays where it is.
     """
-    model = JobModel()
-    machine = AsyncMachine(model=model, states=JobPhase, initial=JobPhase.STARTING, auto_transitions=False,
-                           send_event=True)
-    for edge in JOB_TRANSITIONS:
-
-        def took(_event: EventData, edge: JobEdge = edge) -> None:
-            model.taken = edge
-
-        conditions = []
-        if edge.when is not None:
-            check = guards[edge.when]
-
-            def holds(event: EventData, check: JobGuardCheck = check) -> bool:
-                facts: JobFacts = event.kwargs["facts"]
-                return check(facts)
-
-            conditions.append(holds)
-        machine.add_transition((edge.fired_by or edge.trigger).value, list(edge.sources), edge.dest,
-                               conditions=conditions, before=took)
-    return model, machine
+    return table_machine.build(JobPhase, JobPhase.STARTING, JOB_TRANSITIONS, guards)
 
 
 def job_edges() -> list[tuple[JobPhase, JobTrigger, JobPhase, JobGuard | None]]:
     """Every (source, trigger, destination, guard) of the job's table, one per source phase."""
-    return [(src, e.trigger, e.dest, e.when) for e in JOB_TRANSITIONS for src in e.sources]
+    return table_machine.rows(JOB_TRANSITIONS)
 
 
 def job_mermaid() -> str:
     """The job's machine as a Mermaid state diagram (`runner graph --job`)."""
-    lines = ["stateDiagram-v2", f"    [*] --> {P.STARTING.value}"]
-    for src, trigger, dest, when in job_edges():
-        label = trigger.value + (f" [{when.name}]" if when is not None else "")
-        lines.append(f"    {src.value} --> {dest.value}: {label}")
-    lines.append(f"    {P.ENDED.value} --> [*]")
-    lines.append(f"    note right of {P.TRAINING.value}: each replica group runs the agent's machine on its own")
-    return "\n".join(lines)
+    return table_machine.mermaid(JOB_TRANSITIONS, P.STARTING, P.ENDED,
+                                 (P.TRAINING, "each replica group runs the agent's machine on its own"))

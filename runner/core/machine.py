@@ -1,22 +1,19 @@
-"""The agent's state machine.
+"""The agent's state machine (a replica group's, or a job of one group).
 
-States, triggers, the transition table (data, with the restart policy as guarded edges) and the driver loop.
-`transitions` executes the table; each state's handler (runner/states/) returns a Step.
+States, triggers, the transition table (data, with the restart policy as guarded edges) and the driver loop. The
+kernel (runner/core/table_machine.py) executes the table; each state's handler (runner/states/) returns a Step.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from transitions.extensions.asyncio import AsyncMachine
-
-from runner.outcomes import Outcome
+from runner.core import table_machine
 
 if TYPE_CHECKING:
-    from transitions import EventData
+    from transitions.extensions.asyncio import AsyncMachine
 
     from runner.core.context import Context
 
@@ -67,25 +64,9 @@ class Guard(enum.Enum):
     restart_charged = "a restart could be charged to the class's and the job's budgets"
 
 
-@dataclass(frozen=True)
-class Edge:
-    """One row of the table: `trigger` takes the machine from any of `sources` to `dest` (when `when` holds)."""
-
-    trigger: Trigger
-    sources: tuple[JobState, ...]
-    dest: JobState
-    when: Guard | None = None
-    fired_by: Trigger | None = None  # the event that fires it, when not its own name (the policy's `decide`)
-
-
-@dataclass(frozen=True)
-class Step:
-    """What a handler returns: the trigger to fire, why, and (when this step settles it) the job's outcome."""
-
-    trigger: Trigger
-    reason: str = ""
-    outcome: Outcome | None = None
-    exit_code: int | None = None
+Edge = table_machine.Edge[JobState, Trigger, Guard]
+Step = table_machine.Step[Trigger]
+Model = table_machine.Model[JobState, Trigger, Guard]
 
 
 S, T, G = JobState, Trigger, Guard
@@ -128,39 +109,9 @@ GuardCheck = Callable[["Context"], bool]  # reads only: FAILED gathers what acts
 OnTransition = Callable[[JobState, JobState, Edge, Step], Awaitable[None]]
 
 
-class Model:
-    """The object `transitions` drives: the current state and the edge taken last."""
-
-    state: JobState
-    taken: Edge | None = None
-    trigger: Callable[..., Awaitable[bool]]  # added by `transitions`
-
-
 def build_machine(guards: Mapping[Guard, GuardCheck]) -> tuple[Model, AsyncMachine]:
-    """Build the machine from TRANSITIONS; guarded edges ask `guards[edge.when](ctx)` in table order.
-
-    Not `queued`: no callback here fires a trigger (handlers return Steps, the driver fires them one at a time), so
-    a queue would only hide whether a trigger took an edge (`trigger()` then returns True before it ran).
-    """
-    model = Model()
-    machine = AsyncMachine(model=model, states=JobState, initial=JobState.INIT, auto_transitions=False, send_event=True)
-    for edge in TRANSITIONS:
-
-        def took(_event: EventData, edge: Edge = edge) -> None:
-            model.taken = edge
-
-        conditions = []
-        if edge.when is not None:
-            check = guards[edge.when]
-
-            def holds(event: EventData, check: GuardCheck = check) -> bool:
-                ctx: Context = event.kwargs["ctx"]
-                return check(ctx)
-
-            conditions.append(holds)
-        event = (edge.fired_by or edge.trigger).value
-        machine.add_transition(event, list(edge.sources), edge.dest, conditions=conditions, before=took)
-    return model, machine
+    """The group machine from TRANSITIONS; a guarded edge asks `guards[edge.when](ctx)` in table order."""
+    return table_machine.build(JobState, JobState.INIT, TRANSITIONS, guards)
 
 
 async def drive(
@@ -181,7 +132,7 @@ async def drive(
         step = await handlers[src](ctx)
         if step is None:
             continue  # the handler wants to run again (e.g. it only recorded an event)
-        took = await model.trigger(step.trigger.value, ctx=ctx)
+        took = await model.trigger(step.trigger.value, facts=ctx)
         edge = model.taken
         assert took, f"{step.trigger.value} took no edge from {src.value}"
         assert edge is not None
@@ -193,15 +144,10 @@ async def drive(
 
 def edges() -> list[tuple[JobState, Trigger, JobState, Guard | None]]:
     """Every (source, trigger, destination, guard) of the table, one per source state."""
-    return [(src, e.trigger, e.dest, e.when) for e in TRANSITIONS for src in e.sources]
+    return table_machine.rows(TRANSITIONS)
 
 
 def mermaid() -> str:
     """The machine as a Mermaid state diagram (`runner graph`)."""
-    lines = ["stateDiagram-v2", f"    [*] --> {S.INIT.value}"]
-    for src, trigger, dest, when in edges():
-        label = trigger.value + (f" [{when.name}]" if when is not None else "")
-        lines.append(f"    {src.value} --> {dest.value}: {label}")
-    lines.append(f"    {S.SHUTDOWN.value} --> [*]")
-    lines.append(f"    note right of {S.RUNNING.value}: with replica_groups, every group runs this machine on its own")
-    return "\n".join(lines)
+    return table_machine.mermaid(TRANSITIONS, S.INIT, S.SHUTDOWN,
+                                 (S.RUNNING, "with replica_groups, every group runs this machine on its own"))
