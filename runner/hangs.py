@@ -249,6 +249,32 @@ def read_dump(raw: bytes | str) -> tuple[Call, ...] | None:
     return tuple(c for c in calls if c is not None)
 
 
+def merge_dumps(first: bytes, second: bytes | None) -> bytes:
+    """One dump of a rank's two recorders: `fr_trace_json` (gloo, other backends) and NCCL's `dump_nccl_trace_json`.
+
+    torch keeps NCCL's collectives in a recorder of their own. Their `entries` and `pg_config` together; `first`
+    unchanged when `second` is missing, not a dump, or has no entries.
+    """
+    try:
+        other = json.loads(second) if second else None
+    except (ValueError, RecursionError):
+        other = None
+    if not isinstance(other, dict) or not isinstance(other.get("entries"), list) or not other["entries"]:
+        return first
+    try:
+        data = json.loads(first)
+    except (ValueError, RecursionError):
+        data = None
+    if not isinstance(data, dict):
+        return second or first
+    mine, theirs = data.get("entries"), other["entries"]
+    entries = [*(mine if isinstance(mine, list) else []), *(theirs if isinstance(theirs, list) else [])]
+    configs = [d.get("pg_config") for d in (data, other)]
+    merged = {**data, "entries": entries,
+              "pg_config": {k: v for c in configs if isinstance(c, dict) for k, v in c.items()}}
+    return json.dumps(merged).encode()
+
+
 def parse_dump(raw: bytes | str) -> tuple[Call, ...]:
     """The collectives of one `fr_trace_json` dump; () for anything that is not one, or a recorder that is off."""
     return read_dump(raw) or ()

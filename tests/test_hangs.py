@@ -402,3 +402,30 @@ def test_any_error_text_shortens_and_parses_without_raising(text):
     assert len(words) <= 300 or words.startswith("c10d: ")
     for rank, call in claims_of(words).items():
         assert rank >= 0 and call.op == "allgather"
+
+
+NCCL_ENTRY = {"collective_seq_id": 3, "pg_id": 0, "profiling_name": "nccl:all_reduce", "input_sizes": [[4]],
+              "is_p2p": False, "state": "scheduled", "time_created_ns": 5}
+OFF = b'{"comm_lib_version":"","nccl_comm_state":{},"pg_config":{},"pg_status":{},"version":"2.10"}'
+
+
+def test_nccls_own_recorder_is_read_with_the_other() -> None:
+    """Under NCCL, `fr_trace_json` has no entries and `dump_nccl_trace_json` has them (seen with torch 2.11 on an
+    H100, bench/gpu_nccl_check.py): merged, the rank's calls are read, not "the recorder is off"."""
+    from runner.hangs import merge_dumps, read_dump
+
+    nccl = json.dumps({"version": "2.10", "entries": [NCCL_ENTRY], "pg_config": {"0": {"name": "0"}}}).encode()
+    assert read_dump(OFF) is None  # alone: reads as a recorder that is off
+    calls = read_dump(merge_dumps(OFF, nccl))
+    assert calls is not None and [(c.group, c.seq, c.op) for c in calls] == [("0", 3, "all_reduce")]
+    gloo = json.dumps({"version": "2.10", "entries": [{**NCCL_ENTRY, "pg_id": 1, "collective_seq_id": 7,
+                                                        "profiling_name": "gloo:broadcast"}]}).encode()
+    both = read_dump(merge_dumps(gloo, nccl))
+    assert both is not None and sorted((c.group, c.op) for c in both) == [("0", "all_reduce"), ("1", "broadcast")]
+
+
+@given(st.binary(max_size=200) | st.none())
+def test_a_second_dump_that_is_not_one_leaves_the_first_as_it_was(second: bytes | None) -> None:
+    from runner.hangs import merge_dumps
+
+    assert merge_dumps(OFF, second) == OFF or json.loads(merge_dumps(OFF, second))["entries"]

@@ -3,9 +3,11 @@
 Each worker forked from a fork server that preloaded torch runs torch's worker server (`worker_main()`, started
 in runner/workers/standby_main.py) on its own unix socket, `$RUNNER_FLIGHT_RECORDER_SOCKET`, in a private
 folder of the agent's. Its `fr_trace_json` handler answers from a C++ thread, so a worker whose main thread is
-blocked in a collective answers too. The query is plain HTTP/1.1 over that socket, bounded in time (every rank
-at once, one deadline) and in size; the answer is kept beside the rank's logs as `flight_recorder.json` and
-parsed by runner.hangs. A stopped process (SIGSTOP) is not asked: its state says why it cannot answer.
+blocked in a collective answers too; NCCL's collectives are in a recorder of their own, which `dump_nccl_trace_json`
+answers (seen on a GPU machine: bench/gpu_nccl_check.py): both are asked, and their entries read together. The
+query is plain HTTP/1.1 over that socket, bounded in time (every rank at once, one deadline) and in size; the
+answer is kept beside the rank's logs as `flight_recorder.json` and parsed by runner.hangs. A stopped process
+(SIGSTOP) is not asked: its state says why it cannot answer.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Protocol
 import structlog
 
 from runner.contract import FLIGHT_SOCKET_VAR
-from runner.hangs import Answer, Culprit, RankRecord, analyse, read_dump
+from runner.hangs import Answer, Culprit, RankRecord, analyse, merge_dumps, read_dump
 from runner.system import procs
 from runner.system.soft_io import warn_once
 from runner.watchdog.stacks import capture_stacks
@@ -31,7 +33,7 @@ from runner.workers.group import Worker
 QUERY_TIMEOUT_S = 3.0  # every rank is asked at once; this bounds the whole query
 SHARE_TIMEOUT_S = 5.0  # several nodes: how long the other nodes' records are waited for (etcd)
 MAX_DUMP_BYTES = 32 << 20  # one rank's answer; a larger one is cut (and then fails to parse: "no records")
-REQUEST = b"POST /handler/fr_trace_json HTTP/1.1\r\nHost: runner\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+HANDLERS = ("fr_trace_json", "dump_nccl_trace_json")  # every backend's recorder; NCCL's (404 without NCCL)
 DUMP_FILE = "flight_recorder.json"
 
 
@@ -178,7 +180,8 @@ class FlightRecorder:
         if (unasked := self.unasked(worker, timed_out, mismatched)) is not None:
             return unasked
         try:
-            body = await asyncio.wait_for(query(path), QUERY_TIMEOUT_S)
+            body, nccl = await asyncio.wait_for(asyncio.gather(query(path), query_nccl(path)), QUERY_TIMEOUT_S)
+            body = merge_dumps(body, nccl)
         except (FileNotFoundError, ConnectionRefusedError) as e:
             why = f"no flight-recorder server at {path} ({type(e).__name__}): started cold, or torch not preloaded"
             return self.gone(worker) or RankRecord(rank, self.node, Answer.NO_RECORDER, detail=why)
@@ -235,13 +238,25 @@ def stopped(pid: int) -> bool:
     return st is not None and st.state in ("T", "t")
 
 
-async def query(path: str) -> bytes:
-    """The body of torch's worker server's `fr_trace_json` answer at `path` (ValueError: not a 200 answer)."""
+async def query_nccl(path: str) -> bytes | None:
+    """NCCL's recorder (`dump_nccl_trace_json`); None where torch has no NCCL or the query fails.
+
+    (The other handler's answer then says how the worker is.)
+    """
+    try:
+        return await query(path, HANDLERS[1])
+    except (OSError, ValueError):
+        return None
+
+
+async def query(path: str, handler: str = HANDLERS[0]) -> bytes:
+    """The body of torch's worker server's `handler` answer at `path` (ValueError: not a 200 answer)."""
     if not path:
         raise FileNotFoundError("no socket")
     reader, writer = await asyncio.open_unix_connection(path)
     try:
-        writer.write(REQUEST)
+        writer.write(f"POST /handler/{handler} HTTP/1.1\r\nHost: runner\r\nContent-Length: 0\r\n"
+                     "Connection: close\r\n\r\n".encode())
         await writer.drain()
         data = bytearray()
         while len(data) <= MAX_DUMP_BYTES:
