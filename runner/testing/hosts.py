@@ -214,10 +214,24 @@ class Host:
         return True
 
     def lose(self) -> None:
-        """The machine is gone: SIGKILL of its PID 1, so the kernel kills every process of the host at once."""
+        """The machine is gone: SIGKILL of its PID 1, so the kernel kills every process of the host at once.
+
+        Through a pidfd of the PID 1 found when the host started, checked to be unshare's child still; a host that
+        never got a PID 1 (its start failed) loses its unshare only. Never a bare pid: pid 0 would be this process's
+        own group (the test run itself).
+        """
         if self.init is not None and not self.lost:
-            with contextlib.suppress(OSError):
-                os.kill(self.init_pid, signal.SIGKILL)
+            if self.init_pid > 0:
+                with contextlib.suppress(OSError):
+                    fd = os.pidfd_open(self.init_pid)
+                    try:
+                        kids = Path(f"/proc/{self.init.pid}/task/{self.init.pid}/children").read_text().split()
+                        if str(self.init_pid) in kids:  # still unshare's child: the host's PID 1, not a recycled pid
+                            signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    finally:
+                        os.close(fd)
+            if self.init.poll() is None:
+                subprocess.Popen.kill(self.init)
             self.init.wait(timeout=30)
         self.lost = True
 
