@@ -225,7 +225,8 @@ def test_scancel_ends_every_hosts_workers(slurm: SlurmLab) -> None:
     job = slurm.submit(folder / "job.yaml", folder)
     until(slurm, folder, lambda: len({s["host"] for s in starts(folder)}) == 3, 90, "a worker on each of the 3 hosts")
     running = {h.name: leftovers(h) for h in slurm.hosts.values()}
-    assert all(any("runner run" in cmd for cmd in cmds) for cmds in running.values()), running  # the check sees them
+    # the check sees them: each host's agent, by its title (runner/system/title.py)
+    assert all(any(" runner: agent job cancel" in cmd for cmd in cmds) for cmds in running.values()), running
     slurm.command("scancel", job, check=True)
     slurm.wait_state(job, ("CANCELLED",), 60, folder)
     wait_no_leftovers(list(slurm.hosts.values()), KILL_WAIT_S + 15)
