@@ -30,6 +30,9 @@ RUNNER = str(Path(sys.executable).with_name("runner"))
 SLURMD_TIMEOUT_S = 6  # how soon slurmctld declares a silent node DOWN (Slurm's default: 300 s)
 KILL_WAIT_S = 10  # SIGTERM -> SIGKILL of a cancelled job's processes (longer than the specs' grace periods)
 CRED_EXPIRE_S = 10  # also how long a requeued job waits before it may start again (Slurm's default: 120 s)
+# How often the schedulers look at pending jobs (Slurm's defaults: 60 s main, 30 s backfill): nothing else wakes them
+# when a requeued job's wait ends, so it would start up to 30 s later.
+SCHED_INTERVAL_S = 2
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
@@ -67,6 +70,7 @@ def slurm_conf(base: Path, lab: Lab, names: list[str], control_port: int, slurmd
         JobAcctGatherType=jobacct_gather/none
         SelectType=select/cons_tres
         SelectTypeParameters=CR_CPU
+        SchedulerParameters=sched_interval={SCHED_INTERVAL_S},bf_interval={SCHED_INTERVAL_S}
         MpiDefault=none
         ReturnToService=2
         SlurmdTimeout={SLURMD_TIMEOUT_S}

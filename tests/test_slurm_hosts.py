@@ -34,6 +34,11 @@ from runner.testing.hosts import Lab
 pytestmark = pytest.mark.integration
 
 HOSTS = ["h1", "h2", "h3"]
+JOIN_TIMEOUT_S = 600  # the fixed-size job's: the requeue must not wait for it
+# A lost host to the requeued job's workers: detection (SlurmdTimeout and its pings), the step's end (at most KillWait
+# after its cancel, twice for the batch step), cred_expire, the scheduler, a start; with room for a loaded machine.
+REQUEUED_WITHIN_S = 3 * SLURMD_TIMEOUT_S + 2 * KILL_WAIT_S + CRED_EXPIRE_S + 60
+assert REQUEUED_WITHIN_S < JOIN_TIMEOUT_S / 2
 # A worker that trains `steps` steps of 0.3 s, rank 0 checkpointing after each, resuming from the checkpoint it finds;
 # it records where it started (host, world size, Slurm restart, checkpoint) and the signal that stopped it.
 WORKER = """
@@ -70,7 +75,7 @@ for step in range(start, steps):
 """
 
 
-def spec(name: str, nodes: str, steps: int, mode: str = "train", requeue: bool = True) -> str:
+def spec(name: str, nodes: str, steps: int, mode: str = "train", requeue: bool = True, join_timeout: int = 60) -> str:
     """A job on a hosted rendezvous at the allocation's first node: no host name anywhere."""
     return textwrap.dedent(f"""\
         version: 1
@@ -84,7 +89,7 @@ def spec(name: str, nodes: str, steps: int, mode: str = "train", requeue: bool =
           endpoints: ["${{RUNNER_FIRST_NODE}}:29400"]
           last_call: 3s
           lease_ttl: 3s
-          join_timeout: 60s
+          join_timeout: {join_timeout}s
           connect_timeout: 10s
         restart: {{max_restarts: 3, backoff: {{initial: 0.1s}}}}
         shutdown: {{signal: SIGTERM, grace_period: 5s}}
@@ -197,16 +202,21 @@ def test_elastic_job_goes_on_without_a_lost_host(slurm: SlurmLab) -> None:
 
 def test_fixed_size_job_is_requeued_and_resumes_after_a_lost_host(slurm: SlurmLab) -> None:
     """nodes 2 on three hosts (h1, h2 allocated); h2 is lost mid-training: Slurm finds the node down, requeues the
-    job (--requeue), which runs again on h1 and h3 and resumes from the checkpoint to the end."""
-    folder = job_folder(slurm, spec("fixed", "2", 30))
+    job (--requeue), which runs again on h1 and h3 and resumes from the checkpoint to the end.
+
+    The survivor's agent on h1 waits in its rendezvous for the lost node (join_timeout: 600 s); Slurm's cancel of the
+    step must reach it (proctrack/linuxproc finds it under the step daemon), so the job starts again within the
+    bound below: Slurm's detection, KillWait twice over and cred_expire, far below the join timeout.
+    """
+    folder = job_folder(slurm, spec("fixed", "2", 30, join_timeout=JOIN_TIMEOUT_S))
     job = slurm.submit(folder / "job.yaml", folder)
     until(slurm, folder, lambda: (folder / "out" / "ckpt").exists() and int((folder / "out" / "ckpt").read_text() or 0) >= 3,
              90, "3 steps trained")
     first = {s["host"] for s in starts(folder)}
     assert first == {"h1", "h2"}, starts(folder)
     slurm.hosts["h2"].lose()
-    until(slurm, folder, lambda: any(s["restart"] >= 1 for s in starts(folder)), 60 + CRED_EXPIRE_S + 3 * SLURMD_TIMEOUT_S,
-             "workers of the requeued job")
+    until(slurm, folder, lambda: any(s["restart"] >= 1 for s in starts(folder)), REQUEUED_WITHIN_S,
+          "workers of the requeued job (the survivor's agent was not stopped when Slurm found its peer's node down?)")
     state = slurm.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 120, folder)
     text = output(folder)
     assert state == "COMPLETED", text
@@ -225,7 +235,8 @@ def test_scancel_ends_every_hosts_workers(slurm: SlurmLab) -> None:
     job = slurm.submit(folder / "job.yaml", folder)
     until(slurm, folder, lambda: len({s["host"] for s in starts(folder)}) == 3, 90, "a worker on each of the 3 hosts")
     running = {h.name: leftovers(h) for h in slurm.hosts.values()}
-    assert all(any("runner run" in cmd for cmd in cmds) for cmds in running.values()), running  # the check sees them
+    # the check sees them: each host's agent, by its title (runner/system/title.py)
+    assert all(any(" runner: agent job cancel" in cmd for cmd in cmds) for cmds in running.values()), running
     slurm.command("scancel", job, check=True)
     slurm.wait_state(job, ("CANCELLED",), 60, folder)
     wait_no_leftovers(list(slurm.hosts.values()), KILL_WAIT_S + 15)

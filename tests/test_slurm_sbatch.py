@@ -3,6 +3,7 @@ started on localhost by a fixture: the job completes, and the time-limit signal 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -20,7 +21,8 @@ from runner.rendezvous.ports import free_port
 
 pytestmark = pytest.mark.integration
 
-DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "scancel")
+KILL_WAIT_S = 10  # SIGTERM -> SIGKILL of a cancelled job's processes
+DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "scancel", "squeue")
 MISSING = [name for name in DAEMONS if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
 RUNNER = str(Path(sys.executable).with_name("runner"))
 SIGNAL_WORKER = """
@@ -66,7 +68,7 @@ def slurm_conf(base: Path, host: str) -> str:
         SelectTypeParameters=CR_CPU
         MpiDefault=none
         ReturnToService=2
-        KillWait=10
+        KillWait={KILL_WAIT_S}
         MinJobAge=600
         NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} State=UNKNOWN
         PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
@@ -105,6 +107,10 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         yield env
     finally:
         subprocess.run([binary("scancel"), "--full", "--user=root"], env=env, check=False, capture_output=True)
+        # slurmd must outlive the jobs: its step daemons, here in this machine's PID namespace, would survive it with
+        # whatever they failed to kill (a failed test's agents, on the next test's ports)
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not queued(env), KILL_WAIT_S + 20, "every job to end")
         for proc in reversed(procs):
             proc.terminate()
             try:
@@ -112,6 +118,13 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def queued(env: dict[str, str]) -> list[str]:
+    """The jobs squeue lists (pending, running, completing: not ended yet); [] also when slurmctld does not answer."""
+    done = subprocess.run([binary("squeue"), "-h", "-o", "%i %T"], env=env,
+                          capture_output=True, text=True, check=False)
+    return done.stdout.split("\n")[:-1] if done.returncode == 0 else []
 
 
 def node_state(env: dict[str, str]) -> str:

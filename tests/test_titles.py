@@ -1,5 +1,7 @@
 """Process titles (runner/system/title.py): during a real run, `ps` (/proc/<pid>/cmdline) shows the agent, the fork
-server, each standby and each warm worker by what it is, and no process of the job carries padding in its argv."""
+server, each standby and each warm worker by what it is, no process of the job carries padding in its argv, and each
+keeps the short name (comm) exec gave it: one with a space (setproctitle's default) hides the process and all below it
+from tools that split /proc/<pid>/stat at whitespace, Slurm's proctrack/linuxproc among them (scancel missed the job)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,15 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def comm(pid: int) -> str:
+    """The short name /proc/<pid>/stat shows between its parentheses ('' once the process is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except OSError:
+        return ""
+    return stat[stat.index("(") + 1:stat.rindex(")")]
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` (children, theirs, ...), read from /proc."""
     found: list[int] = []
@@ -57,9 +68,12 @@ def test_ps_names_the_agent_the_fork_server_the_standbys_and_the_workers(job: An
     proc = j.start()
     try:
         titles: dict[int, str] = {}
+        names: dict[int, str] = {}
 
         def seen_all() -> bool:
-            titles.update({pid: cmdline(pid) for pid in descendants(proc.pid)})
+            kids = descendants(proc.pid)
+            titles.update({pid: cmdline(pid) for pid in kids})
+            names.update({pid: comm(pid) for pid in [proc.pid, *kids]})
             shown = set(titles.values())
             return (all((j.out / f"rank{r}.pid").exists() for r in (0, 1))
                     and any(t.startswith("runner: standby of job titles") for t in shown))
@@ -74,6 +88,11 @@ def test_ps_names_the_agent_the_fork_server_the_standbys_and_the_workers(job: An
         for pid, title in {proc.pid: agent, **titles}.items():
             assert "-" * 32 not in title and "~" * 32 not in title, (pid, title)  # no padding in any argv
             assert len(title) < 1024, (pid, title)
+        titled = {pid: names[pid] for pid, title in {proc.pid: agent, **titles}.items()
+                  if title.startswith("runner: ") and names.get(pid)}
+        assert len(titled) >= 4, titled  # the agent, the fork server, a standby and the workers were seen
+        # comm as exec gave it (the agent's script or python), never the title's start with its spaces
+        assert all(not name.startswith("runner:") and " " not in name for name in titled.values()), titled
     finally:
         (j.out / "release").touch()
     out, err = proc.communicate(timeout=120)

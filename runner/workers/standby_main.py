@@ -56,14 +56,17 @@ NOENV = "SPT_NOENV"  # runner.system.title.NOENV: setproctitle leaves /proc/<pid
 
 
 def set_title(title: str) -> None:
-    """runner.system.title.set_title (this file imports nothing of runner's): `title` in ps, best effort."""
+    """runner.system.title.set_title (this file imports nothing of runner's): `title` in ps, comm left, best effort."""
     had = os.environ.get(NOENV)
     os.environ[NOENV] = "1"
     try:
         with contextlib.suppress(ImportError, OSError):
             import setproctitle
 
+            with open("/proc/thread-self/comm", encoding="utf-8", errors="replace") as f:
+                comm = f.read().rstrip("\n")
             setproctitle.setproctitle(title)
+            setproctitle.setthreadtitle(comm)
     finally:
         if had is None:
             os.environ.pop(NOENV, None)
