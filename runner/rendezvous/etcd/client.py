@@ -46,7 +46,7 @@ RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "ResponseHeader": ("cluster_id", "revision"),
     "KeyValue": ("key", "value", "create_revision", "mod_revision", "version", "lease"),
     "RangeRequest": ("key", "range_end", "limit", "sort_order", "sort_target", "count_only"),
-    "RangeResponse": ("header", "kvs"),
+    "RangeResponse": ("header", "kvs", "count"),
     "PutRequest": ("key", "value", "lease"), "PutResponse": ("header",),
     "DeleteRangeRequest": ("key", "range_end"), "DeleteRangeResponse": ("header", "deleted"),
     "Compare": ("result", "target", "key", "range_end", "create_revision", "mod_revision", "value"),
@@ -59,6 +59,12 @@ RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "WatchRequest": ("create_request",), "WatchCreateRequest": ("key", "range_end", "start_revision"),
     "WatchResponse": ("header", "watch_id", "created", "canceled", "compact_revision", "cancel_reason", "events"),
     "Event": ("type", "kv"),
+    # hosted_auth: etcd's users and auth in a hosted etcd with the job's secret
+    "AuthUserAddRequest": ("name", "password"), "AuthRoleAddRequest": ("name",),
+    "AuthUserGrantRoleRequest": ("user", "role"), "AuthEnableRequest": (),
+    "AuthUserListRequest": (), "AuthUserListResponse": ("users",),
+    "AuthRoleListRequest": (), "AuthRoleListResponse": ("roles",),
+    "LeaseLeasesRequest": (), "LeaseLeasesResponse": ("leases",),
 }
 
 # Per channel: no gRPC-level retries (EtcdSession.call retries, reconnecting) and no proxy lookup (etcd endpoints
