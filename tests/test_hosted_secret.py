@@ -256,3 +256,45 @@ def test_a_secret_given_by_field_and_a_spec_without_one_for_one_node(tmp_path: P
         """))
     spec = load_spec(spec_path, {})
     assert spec.rendezvous.secret_file == str(secret)
+
+
+def test_the_guard_revokes_a_lease_on_a_secret_etcd_by_gateway_and_by_grpc(tmp_path: Path) -> None:
+    """A dead agent's guard holds only the ticket (the CA as PEM text, root's password): both routes, the JSON
+    gateway over https and gRPC, verify the hosted etcd against the job's CA and revoke the lease; a ticket with
+    another job's CA revokes nothing."""
+    import asyncio
+
+    from runner.rendezvous.etcd.client import Credentials, EtcdSession
+    from runner.rendezvous.etcd.hosted_server import HostedEtcd
+    from runner.rendezvous.etcd.lease_revoke import RevokeError, revoke, revoke_grpc
+    from runner.testing.etcd_server import free_port
+
+    trust = derive(os.urandom(32), "train")
+    port = free_port()
+    creds = Credentials(ca=trust.ca_pem, user="root", password=trust.password, trust_from="test")
+
+    def ticket(lease: int, ca: str = trust.ca_pem.decode()) -> RevokeTicket:
+        return RevokeTicket(lease, (GatewayEndpoint("127.0.0.1", port, https=False),), user="root",
+                            password=trust.password, ca_pem=ca)
+
+    async def scenario() -> None:
+        server = HostedEtcd(tmp_path / "etcd", ("127.0.0.1",), port, f"127.0.0.1:{port}", trust=trust,
+                            host="127.0.0.1")
+        assert await server.start(20)
+        session = EtcdSession([f"127.0.0.1:{port}"], creds, connect_timeout=10, probe_key=b"/x")
+        try:
+            await session.connect()
+            leases = [await session.call(lambda c: c.lease_grant(30)) for _ in range(3)]
+            other = derive(os.urandom(32), "train").ca_pem.decode()
+            with pytest.raises(RevokeError):
+                await asyncio.to_thread(revoke, ticket(leases[2], other))
+            assert await asyncio.to_thread(revoke, ticket(leases[0])) == "revoked"
+            assert await asyncio.to_thread(revoke_grpc, ticket(leases[1]), 3.0) == "revoked"
+            for lease in leases[:2]:
+                assert await session.call(lambda c, lease=lease: c.lease_keepalive(lease)) <= 0
+            assert await session.call(lambda c: c.lease_keepalive(leases[2])) > 0
+        finally:
+            await session.close()
+            await server.stop()
+
+    asyncio.run(scenario())
