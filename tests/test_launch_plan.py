@@ -105,8 +105,8 @@ def test_the_etcd_password_variable_reaches_no_worker():
             env = dict(w.env)
             assert "ETCD_PW" not in env and "hunter22" not in env.values()
             assert env["HF_TOKEN"] == "hf_x" and env["PATH"] == "/bin"  # the workers' own secrets still reach them
-    assert agent_secret_vars(spec(rendezvous=auth)) == {"ETCD_PW"}
-    assert agent_secret_vars(spec()) == frozenset()
+    assert agent_secret_vars(spec(rendezvous=auth)) == {"ETCD_PW", "RUNNER_SECRET_FILE"}
+    assert agent_secret_vars(spec()) == {"RUNNER_SECRET_FILE"}  # a hosted rendezvous's secret (docs/security.md)
     assert without_agent_secrets(spec(rendezvous=auth), base) == {"PATH": "/bin", "HF_TOKEN": "hf_x"}
 
 

@@ -34,6 +34,7 @@ from multinode_helpers import Cluster, Node, probe_args
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, refuse_loopback, wait_for_host
 from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary, sweep_stale_data
+from runner.rendezvous.etcd.job_secret import SECRET_ENV, new_secret_file
 from runner.system.served import listens, tcp_listeners
 from runner.testing.etcd_server import free_port
 from runner.testing.hosts import Host, Lab
@@ -73,10 +74,20 @@ def hosted_spec(port: int, *, nodes: str = "2", args: str = "", restart: str = "
         """)
 
 
+def job_secret_file(folder: Path, name: str = "job.secret") -> Path:
+    """A job's secret in `folder` (made on first use; mode 0600)."""
+    path = folder / name
+    if not path.exists():
+        new_secret_file(path)
+    return path
+
+
 @pytest.fixture
 def cluster(lab: Lab) -> Iterator[Cluster]:
-    """A Cluster on simulated hosts whose endpoint is host a's port (no etcd: a hosts it)."""
+    """A Cluster on simulated hosts whose endpoint is host a's port (no etcd: a hosts it); every agent and CLI gets
+    the job's secret (RUNNER_SECRET_FILE, in the shared folder every host reads)."""
     c = Cluster(lab.shared / "cluster", lab, f"a:{HOSTED_PORT}")
+    c.env[SECRET_ENV] = str(job_secret_file(lab.shared))
     try:
         yield c
     finally:
@@ -287,6 +298,7 @@ def test_a_loopback_endpoint_on_two_hosts_is_refused_not_two_jobs(cluster: Clust
     """The same spec with a loopback endpoint and nodes 1:2 on two hosts: each would host an etcd of its own and
     train alone, both writing into one shared logs folder. Both refuse at start (exit 3), naming the field and the
     fix; no worker starts anywhere."""
+    del cluster.env[SECRET_ENV]
     cluster.write(hosted_spec(29479, nodes="1:2", args=probe_args(cluster.out), host="127.0.0.1"))
     a, b = cluster.start("a"), cluster.start("b")
     assert cluster.wait_all(60) == {"a": 3, "b": 3}, a.output() + b.output()
@@ -303,6 +315,7 @@ def test_several_named_agents_of_one_host_share_a_loopback_endpoint(cluster: Clu
     right for; the first hosts, the other joins, both succeed with world size 2, and the console says only agents of
     this machine can join."""
     cluster.endpoint = "127.0.0.1:29479"
+    del cluster.env[SECRET_ENV]  # one machine: no secret needed
     cluster.write(hosted_spec(29479, args=probe_args(cluster.out, "--sleep", "1"), host="127.0.0.1"))
     a, event = start_host(cluster, "a", on="m")
     b = cluster.start("b", on="m")

@@ -3,6 +3,7 @@ encodes the spec's fault-tolerance settings, and the rendered examples under exa
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -149,6 +150,32 @@ def test_hosted_rendezvous_on_the_first_node_renders_for_both(tmp_path: Path) ->
     job = by_kind(k8s_docs(tmp_path, extra), "Job")[0]
     env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RUNNER_FIRST_NODE"] == "train-job-v2-0.train-job-v2.ml.svc"
+
+
+def test_hosted_rendezvous_gets_the_jobs_secret_from_both_templates(tmp_path: Path) -> None:
+    """A hosted job for several nodes: the sbatch script makes a secret per job id (kept across requeues, mode 0600)
+    and exports RUNNER_SECRET_FILE before srun; each pod mounts the job's Secret (0400) and points the variable at
+    it. A spec naming rendezvous.secret_file gets neither."""
+    extra = """\
+    nodes: 3
+    rendezvous: {backend: etcd, hosted: true, endpoints: ["${RUNNER_FIRST_NODE}:29400"]}
+    cluster: {kubernetes: {image: "reg/train:1", namespace: ml}}
+    """
+    text = rendered("slurm", tmp_path, extra)
+    made = 'export RUNNER_SECRET_FILE="${SLURM_SUBMIT_DIR}/.runner-secret-${SLURM_JOB_ID}"'
+    assert made in text and '${RUNNER} secret --new "${RUNNER_SECRET_FILE}"' in text
+    assert text.index(made) < text.index("${RUNNER} run")
+    assert 'if [ ! -e "${RUNNER_SECRET_FILE}" ]' in text  # a requeue keeps the job id, and so the secret
+    pod = by_kind(k8s_docs(tmp_path, extra), "Job")[0]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["RUNNER_SECRET_FILE"] == "/etc/runner-secret/secret"
+    assert {"name": "runner-secret", "mountPath": "/etc/runner-secret", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "runner-secret", "secret": {"secretName": "train-job-v2-runner-secret", "defaultMode": 0o400}} \
+        in pod["volumes"]
+    own = extra.replace("hosted: true,", "hosted: true, secret_file: /etc/s,")
+    assert "RUNNER_SECRET_FILE" not in rendered("slurm", tmp_path, own)
+    assert "RUNNER_SECRET_FILE" not in json.dumps(k8s_docs(tmp_path, own))
 
 
 @pytest.mark.parametrize("kind", ["slurm", "kubernetes"])

@@ -10,6 +10,7 @@ from runner.cli.report import ReportCommand
 from runner.cli.reset import ResetCommand
 from runner.cli.run import RunCommand
 from runner.cli.runs import RunsCommand
+from runner.cli.secret import SecretCommand
 from runner.cli.status import StatusCommand
 from runner.cli.stop import StopCommand
 from runner.cli.template import TemplateCommand
@@ -27,6 +28,7 @@ COMMANDS: tuple[type[Command], ...] = (
     ResetCommand,
     TemplateCommand,
     ConvertCommand,
+    SecretCommand,
 )
 DEFAULT = RunCommand  # `runner job.yaml` == `runner run job.yaml`
 

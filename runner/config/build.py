@@ -218,6 +218,7 @@ class Builder:
             tls=TLS(ca=self.path(tls.get("ca")), cert=self.path(tls.get("cert")), key=self.path(tls.get("key"))),
             auth=Auth(user=auth.get("user"), password_env=auth.get("password_env"),
                       password_file=self.path(auth.get("password_file"))),
+            secret_file=self.path(raw.get("secret_file")),
         )
 
     def endpoints(self, raw: str | list[str]) -> tuple[str, ...]:

@@ -61,6 +61,10 @@ def _security(spec: JobSpec) -> Iterator[Found]:
 
 def _hosted(spec: JobSpec) -> Iterator[Found]:
     rdzv = spec.rendezvous
+    if rdzv.secret_file is not None and not rdzv.hosted:
+        why = "secret_file applies to a hosted rendezvous (hosted: true): an etcd you run has its own TLS and users"
+        fix = "remove it, and set rendezvous.tls and rendezvous.auth for your etcd; or set hosted: true"
+        yield ("rendezvous", "secret_file"), why, fix
     if not rdzv.hosted:
         return
     here = ("rendezvous", "hosted")
@@ -73,8 +77,10 @@ def _hosted(spec: JobSpec) -> Iterator[Found]:
         yield (("rendezvous", "endpoints"), f"'{rdzv.endpoints[0]}' is no address the other nodes can reach",
                "write the hosting node's own address, e.g. 10.0.0.5:29400")
     if any((rdzv.tls.ca, rdzv.tls.cert, rdzv.tls.key)) or rdzv.auth.user is not None:
-        yield (here, "the hosted etcd runs without TLS or authentication, but rendezvous.tls or auth is set",
-               "remove rendezvous.tls and rendezvous.auth, or start your own etcd (hosted: false)")
+        why = "the hosted etcd's TLS and authentication come from the job's secret, but rendezvous.tls or auth is set"
+        fix = ("remove rendezvous.tls and rendezvous.auth (give rendezvous.secret_file), or start your own etcd "
+               "(hosted: false)")
+        yield here, why, fix
 
 def _positive(spec: JobSpec) -> Iterator[Found]:
     rdzv, watchdog = spec.rendezvous, spec.watchdog

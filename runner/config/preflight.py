@@ -146,6 +146,9 @@ def _rendezvous(spec: JobSpec, env: Mapping[str, str]) -> Iterator[Finding]:
         path = getattr(rdzv.tls, name)
         if path is not None and not _readable(path):
             yield ("rendezvous", "tls", name), f"{path} is not a readable file", "fix the path (relative to the spec)"
+    if rdzv.secret_file is not None and not _readable(rdzv.secret_file):
+        yield (("rendezvous", "secret_file"), f"{rdzv.secret_file} is not a readable file",
+               "fix the path (relative to the spec), or make one: runner secret --new PATH")
     auth = rdzv.auth
     if auth.password_file is not None and not _readable(auth.password_file):
         yield (("rendezvous", "auth", "password_file"), f"{auth.password_file} is not a readable file",

@@ -78,6 +78,7 @@ class Rendezvous:
     master_port: int | None = None  # fixed MASTER_PORT (torchrun's --master-port); None = a free port each attempt
     tls: TLS = field(default_factory=TLS)
     auth: Auth = field(default_factory=Auth)
+    secret_file: str | None = None  # hosted: the job's secret (TLS + auth of the hosted etcd); docs/security.md
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,9 @@ class Conversion:
             self.note(f"--rdzv-backend {backend}: self-hosted rendezvous (rendezvous.hosted): the node whose machine "
                       f"has {host or '127.0.0.1'} starts an etcd on port {port} for the others, as c10d's host "
                       "does; install it with `pip install -c constraints.txt -e '.[etcd]'` (docs/multinode.md)")
+            self.note("the nodes of a hosted rendezvous share the job's secret (TLS and auth, unlike c10d's open "
+                      "store): `runner secret --new job.secret`, then `export RUNNER_SECRET_FILE=$PWD/job.secret` on "
+                      "every node (docs/security.md); one machine (a loopback endpoint) needs none")
         if backend == "static":
             if self.p.set("master_port"):
                 rdzv["master_port"] = self.integer("master_port", "--master-port", "29500", 1)

@@ -23,6 +23,7 @@ NODE_LOCAL_FIELDS: tuple[str, ...] = (
     "rendezvous.master_addr",
     "rendezvous.tls",
     "rendezvous.auth.password_file",
+    "rendezvous.secret_file",  # a path of this node's (the secret itself is never in a spec)
     "health.paths",  # resolved against cwd
 )
 

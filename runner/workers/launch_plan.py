@@ -82,8 +82,11 @@ class LaunchPlan:
 
 
 def agent_secret_vars(spec: JobSpec) -> frozenset[str]:
-    """Environment variables the spec names as the agent's own secret sources (never given to a worker)."""
-    return frozenset(name for name in (spec.rendezvous.auth.password_env,) if name)
+    """Environment variables the spec names as the agent's own secret sources (never given to a worker).
+
+    RUNNER_SECRET_FILE (a hosted rendezvous's secret, docs/security.md) is always one of them.
+    """
+    return frozenset(name for name in (spec.rendezvous.auth.password_env, "RUNNER_SECRET_FILE") if name)
 
 
 def without_agent_secrets(spec: JobSpec, environ: Mapping[str, str]) -> dict[str, str]:

@@ -71,3 +71,18 @@ def load_for_template(path: str) -> tuple[JobSpec, Document, str]:
     environ = {ETCD_ENV: ETCD_PLACEHOLDER, FIRST_NODE_ENV: FIRST_NODE_PLACEHOLDER, **os.environ}
     spec, doc = load_spec_document(path, environ=environ, devices_here=False)
     return spec, doc, Path(path).read_text(encoding="utf-8")
+
+
+# A hosted rendezvous's secret (docs/security.md): the template provides it when the spec does not name one.
+SECRET_MOUNT = "/etc/runner-secret"  # noqa: S105 - a folder. Kubernetes: the Secret's folder in each pod (key `secret`)
+
+
+def provides_secret(spec: JobSpec) -> bool:
+    """Whether the template must give the agents the job's secret: a hosted job for several nodes, no secret_file."""
+    rdzv = spec.rendezvous
+    return rdzv.hosted and spec.nodes.max > 1 and rdzv.secret_file is None
+
+
+def secret_name(job: str) -> str:
+    """The Kubernetes Secret holding a job's secret (made by `kubectl create secret generic`, docs/clusters.md)."""
+    return f"{job}-runner-secret"

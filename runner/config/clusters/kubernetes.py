@@ -13,9 +13,18 @@ from typing import Any
 
 import yaml
 
-from runner.config.clusters.common import ETCD_ENV, FIRST_NODE_ENV, check_etcd, problem
+from runner.config.clusters.common import (
+    ETCD_ENV,
+    FIRST_NODE_ENV,
+    SECRET_MOUNT,
+    check_etcd,
+    problem,
+    provides_secret,
+    secret_name,
+)
 from runner.config.spec import JobSpec
 from runner.errors import EXIT_SPEC, EXIT_WORKERS_FAILED
+from runner.rendezvous.etcd.job_secret import SECRET_ENV
 
 AGENT_GRACE_MARGIN = 15  # seconds beyond shutdown.grace_period for the agent to report and exit
 EXIT_GAVE_UP = (EXIT_WORKERS_FAILED, EXIT_SPEC)  # the restart policy gave up, or a bad spec: no pod retry
@@ -100,6 +109,9 @@ def agent_container(spec: JobSpec, spec_path: str) -> dict[str, Any]:
         "volumeMounts": [{"name": "spec", "mountPath": path, "subPath": "job.yaml", "readOnly": True},
                          {"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108 - a memory volume for NCCL
     }
+    if provides_secret(spec):  # the hosted rendezvous's secret, from the job's Secret (docs/security.md)
+        env.append({"name": SECRET_ENV, "value": f"{SECRET_MOUNT}/secret"})
+        container["volumeMounts"].append({"name": "runner-secret", "mountPath": SECRET_MOUNT, "readOnly": True})
     if resources(spec):
         container["resources"] = resources(spec)
     if spec.metrics.enabled and spec.metrics.port:
@@ -118,6 +130,9 @@ def agent_job(spec: JobSpec, spec_path: str) -> dict[str, Any]:
         "volumes": [{"name": "spec", "configMap": {"name": f"{name}-spec"}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
+    if provides_secret(spec):  # kubectl create secret generic NAME-runner-secret --from-file=secret=job.secret
+        pod["volumes"].append({"name": "runner-secret", "secret": {"secretName": secret_name(name),
+                                                                   "defaultMode": 0o400}})
     if spec.cluster.kubernetes.service_account:
         pod["serviceAccountName"] = spec.cluster.kubernetes.service_account
     template: dict[str, Any] = {"metadata": {"labels": labels(spec, "agent")}, "spec": pod}

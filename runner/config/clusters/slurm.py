@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import PurePath
 
-from runner.config.clusters.common import check_etcd, environment, problem
+from runner.config.clusters.common import check_etcd, environment, problem, provides_secret
 from runner.config.spec import JobSpec
 
 
@@ -58,6 +58,7 @@ def sbatch_script(spec: JobSpec, spec_path: str) -> str:
         output="slurm-%x-%j.out",  # in the submit folder: Slurm does not create folders for it
         sbatch_args=slurm.sbatch_args,
         start_etcd=cluster.etcd == "start",
+        job_secret=provides_secret(spec),
         agents_step=1 if cluster.etcd == "start" else 0,  # step ids count srun calls: etcd's comes first
         etcd_command=slurm.etcd_command,
         etcd_port=cluster.etcd_port,

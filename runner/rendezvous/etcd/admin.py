@@ -26,7 +26,7 @@ from runner.rendezvous.etcd.client import (
     prefix_range,
     put_op,
 )
-from runner.rendezvous.etcd.connect import new_session
+from runner.rendezvous.etcd.connect import new_session, refuse_without_secret
 from runner.rendezvous.etcd.keys import JobKeys, dump, ledger_of, load
 
 
@@ -77,6 +77,7 @@ async def read_status(spec: JobSpec) -> dict[str, Any]:
 
 async def read_keys_status(spec: JobSpec, keys: JobKeys) -> dict[str, Any]:
     """The status of the rendezvous whose keys are `keys` (the job's, or one replica group's)."""
+    await refuse_without_secret(spec)
     session = new_session(spec, quiet_log())
     await session.connect()
     try:
@@ -135,6 +136,7 @@ def status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[st
 
 async def request_stop(spec: JobSpec, graceful: bool) -> None:
     """Ask every node of the job to stop and close the rendezvous (harmless when repeated)."""
+    await refuse_without_secret(spec)
     session, root = new_session(spec, quiet_log()), JobKeys(spec.rendezvous.prefix, spec.name)
     await session.connect()
     try:

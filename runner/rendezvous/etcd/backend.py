@@ -133,7 +133,7 @@ class EtcdRendezvous:
         self._lease = LeaseKeeper(self._session, self._spec.rendezvous.lease_ttl, self._log,
                                   job_intact=self._job_intact, on_data_lost=self._on_data_lost)
         if self._lease_listener is not None:
-            self._lease.watch(self._lease_listener, revoke_ticket(self._spec.rendezvous))
+            self._lease.watch(self._lease_listener, revoke_ticket(self._spec))
         await self._lease.grant()
         await self._admit()
         self._admitted = True
@@ -151,7 +151,7 @@ class EtcdRendezvous:
         """
         self._lease_listener = listener
         if self._lease is not None:
-            self._lease.watch(listener, revoke_ticket(self._spec.rendezvous))
+            self._lease.watch(listener, revoke_ticket(self._spec))
 
     async def _admit(self) -> None:
         """Join the job in one transaction; raises when the job is closed or runs another spec.

@@ -46,7 +46,7 @@ RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "ResponseHeader": ("cluster_id", "revision"),
     "KeyValue": ("key", "value", "create_revision", "mod_revision", "version", "lease"),
     "RangeRequest": ("key", "range_end", "limit", "sort_order", "sort_target", "count_only"),
-    "RangeResponse": ("header", "kvs"),
+    "RangeResponse": ("header", "kvs", "count"),
     "PutRequest": ("key", "value", "lease"), "PutResponse": ("header",),
     "DeleteRangeRequest": ("key", "range_end"), "DeleteRangeResponse": ("header", "deleted"),
     "Compare": ("result", "target", "key", "range_end", "create_revision", "mod_revision", "value"),
@@ -59,6 +59,12 @@ RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "WatchRequest": ("create_request",), "WatchCreateRequest": ("key", "range_end", "start_revision"),
     "WatchResponse": ("header", "watch_id", "created", "canceled", "compact_revision", "cancel_reason", "events"),
     "Event": ("type", "kv"),
+    # hosted_auth: etcd's users and auth in a hosted etcd with the job's secret
+    "AuthUserAddRequest": ("name", "password"), "AuthRoleAddRequest": ("name",),
+    "AuthUserGrantRoleRequest": ("user", "role"), "AuthEnableRequest": (),
+    "AuthUserListRequest": (), "AuthUserListResponse": ("users",),
+    "AuthRoleListRequest": (), "AuthRoleListResponse": ("roles",),
+    "LeaseLeasesRequest": (), "LeaseLeasesResponse": ("leases",),
 }
 
 # Per channel: no gRPC-level retries (EtcdSession.call retries, reconnecting) and no proxy lookup (etcd endpoints
@@ -102,6 +108,15 @@ def channel_closed_under_us() -> bool:
 
 
 CLOSED_UNDER_US = "the connection was closed by a reconnect while the call ran"
+
+# What gRPC says when the server's certificate fails verification, or the server speaks no TLS.
+UNTRUSTED_SIGNS = ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed", "WRONG_VERSION_NUMBER",
+                   "Ssl handshake failed", "SSL_ERROR_SSL")
+
+
+def untrusted_server(error: str) -> bool:
+    """Whether a failed connection's error says the server was reached but failed the TLS handshake."""
+    return any(sign in error for sign in UNTRUSTED_SIGNS)
 
 
 def translate(exc: grpc.aio.AioRpcError) -> Exception:
@@ -158,6 +173,7 @@ class Credentials:
     key: bytes | None = None
     user: str | None = None
     password: str | None = None
+    trust_from: str | None = None  # the CA is the job's, derived from this secret (rendezvous.secret_file or env)
 
     @classmethod
     def load(cls, ca: str | None, cert: str | None, key: str | None, user: str | None,
@@ -427,6 +443,8 @@ class EtcdSession:
             except Unavailable as exc:
                 last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 await conn.close()
+                if self._creds.trust_from is not None and untrusted_server(str(exc)):
+                    raise self._not_the_jobs(endpoint, last) from None
             except RendezvousError as exc:
                 await conn.close()
                 raise self._refused(exc) from exc
@@ -448,7 +466,15 @@ class EtcdSession:
         names = ", ".join(map(str, self._endpoints))
         msg = f"cannot reach etcd at {names} within {self.connect_timeout:g} s (last error: {last})"
         return RendezvousError(msg, fix="start etcd there, or fix rendezvous.endpoints / rendezvous.tls "
-                               "(raise rendezvous.connect_timeout if etcd starts slowly)")
+                               "(raise rendezvous.connect_timeout if etcd starts slowly; a hosted rendezvous with a "
+                               "secret answers only with it: rendezvous.secret_file or RUNNER_SECRET_FILE)")
+
+    def _not_the_jobs(self, endpoint: Endpoint, last: str) -> RendezvousError:
+        msg = (f"the etcd at {endpoint} is not this job's rendezvous: its certificate is not signed by the job's CA, "
+               f"which the job's secret ({self._creds.trust_from}) gives; another job or a stranger holds this "
+               f"address, or this node's secret is not the others' ({last})")
+        return RendezvousError(msg, fix=f"give every node the same secret file ({self._creds.trust_from}); check "
+                               "that the endpoint names the hosting node")
 
     @staticmethod
     def _refused(exc: RendezvousError) -> RendezvousError:

@@ -29,7 +29,7 @@ from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.admin import write_control
 from runner.rendezvous.etcd.backend import EtcdRendezvous
 from runner.rendezvous.etcd.client import Endpoint, EtcdSession, prefix_range
-from runner.rendezvous.etcd.connect import new_session
+from runner.rendezvous.etcd.connect import new_session, refuse_without_secret
 from runner.rendezvous.etcd.host_rule import (
     LOOPBACK_FIX,
     local_addresses,
@@ -40,6 +40,7 @@ from runner.rendezvous.etcd.host_rule import (
     wait_for_host,
 )
 from runner.rendezvous.etcd.hosted_server import HostedEtcd
+from runner.rendezvous.etcd.job_secret import job_trust
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.etcd.lease_revoke import LeaseListener
 
@@ -90,9 +91,11 @@ class HostedRendezvous:
         if loopback_only(ips) and self._spec.nodes.max > 1:
             self._log.warning("rendezvous_loopback_endpoint", endpoint=rdzv.endpoints[0],
                               detail="a loopback endpoint: only agents on this machine can join this job")
+        await refuse_without_secret(self._spec)
+        trust = job_trust(rdzv, self._spec.name)  # read now: a bad secret file is refused before anything starts
         if ips and not port_taken(ips, endpoint.port):
             server = HostedEtcd(self._folder(), ips, endpoint.port, f"{url_host(endpoint.host)}:{endpoint.port}",
-                                self._log)
+                                self._log, trust=trust, host=endpoint.host)
             if await server.start(rdzv.connect_timeout):
                 self._server = server
             elif not port_taken(ips, endpoint.port):

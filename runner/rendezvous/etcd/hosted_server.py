@@ -45,6 +45,8 @@ from runner.system.supervised import RestartPolicy, StartFailed, supervise
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+    from runner.rendezvous.etcd.job_secret import JobTrust
+
 INSTALL = "pip install -c constraints.txt -e '.[etcd]'"  # in runner's checkout (README.md)
 POLL_S = 0.02
 STOP_GRACE_S = 5.0
@@ -73,13 +75,17 @@ class HostedEtcd:
     """One etcd member serving the job's rendezvous, started and stopped by the hosting agent."""
 
     def __init__(self, folder: Path, ips: tuple[str, ...], port: int, advertise: str,
-                 log: FilteringBoundLogger | None = None) -> None:
+                 log: FilteringBoundLogger | None = None, *, trust: JobTrust | None = None,
+                 host: str | None = None) -> None:
         self.folder, self.ips, self.port, self.advertise = folder, ips, port, advertise
         # The data lives apart from logs.dir (the temp dir, 0700): workers that fill the logs' disk must not take
         # the job's rendezvous with them. It only matters while this agent lives (--unsafe-no-fsync below).
         self.data_dir = Path(tempfile.gettempdir()) / f"runner-etcd-{os.getpid()}-{os.urandom(4).hex()}" / "data"
         self.log_path = folder / "etcd.log"
-        self.client_urls = ",".join(f"http://{url_host(ip)}:{port}" for ip in ips)
+        # With the job's secret: TLS (a server certificate signed by the job's CA) and etcd's auth (hosted_auth).
+        self.trust, self.host = trust, host
+        self.scheme = "https" if trust is not None else "http"
+        self.client_urls = ",".join(f"{self.scheme}://{url_host(ip)}:{port}" for ip in ips)
         self.restarts = 0
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.hosted")
         self._argv: list[str] = []
@@ -105,7 +111,7 @@ class HostedEtcd:
         peer = f"http://127.0.0.1:{free_port('127.0.0.1')}"
         self._argv = [
             binary, "--name", "runner", "--data-dir", str(self.data_dir),
-            "--listen-client-urls", self.client_urls, "--advertise-client-urls", f"http://{self.advertise}",
+            "--listen-client-urls", self.client_urls, "--advertise-client-urls", f"{self.scheme}://{self.advertise}",
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", f"runner={peer}",
             "--initial-cluster-token", f"runner-{os.urandom(8).hex()}", "--log-level", "warn",
             # The data only matters while this agent lives: a crash of etcd keeps the page cache, and a crash of
@@ -117,6 +123,8 @@ class HostedEtcd:
         try:
             private_dir(self.folder)
             private_dir(self.data_dir.parent)
+            if self.trust is not None:
+                await self._secure(timeout)
             listening = await self._spawn(timeout)
         except OSError as exc:
             await self._end(signal.SIGKILL, 0.0)
@@ -133,8 +141,52 @@ class HostedEtcd:
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise(timeout), name="hosted-etcd")
         return True
 
-    async def _spawn(self, timeout: float) -> bool:
+    async def _secure(self, timeout: float) -> None:
+        """TLS and auth from the job's secret, set up before etcd listens where the other nodes reach it.
+
+        Writes a fresh server key and its certificate (signed by the job's CA, for the endpoint's name and this
+        machine's addresses) into the private data folder, then starts etcd once on a loopback port only, creates
+        `root` with the derived password, enables auth and checks that nobody else slipped in (hosted_auth), and
+        stops it: every connection made before auth was on dies with that process.
+        """
+        from runner.rendezvous.etcd.hosted_auth import enable_auth
+
+        assert self.trust is not None
+        names = (*((self.host,) if self.host else ()), *self.ips, "127.0.0.1", "::1", "localhost")
+        cert_pem, key_pem = self.trust.server_credentials(names)
+        cert, key = self.data_dir.parent / "server.crt", self.data_dir.parent / "server.key"
+        for path, data in ((cert, cert_pem), (key, key_pem)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+        self._argv += ["--cert-file", str(cert), "--key-file", str(key)]
+        public = self._argv
+        port = free_port("127.0.0.1")
+        loopback = f"https://127.0.0.1:{port}"
+        swap = {"--listen-client-urls": loopback, "--advertise-client-urls": loopback}
+        self._argv = [swap.get(public[i - 1], arg) if i else arg for i, arg in enumerate(public)]
+        try:
+            if not await self._spawn(timeout, port):
+                msg = f"the loopback port {port} was taken while the hosted etcd started"
+                raise RendezvousError(msg, fix="start the job again")
+            await enable_auth(port, self.trust, timeout)
+        finally:
+            self._argv = public
+            if self._proc is not None and self._fd is not None:
+                procs.send(self._fd, signal.SIGTERM)
+                try:
+                    async with asyncio.timeout(STOP_GRACE_S):
+                        await self._exited()
+                except TimeoutError:
+                    procs.send(self._fd, signal.SIGKILL)
+                    await self._exited()
+                self._reap()
+
+    async def _spawn(self, timeout: float, port: int | None = None) -> bool:
         """Start the process and wait until it listens (True) or exits because the port is taken (False)."""
+        port = self.port if port is None else port
         proc, fd = self._popen()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -146,7 +198,7 @@ class HostedEtcd:
                     return False
                 msg = f"the hosted etcd exited with {describe_exit(code)} while starting: {last_line(tail)}"
                 raise RendezvousError(msg, fix=f"see {self.log_path}")
-            if listens(proc.pid, self.port):
+            if listens(proc.pid, port):
                 return True
             if loop.time() > deadline:
                 msg = f"the hosted etcd did not listen on {self.client_urls} within {timeout:g} s"

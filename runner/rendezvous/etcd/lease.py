@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 
-from runner.config.spec import Rendezvous
+from runner.config.spec import JobSpec
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.client import (
     Connection,
@@ -37,6 +37,7 @@ from runner.rendezvous.etcd.client import (
     range_op,
 )
 from runner.rendezvous.etcd.connect import read_password
+from runner.rendezvous.etcd.job_secret import ROOT_USER, job_trust
 from runner.rendezvous.etcd.lease_revoke import GatewayEndpoint, LeaseListener, RevokeTicket
 
 if TYPE_CHECKING:
@@ -48,20 +49,27 @@ async def _always_intact() -> bool:
     return True
 
 
-def revoke_ticket(rdzv: Rendezvous, lease: int = 0) -> RevokeTicket:
-    """What another process needs to revoke `lease` on the spec's etcd: endpoints, TLS file paths, user, password.
+def revoke_ticket(spec: JobSpec, lease: int = 0) -> RevokeTicket:
+    """What another process needs to revoke `lease` on the spec's etcd: endpoints, TLS, user, password.
 
     The password is read as the session reads it (rendezvous.auth.password_env or password_file), only when a
-    user is set; TLS paths are made absolute (the guard may not share our working directory forever); our
-    sys.path goes with them, so that the guard can import the gRPC client where the JSON gateway will not do.
+    user is set; TLS paths are made absolute (the guard may not share our working directory forever); a hosted
+    job's secret gives the CA (its PEM text travels, not a path) and root's password instead; our sys.path goes
+    with them, so that the guard can import the gRPC client where the JSON gateway will not do.
     """
     def path(p: str | None) -> str | None:
         return os.path.abspath(p) if p else None
 
+    rdzv = spec.rendezvous
     endpoints = tuple(GatewayEndpoint(e.host, e.port, e.secure) for e in map(Endpoint.parse, rdzv.endpoints))
+    sys_path = tuple(os.path.abspath(p) for p in sys.path if p)
+    trust = job_trust(rdzv, spec.name)
+    if trust is not None:
+        return RevokeTicket(lease, endpoints, user=ROOT_USER, password=trust.password, path=sys_path,
+                            ca_pem=trust.ca_pem.decode())
     user = rdzv.auth.user
     return RevokeTicket(lease, endpoints, path(rdzv.tls.ca), path(rdzv.tls.cert), path(rdzv.tls.key), user,
-                        read_password(rdzv.auth) if user else None, tuple(os.path.abspath(p) for p in sys.path if p))
+                        read_password(rdzv.auth) if user else None, sys_path)
 
 
 class LeaseKeeper:

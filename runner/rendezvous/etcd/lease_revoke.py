@@ -5,7 +5,8 @@ granted or replaced, as a `RevokeTicket` sent over the guard's stdin pipe, and a
 up itself. The guard keeps the ticket's bytes in memory only and decodes them only when the agent has died, after
 it killed the job's processes: `revoke()` then revokes the lease through etcd's JSON gateway (`POST
 /v3/auth/authenticate` for a token when rendezvous.auth names a user, then `POST /v3/lease/revoke`), over https with
-the spec's TLS files when TLS is on, trying each endpoint in turn, everything within REVOKE_BUDGET_S. The lease's
+the spec's TLS files when TLS is on (a hosted job's CA, derived from its secret, travels as PEM text in the ticket),
+trying each endpoint in turn, everything within REVOKE_BUDGET_S. The lease's
 keys (the node's live state and join records) vanish at once, so the peers' watches see the node gone within a
 second instead of one lease TTL.
 
@@ -62,6 +63,7 @@ class RevokeTicket:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     path: tuple[str, ...] = ()  # the agent's sys.path: where the gRPC route finds grpc and aetcd
+    ca_pem: str | None = None  # a hosted job's CA (derived from its secret), as PEM text: no file to read
 
     def handler(self) -> str:
         """The module whose `on_agent_death` the guard calls with encode()'s bytes (a shepherd DeathNote)."""
@@ -72,7 +74,7 @@ class RevokeTicket:
         return json.dumps({
             "lease": self.lease, "endpoints": [[e.host, e.port, e.https] for e in self.endpoints],
             "ca": self.ca, "cert": self.cert, "key": self.key, "user": self.user, "password": self.password,
-            "path": list(self.path),
+            "path": list(self.path), "ca_pem": self.ca_pem,
         }, separators=(",", ":")).encode()
 
     @classmethod
@@ -82,7 +84,7 @@ class RevokeTicket:
             raw = json.loads(data)
             endpoints = tuple(GatewayEndpoint(str(h), int(p), bool(s)) for h, p, s in raw["endpoints"])
             lease = int(raw["lease"])
-            texts = {k: raw.get(k) for k in ("ca", "cert", "key", "user", "password")}
+            texts = {k: raw.get(k) for k in ("ca", "cert", "key", "user", "password", "ca_pem")}
             path = tuple(raw.get("path", ()))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             msg = f"not a revoke ticket: {type(exc).__name__}"
@@ -91,12 +93,13 @@ class RevokeTicket:
         if not all(v is None or isinstance(v, str) for v in strings) or None in path or lease <= 0 or not endpoints:
             msg = "not a revoke ticket: bad field"
             raise ValueError(msg)
-        return cls(lease, endpoints, texts["ca"], texts["cert"], texts["key"], texts["user"], texts["password"], path)
+        return cls(lease, endpoints, texts["ca"], texts["cert"], texts["key"], texts["user"], texts["password"], path,
+                   texts["ca_pem"])
 
     @property
     def tls(self) -> bool:
-        """Whether TLS files were given (then every endpoint is reached over https, as the agent's client does)."""
-        return any((self.ca, self.cert, self.key))
+        """Whether TLS was given (then every endpoint is reached over https, as the agent's client does)."""
+        return any((self.ca, self.cert, self.key, self.ca_pem))
 
 
 LeaseListener = Callable[[RevokeTicket | None], None]
@@ -186,7 +189,9 @@ async def _revoke_grpc(ticket: RevokeTicket, errors: dict[str, str]) -> str:
     from runner.rendezvous.etcd.identity import ClusterIdentity
 
     try:
-        creds = Credentials.load(ticket.ca, ticket.cert, ticket.key, ticket.user, ticket.password)
+        creds = (Credentials(ca=ticket.ca_pem.encode(), user=ticket.user, password=ticket.password)
+                 if ticket.ca_pem is not None else
+                 Credentials.load(ticket.ca, ticket.cert, ticket.key, ticket.user, ticket.password))
     except RendezvousError as exc:
         raise RevokeError(exc.message) from None
     while True:
@@ -213,7 +218,7 @@ def _revoke_at(ticket: RevokeTicket, endpoint: GatewayEndpoint, timeout: float) 
     if ticket.tls or endpoint.https:
         import ssl
 
-        context = ssl.create_default_context(cafile=ticket.ca)
+        context = ssl.create_default_context(cafile=ticket.ca, cadata=ticket.ca_pem)
         if ticket.cert:
             context.load_cert_chain(ticket.cert, ticket.key)
         conn = http.client.HTTPSConnection(endpoint.host, endpoint.port, timeout=timeout, context=context)

@@ -56,7 +56,7 @@ class GroupSeat:
         self._session = new_session(self.spec, self.log)
         await self._session.connect()
         self._lease = LeaseKeeper(self._session, self.spec.rendezvous.lease_ttl, self.log)
-        self._lease.watch(guard.revoke_at_death, revoke_ticket(self.spec.rendezvous))
+        self._lease.watch(guard.revoke_at_death, revoke_ticket(self.spec))
         await self._lease.grant()
 
     @property
