@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import shlex
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -258,6 +260,22 @@ class Host:
         _ip("netns", "del", self.netns, check=False)
 
 
+def kept_through_tmp(shared: Path) -> list[Path]:
+    """What a host sees at the same path although its /tmp is its own (outermost first, none inside another).
+
+    The shared folder, and the Python prefix and the runner's checkout when they live under /tmp (a clone in /tmp/x
+    runs its tests on hosts too).
+    """
+    tmp = Path("/tmp")  # noqa: S108 - the path a host mounts its own tmpfs on, not a file made here
+    wanted = [shared, Path(sys.prefix).resolve(), Path(__file__).resolve().parents[2]]
+    under = sorted({p for p in wanted if p == shared or tmp in p.parents}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in under:
+        if not any(k == path or k in path.parents for k in kept):
+            kept.append(path)
+    return kept
+
+
 class Lab:
     """A bridge and the simulated hosts on it; `shared` is seen by every host at the same path. Root only."""
 
@@ -309,17 +327,18 @@ class Lab:
         return host
 
     def _boot(self, host: Host) -> None:
-        aside = self.aside / host.name
-        aside.mkdir(parents=True, exist_ok=True)
-        shared = str(self.shared)
+        kept = kept_through_tmp(self.shared)
+        asides = [self.aside / host.name / str(k) for k in range(len(kept))]
+        for aside in asides:
+            aside.mkdir(parents=True, exist_ok=True)
         script = " && ".join([
+            "cd /",
             f"hostname {host.name}",
             f"mount --bind {self.hosts_file} /etc/hosts",
-            f"mount --bind {shared} {aside}",
+            *(f"mount --bind {shlex.quote(str(path))} {aside}" for path, aside in zip(kept, asides, strict=True)),
             "mount -t tmpfs -o mode=1777 host-tmp /tmp",
-            f"mkdir -p {shared}",
-            f"mount --bind {aside} {shared}",
-            f"umount {aside}",
+            *(f"mkdir -p {shlex.quote(str(path))} && mount --bind {aside} {shlex.quote(str(path))} && umount {aside}"
+              for path, aside in zip(kept, asides, strict=True)),
             'exec python3 -c "$0"',
         ])
         host.init = subprocess.Popen(
