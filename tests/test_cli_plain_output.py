@@ -75,6 +75,8 @@ def test_every_subcommand_prints_text_not_reprs(job: Any) -> None:
         "convert": converted,
         "validate example": human(j, "validate", target=str(EXAMPLES / "ft_train.yaml")),
         "plan example": human(j, "plan", target=str(EXAMPLES / "multinode.yaml")),
+        "secret": human(j, "secret", "--new", target=str(j.tmp / "job.secret")),
+        "secret again": human(j, "secret", "--new", target=str(j.tmp / "job.secret")),  # refused: it exists
     }
     assert {name.split()[0] for name in outputs} >= set(names())  # every subcommand, none forgotten
     found = {name: reprs_in(text) for name, text in outputs.items() if reprs_in(text)}
