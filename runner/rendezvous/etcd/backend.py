@@ -106,6 +106,7 @@ class EtcdRendezvous:
         self._lease_listener: LeaseListener | None = None  # the guard: revokes our lease if this agent dies
         self._fence: Fence | None = None  # while a round runs: fires when this node is the one cut off
         self.fenced: str | None = None  # why this node fenced itself (then nothing more goes to etcd)
+        self._side_calls: set[asyncio.Future[Any]] = set()  # bounded side calls in flight: the fence cancels them
 
     @property
     def session(self) -> EtcdSession:
@@ -376,11 +377,20 @@ class EtcdRendezvous:
             if isinstance(work, Coroutine):
                 work.close()  # never started: no "coroutine was never awaited" warning
             raise
+        task = asyncio.ensure_future(work)
+        self._side_calls.add(task)
+        task.add_done_callback(self._side_calls.discard)
         try:
             async with asyncio.timeout(limit):
-                return await work
+                return await task
         except RendezvousError:
             raise
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if self.fenced is None or (me is not None and me.cancelling()):
+                raise  # this call itself was cancelled, not by the fence
+            msg = f"etcd {what} given up: this node fenced itself (cut off from etcd and its peers)"
+            raise RendezvousError(msg) from None
         except TimeoutError:
             msg = f"etcd did not answer {what} within {limit:g} s (rendezvous.connect_timeout)"
             raise RendezvousError(msg, fix="check that etcd is up and reachable from this node") from None
@@ -578,6 +588,8 @@ class EtcdRendezvous:
     def _on_fenced(self, reason: str) -> None:
         """Cut off: nothing more goes to etcd; the agent stops its workers (Fenced)."""
         self.fenced = reason
+        for call in list(self._side_calls):  # a status publish waiting out the connect timeout would hold SHUTDOWN
+            call.cancel()
         if self._events is not None:
             self._events.put_nowait(Fenced(reason))
 
