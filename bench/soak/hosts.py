@@ -12,7 +12,8 @@ one), and two of hosts:
   gone, no guard left to revoke the lease. The others must see the node lost when its lease expires; 2-10 s later a
   fresh host of that name (same address, empty /tmp) starts the node again, as a scheduler's requeue: the same rule as
   kill_agent's;
-- `link_cut`: `Host.cut()` for 1-15 s (seeded), then `heal()`. A node cut off longer than its lease while its round
+- `link_cut`: `Host.cut()` for 1-15 s (seeded), then `heal()`; three cuts in four wait for a node whose workers run
+  (the fence's case: no target until one does), the others hit any node (in a rendezvous: it must come back). A node cut off longer than its lease while its round
   ran must fence itself (docs/multinode.md §4): its agent ends with exit 3 and a report whose last failure is of kind
   `fenced`, within lease_ttl + 10 s of the cut; once it ended, the node is started again 2-10 s after the heal.
 The default mode's `disk_full` (the logs tmpfs is not seen by the hosts: the lab shares a plain folder) and
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -54,6 +56,20 @@ LEASE_EXPIRE_BOUND_S = LEASE_TTL_S + 10.0  # the last keep-alive was at most a t
 FENCE_BOUND_S = LEASE_TTL_S + 10.0  # the fence fires before the lease lapses; grace TTL/6, the report, load
 LONG_CUT_S = LEASE_TTL_S + 1.0  # a cut at least this long outlasts the lease (kept alive every TTL/3)
 CUT_S = (1.0, 15.0)
+RUNNING_CUT_SHARE = 0.75  # of the cuts: on a node that trains (the fence's case; else no target yet); the rest any
+
+
+def stacks(pid: int) -> str:
+    """py-spy's dump of a Python process (its threads' and tasks' stacks), when py-spy is installed beside Python."""
+    spy = Path(sys.executable).parent / "py-spy"
+    if not spy.exists():
+        return ""
+    try:
+        done = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return f"\nits stacks (py-spy dump):\n{done.stdout[-5000:]}"
 
 
 @dataclass
@@ -295,13 +311,14 @@ class HostSoak(Soak):
         return True
 
     def fault_link_cut(self, job: Job, u: list[float]) -> bool:
-        agent = self.pick(self.targets(job), u[0])
+        targets = self.targets(job)
+        training = [a for a in targets if self.state_of(a) == "RUNNING" and self.workers_of(job, a)]
+        agent = self.pick(training if u[3] < RUNNING_CUT_SHARE else targets, u[0])
         if agent is None:
             return False
         node, host = agent.node, self.node_host(agent.node)
         cut = CUT_S[0] + u[1] * (CUT_S[1] - CUT_S[0])
-        rd = self.run_dir(job, agent)
-        mine = [m for m, _ in self.workers(job) if rd is not None and m["run_dir"] == str(rd)]
+        mine = self.workers_of(job, agent)
         state, at = self.state_of(agent), time.time()
         host.cut()
         for a in job.live():
@@ -335,6 +352,11 @@ class HostSoak(Soak):
 
         self.at(job, cut, f"heal the link of {node}", heal)
 
+    def workers_of(self, job: Job, agent: Agent) -> list[dict[str, Any]]:
+        """The markers of the agent's running workers."""
+        rd = self.run_dir(job, agent)
+        return [m for m, _ in self.workers(job) if rd is not None and m["run_dir"] == str(rd)]
+
     def fence_held(self, job: Job, agent: Agent, cut_at: float) -> bool | None:
         """The cut agent ended fenced (True); None when something else explains its end: it left its round
         before the fence's time (a restart), got another fault, or the job finished."""
@@ -351,7 +373,7 @@ class HostSoak(Soak):
     def fence_detail(self, job: Job, agent: Agent, cut: float) -> str:
         """Why a cut agent's fence did not hold."""
         if agent.code is None:
-            now = f"it still runs, in {self.state_of(agent)}"
+            now = f"it still runs, in {self.state_of(agent)}{stacks(agent.me.pid)}"
         else:
             report = self.report_of(job, agent) or {}
             now = (f"it ended with exit {agent.code}, outcome {report.get('outcome')}, failures "

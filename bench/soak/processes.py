@@ -80,8 +80,10 @@ class JobProcesses:
                 agent.run_dir = Path(line.removeprefix("runner: logs: ").strip())
                 return agent.run_dir
         lines, _ = jsonl(job.state / "runner" / "runs.jsonl")
-        for item in lines:
-            if item.get("kind") == "start" and item.get("pid") == (agent.host_pid or agent.me.pid) and item.get("job") == job.name:
+        for item in reversed(lines):  # (--hosts: hosts number their processes alike, a rejoined host anew)
+            if (item.get("kind") == "start" and item.get("pid") == (agent.host_pid or agent.me.pid)
+                    and item.get("job") == job.name and item.get("node", agent.node) == agent.node
+                    and float(item.get("time", agent.started)) >= agent.started - 1.0):
                 agent.run_dir = Path(item["run_dir"])
                 return agent.run_dir
         return None

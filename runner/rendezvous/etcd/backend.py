@@ -44,6 +44,7 @@ from runner.rendezvous.etcd.client import (
     EtcdSession,
     LeaseNotFound,
     absent,
+    cancel_task,
     key_range,
     prefix_range,
     put_op,
@@ -106,6 +107,7 @@ class EtcdRendezvous:
         self._lease_listener: LeaseListener | None = None  # the guard: revokes our lease if this agent dies
         self._fence: Fence | None = None  # while a round runs: fires when this node is the one cut off
         self.fenced: str | None = None  # why this node fenced itself (then nothing more goes to etcd)
+        self._fenced_event = asyncio.Event()  # set with `fenced`: a publish still waiting on etcd is abandoned
 
     @property
     def session(self) -> EtcdSession:
@@ -487,7 +489,24 @@ class EtcdRendezvous:
         if self._session is None or self.fenced is not None:
             self._state_record(state)
             return
-        await self._bounded("publish", self._publish(state))
+        await self._bounded("publish", self._unless_fenced(self._publish(state)))
+
+    async def _unless_fenced(self, work: Awaitable[None]) -> None:
+        """`work`, dropped if this node fences itself meanwhile (nothing more goes to etcd then).
+
+        A publish that etcd, cut off, does not answer would otherwise hold the status lock until connect_timeout,
+        and the fenced node's last publish (SHUTDOWN) with it: the node would leave that much later.
+        """
+        task = asyncio.ensure_future(work)
+        fence = asyncio.ensure_future(self._fenced_event.wait())
+        try:
+            await asyncio.wait({task, fence}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # (also when the caller's bound cancels this: neither task outlives it)
+            await cancel_task(fence)
+            if not task.done():
+                await cancel_task(task)
+        if not task.cancelled():
+            task.result()  # the work's own error, if any
 
     async def _publish(self, state: dict[str, Any]) -> None:
         record = self._state_record(state)
@@ -578,6 +597,7 @@ class EtcdRendezvous:
     def _on_fenced(self, reason: str) -> None:
         """Cut off: nothing more goes to etcd; the agent stops its workers (Fenced)."""
         self.fenced = reason
+        self._fenced_event.set()
         if self._events is not None:
             self._events.put_nowait(Fenced(reason))
 
