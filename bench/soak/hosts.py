@@ -427,6 +427,11 @@ class HostSoak(Soak):
     def check_job_end(self, job: Job) -> None:
         """The base checks, then one world per attempt, and no two worlds ever live at once."""
         super().check_job_end(job)
+        self.check_worlds(job)
+        self.tally.held("no_rank_twice")
+
+    def check_worlds(self, job: Job) -> None:
+        """Every world the job's workers started in (one per attempt): one world size, each rank held once."""
         worlds: dict[str, list[dict[str, Any]]] = {}
         for m, _ in self.workers(job, live_only=False):
             worlds.setdefault(str(m.get("master")), []).append(m)
@@ -438,4 +443,3 @@ class HostSoak(Soak):
                 raise Violation("one_world", f"job {job.index}: world {world} was not one world of distinct ranks: "
                                 f"{where}")
             self.tally.held("one_world")
-        self.tally.held("no_rank_twice")
