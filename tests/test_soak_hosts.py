@@ -20,6 +20,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,13 +41,30 @@ CHAOS = ROOT / "bench" / "chaos.py"
 SEED = 14
 CLASSES = ("host_loss", "link_cut")
 
+
+
+def stale_round(out: str) -> bool:
+    """The soak stopped on no_rank_twice, and one of the live worlds is held only by nodes that were cut off while in
+    RENDEZVOUS (a node cut while RUNNING that kept its workers is a fencing failure: not this bug)."""
+    if "invariant no_rank_twice broke:" not in out:
+        return False
+    cut_waiting = set(re.findall(r"link_cut (n\d+)(?:#\d+)?: link down for [\d.]+ s \(lease_ttl [\d.]+ s; RENDEZVOUS",
+                                 out))
+    detail = out.split("invariant no_rank_twice broke:", 1)[1].strip().splitlines()[0]
+    for _, ranks in re.findall(r"world (\S+): (.*?)(?=; world |$)", detail):
+        nodes = set(re.findall(r" on (n\d+) pid", ranks))
+        if nodes and nodes <= cut_waiting:
+            return True
+    return False
+
+
 KNOWN_BUGS: dict[str, Callable[[str], bool]] = {
     # python bench/chaos.py --hosts --seed 1 --duration 40 --job-window 40 --failure-every 5 --steps 150
-    #   --classes host_loss,link_cut,kill_worker
+    #   --classes host_loss,link_cut,kill_worker   (docs/faults.md "On simulated hosts")
     "a node cut off in RENDEZVOUS just after its round's result was written (before it read it) comes back after its "
     "lease lapsed and the others formed a later round, and still starts workers of the old round (its lease re-granted, "
     "its join record put again, the old result read): two worlds live at once (runner/rendezvous/etcd/round.py)":
-        lambda out: "invariant no_rank_twice broke" in out,
+        stale_round,
 }
 
 
@@ -186,3 +204,13 @@ def test_a_cut_node_that_ended_without_fencing_breaks_fenced(tmp_path: Path, mon
     assert "did not end fenced" in caught.value.detail and "exit 1" in caught.value.detail
     soak.tally.broke("fenced")
     assert "FAILED: seed 1: invariant fenced broke" in table(soak, caught.value)
+
+
+def test_the_known_bug_matches_only_a_world_of_nodes_cut_while_waiting() -> None:
+    found = ("[   12.2s] job 1: link_cut n1: link down for 13.2 s (lease_ttl 5 s; RENDEZVOUS, 0 worker(s) running)\n"
+             "FAILED: seed 1: invariant no_rank_twice broke:\n"
+             "job 1: workers of 2 worlds live at once (ranks held twice): world n1:39337: rank 0/2 on n1 pid 74 "
+             "(attempt 1); world n2:43027: rank 1/2 on n0 pid 61 (attempt 0), rank 0/2 on n2 pid 88 (attempt 2)\n")
+    assert stale_round(found)
+    assert not stale_round(found.replace("RENDEZVOUS, 0", "RUNNING, 1"))  # a cut while training: the fence's failure
+    assert not stale_round(found.replace("no_rank_twice", "fenced"))
