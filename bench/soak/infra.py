@@ -131,13 +131,15 @@ class HostEtcd:
         return None
 
     def log_tail(self, lines: int = 20) -> str:
-        """The last lines of every member's log."""
+        """The last lines of every member's log, each headed by its last panic line, if any (a Go panic's stack
+        would hide it)."""
         out = []
         for m in self.cluster.members:
             with contextlib.suppress(OSError):
-                text = (m.host.lab.shared / f".etcd-{m.name}.log").read_text(errors="replace")
-                out.append(f"--- etcd member {m.name} ({HOST_DATA} on its host)\n"
-                           + "\n".join(text.splitlines()[-lines:]))
+                text = (m.host.lab.shared / f".etcd-{m.name}.log").read_text(errors="replace").splitlines()
+                panic = next((line for line in reversed(text) if line.startswith("panic:") or '"panic"' in line), "")
+                out.append(f"--- etcd member {m.name} ({HOST_DATA} on its host)"
+                           + (f"\n{panic[:1000]}\n..." if panic else "") + "\n" + "\n".join(text[-lines:]))
         return "\n".join(out)
 
     def kill(self) -> None:
