@@ -51,10 +51,12 @@ class Checks:
         self.scan_output(job, a)
         text = read_text(a.out)
         self.tally.held("no_internal_error")
-        if a.fate == "killed":
-            self.lost["killed"] += 1
+        if a.fate in ("killed", "lost"):
+            killed = a.fate == "killed"
+            row = "killed" if killed else "host_lost"
+            self.lost[row] = self.lost.get(row, 0) + 1
             for name in ("report_written", "outcome_matches_workers", "attempts_recorded"):
-                self.tally.moot(name, "the agent was SIGKILLed by the soak")
+                self.tally.moot(name, "the agent was SIGKILLed by the soak" if killed else "its host was lost")
             return
         if a.code is not None and a.code < 0:  # died of a signal: only a stop signal the spec does not handle
             raise Violation("report_written", f"{a.label} died of signal {-a.code} ({a.fate or 'no fault sent'}): "
@@ -76,6 +78,20 @@ class Checks:
             self.tally.moot("attempts_recorded", "the report warns transition_write_failed (a full disk)")
         else:
             self.tally.held("attempts_recorded")
+
+    def report_of(self, job: Job, a: Agent) -> dict[str, Any] | None:
+        """The agent's report.json, parsed (None: none, or unreadable)."""
+        path = self.report_path(a, self.run_dir(job, a))
+        try:
+            return dict(json.loads(path.read_text())) if path is not None else None
+        except (OSError, ValueError):
+            return None
+
+    def fenced(self, job: Job, a: Agent) -> bool:
+        """The agent ended fenced: its report's last failure is of kind `fenced` (docs/multinode.md §4)."""
+        report = self.report_of(job, a)
+        failures = report.get("failures") if report else None
+        return bool(failures) and isinstance(failures, list) and failures[-1].get("kind") == "fenced"
 
     def report_path(self, a: Agent, rd: Path | None) -> Path | None:
         """report.json in the run dir, else the fallback the console names."""
@@ -121,7 +137,7 @@ class Checks:
                 raise Violation("outcome_matches_workers", f"{where}: every worker of its last attempt ({last}) "
                                 f"finished all {self.args.steps} steps, yet the outcome is {outcome}\n{tail(text)}")
         ended = next((t.get("time", 0.0) for t in console_transitions(a) if t.get("dst") == "SHUTDOWN"), None)
-        if a.fate and a.fate != "killed" and outcome != "succeeded" and (ended is None or ended >= a.fate_at):
+        if a.fate in signal.Signals.__members__ and outcome != "succeeded" and (ended is None or ended >= a.fate_at):
             sig = signal.Signals[a.fate]  # (an agent already in SHUTDOWN when the signal came keeps its outcome)
             if outcome != "stopped" or a.code != 128 + sig:
                 raise Violation("stop_honoured", f"{where}: {a.fate} must end it with outcome stopped and exit code "
@@ -130,7 +146,8 @@ class Checks:
     def fault_near(self, job: Job, a: Agent, when: float) -> bool:
         """A fault hit etcd, the network or this agent within RACE_S of `when` (time.time())."""
         return any(abs(f.wall - when) < RACE_S for f in job.faults
-                   if f.cls in ("etcd_stop", "etcd_restart", "etcd_wipe", "partition") or f.target == a.label)
+                   if f.cls in ("etcd_stop", "etcd_restart", "etcd_wipe", "partition", "link_cut", "host_loss")
+                or f.target == a.label)
 
     def check_transitions(self, job: Job, a: Agent, report: dict[str, Any]) -> None:
         """Every attempt of the run (and every attempt a worker of it started in) is in transitions.jsonl, and the
@@ -220,14 +237,17 @@ class Checks:
         self.etcd_crashes.append(crash)
         etcd.start()
 
+    def etcd_renewed_at(self) -> float:
+        """time.time() from which etcd counts every lease's TTL again: its last start, plus an election timeout."""
+        return self.etcd.started_at + ETCD_RENEW_EXTRA_S if self.etcd is not None else 0.0
+
     def check_keys(self, job: Job) -> None:
         """After the last agent's end plus lease_ttl: no key of the job on a live lease, but the final states (on
         their own lease, at most an hour). etcd renews every lease when it starts (a lease's TTL counts again from
         there, plus an election timeout): after a restart, the wait counts from the restart."""
-        if self.etcd is not None and not self.etcd.up:
-            self.etcd_start()
+        self.etcd_start()  # (only if it is down)
         last_end = max((a.ended for a in job.agents), default=time.time())
-        since = max(last_end, self.etcd.started_at + ETCD_RENEW_EXTRA_S if self.etcd is not None else 0.0)
+        since = max(last_end, self.etcd_renewed_at())
         time.sleep(max(0.0, since + LEASE_TTL_S + 2 - time.time()))
         keys = self.etcd_keys(job)
         if keys is None:
@@ -273,6 +293,9 @@ class Checks:
             if a.code == 3 and "kept out of the next round: this node held up the hang" in text:
                 # A worker of it was found hung (stopped) and named the culprit: with the product's default
                 # watchdog.keep_out_culprit the node sits out while the others go on (docs/hangs.md).
+                continue
+            if a.code == 3 and a.cut_off and self.fenced(job, a):
+                # Its host's link was cut for longer than its lease: it fenced itself (docs/multinode.md §4).
                 continue
             if a.code == 3 and a.cut_off and self.args.hosted and "did not answer" in text:
                 # Cut off while the others finished: the hosted etcd ended with its host (after its bounded wait

@@ -3,6 +3,11 @@
     python bench/chaos.py --seed N --duration SECONDS [--hosted] [--nodes K] [--failure-every S]
                           [--steps N] [--job-window S] [--classes a,b,...] [--no-standby] [--first-job N] [--keep]
     python bench/chaos.py --replica-groups --seed N --duration SECONDS [...]
+    python bench/chaos.py --hosts [--etcd-members 1|3] --seed N --duration SECONDS [...]
+
+--hosts runs every node on a simulated host of its own (runner/testing/hosts.py: its own network, address, hostname,
+/tmp and processes), the etcd on a host of its own (or 3 members on 3, --etcd-members 3), and adds the classes
+host_loss and link_cut, with invariants across hosts: bench/soak/hosts.py (root only).
 
 --replica-groups soaks single-node replica-group jobs (2 TorchFT groups, the hosted lighthouse) instead, with faults
 and invariants of their own: bench/soak/replicas.py.
@@ -69,6 +74,25 @@ from bench.soak.soak import Soak
 from runner.testing.etcd_server import etcd_binary
 
 
+def pick_soak(p: argparse.ArgumentParser, args: argparse.Namespace) -> type[Soak] | str:
+    """The soak the options ask for, or why this machine cannot run it."""
+    if args.replica_groups:
+        from bench.soak.replicas import ReplicaSoak, missing_torchft
+
+        if args.hosted:
+            p.error("--replica-groups runs one node with no etcd: --hosted does not apply")
+        return missing_torchft() or ReplicaSoak
+    if args.hosts:
+        from bench.soak.hosts import HostSoak
+        from runner.testing.hosts import why_not
+
+        if args.hosted:
+            p.error("--hosts runs the etcd on hosts of its own: --hosted does not apply (drop one of them)")
+        why = why_not()
+        return f"--hosts: {why}" if why else HostSoak
+    return Soak
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="python bench/chaos.py", description="Seeded chaos soak: real agents, real etcd, a real training job, random faults; invariants after each.")
     p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
@@ -86,20 +110,24 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep every log (a failing run keeps them anyway)")
     p.add_argument("--replica-groups", action="store_true",
                    help="single-node replica-group jobs (2 groups, hosted TorchFT lighthouse): bench/soak/replicas.py")
+    p.add_argument("--hosts", action="store_true",
+                   help="every node on a simulated host of its own, host_loss and link_cut among the classes: "
+                        "bench/soak/hosts.py (root)")
+    p.add_argument("--etcd-members", type=int, default=1, choices=(1, 3),
+                   help="with --hosts: etcd members, each on a host of its own (default 1)")
     args = p.parse_args()
+    if args.etcd_members != 1 and not args.hosts:
+        p.error("--etcd-members needs --hosts (the default mode runs one etcd on this machine)")
+    if args.replica_groups and args.hosts:
+        p.error("--replica-groups runs one node: --hosts does not apply")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
-    soak: type[Soak] = Soak
-    if args.replica_groups:
-        from bench.soak.replicas import ReplicaSoak, missing_torchft
-
-        if args.hosted:
-            p.error("--replica-groups runs one node with no etcd: --hosted does not apply")
-        if why := missing_torchft():
-            print(f"chaos soak: {why}", file=sys.stderr)
-            return 2
-        soak = ReplicaSoak
-    elif args.nodes < 2:
+    picked = pick_soak(p, args)
+    if isinstance(picked, str):
+        print(f"chaos soak: {picked}", file=sys.stderr)
+        return 2
+    soak = picked
+    if not args.replica_groups and args.nodes < 2:
         p.error("--nodes must be at least 2")
     unknown = set(filter(None, args.classes.split(","))) - set(soak.all_classes)
     if unknown:

@@ -18,14 +18,16 @@ READ_TIMEOUT_S = 10.0
 
 
 class EtcdReader:
-    """etcdctl against one endpoint (host:port, plain http as the soak's etcds are)."""
+    """etcdctl against one endpoint (host:port, plain http as the soak's etcds are), or several, comma-separated (the
+    members of a cluster: --hosts --etcd-members 3)."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
 
     def etcdctl(self, *args: str) -> str | None:
         """etcdctl's output, None when it failed or took too long."""
-        argv = [etcd_binary("etcdctl"), f"--endpoints=http://{self.endpoint}", "--dial-timeout=2s",
+        endpoints = ",".join(f"http://{e}" for e in self.endpoint.split(","))
+        argv = [etcd_binary("etcdctl"), f"--endpoints={endpoints}", "--dial-timeout=2s",
                 "--command-timeout=3s", *args]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=READ_TIMEOUT_S, check=False,

@@ -26,7 +26,7 @@ from bench.soak.bounds import (
 )
 from bench.soak.infra import fill
 from bench.soak.model import Agent, Job, console_transitions
-from bench.soak.procs import descendants_of, describe, ident, running, signal_proven, stat
+from bench.soak.procs import Proc, descendants_of, describe, ident, running, signal_proven, stat
 
 
 class Faults:
@@ -66,7 +66,7 @@ class Faults:
         if not cands:
             return False
         m, p = self.pick(cands, u[0])
-        if not signal_proven(p, sig, lambda pid: self.marked(job, pid)):
+        if not self.signal_worker(job, m, p, sig):
             return False
         who = f"{m['node']} rank {m['rank']} pid {p.pid} (attempt {m['attempt']})"
         if sig == signal.SIGKILL:
@@ -76,14 +76,18 @@ class Faults:
         if u[1] < 0.5:
             pause = 0.5 + u[2] * 2.5
             self.record(job, "stop_worker", who, f"SIGSTOP, SIGCONT in {pause:.1f} s")
-            self.at(job, pause, f"SIGCONT {p.pid}",
-                    lambda: signal_proven(p, signal.SIGCONT, lambda pid: self.marked(job, pid)))
+            self.at(job, pause, f"SIGCONT {p.pid}", lambda: self.signal_worker(job, m, p, signal.SIGCONT))
         else:
             self.record(job, "stop_worker", who, f"SIGSTOP, left stopped (heartbeat_timeout {HEARTBEAT_TIMEOUT_S:g} s)")
             self.expect(job, "hang_detected", HANG_BOUND_S, lambda: not running(p),
                         lambda: f"the stopped worker still exists {HANG_BOUND_S:g} s later: {describe(p)}",
                         met=f"stopped worker {p.pid} gone")
         return True
+
+    def signal_worker(self, job: Job, m: dict[str, Any], p: Proc, sig: int) -> bool:  # noqa: ARG002 - --hosts reads m
+        """Send `sig` to the worker `m` names (`p`: its identity here) through a pidfd, once /proc proves it is that
+        process and the job's; False when it is not (gone, or its pid recycled)."""
+        return signal_proven(p, sig, lambda pid: self.marked(job, pid))
 
     def fault_stop_worker(self, job: Job, u: list[float]) -> bool:
         return self.fault_kill_worker(job, u, signal.SIGSTOP)
@@ -92,7 +96,7 @@ class Faults:
         agent = self.pick(self.targets(job), u[0])
         if agent is None:
             return False
-        tree = [p for pid in descendants_of(agent.proc.pid) if (p := ident(pid))]
+        tree = [p for pid in descendants_of(agent.me.pid) if (p := ident(pid))]
         hosting = self.args.hosted and self.hosted_etcd(agent) is not None
         lease = 0 if hosting else self.node_lease(job, agent.node)  # (a hosted etcd dies with its host, leases too)
         agent.proc.send_signal(signal.SIGKILL)
@@ -134,7 +138,7 @@ class Faults:
 
         def proof(pid: int) -> bool:
             st = stat(pid)
-            return st is not None and st[1] == agent.proc.pid and any(
+            return st is not None and st[1] == agent.me.pid and any(
                 "runner.system.shepherd_main" in a for a in argv_of(pid))
 
         if not signal_proven(guard, signal.SIGKILL, proof):

@@ -1,4 +1,13 @@
-"""The soak's infrastructure: its etcd, the network namespace a node runs in, the logs tmpfs."""
+"""The soak's infrastructure: its etcd (on this machine, or on hosts of its own with --hosts), the network namespace a
+node runs in, the logs tmpfs.
+
+Two ways to make a network namespace remain: `Netns` below (one node's namespace on a veth pair, for the `partition`
+class of the default mode) and runner/testing/hosts.py's `Lab`, which --hosts uses for every node. The default mode
+keeps `Netns` because a `Lab` host is more than a network namespace: its own PID namespace renumbers the node's
+workers, which the default mode's pid-based faults and checks read from this machine's /proc; --hosts
+(bench/soak/hosts.py) reads them through the host instead. Moving `partition` onto a `Lab` host means running that
+mode's worker faults through bench/soak/hosts.py's pid translation: not done yet.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from runner.testing.etcd_cluster import HOST_DATA, EtcdCluster, Member
 from runner.testing.etcd_server import EtcdServer
 
 
@@ -45,6 +55,96 @@ class ChaosEtcd(EtcdServer):
         self.kill()
         shutil.rmtree(self.data_dir, ignore_errors=True)
         self.start()
+
+
+class HostEtcd:
+    """--hosts: the soak's etcd, a cluster of 1 or 3 members on hosts of their own (runner/testing/etcd_cluster.py).
+
+    What the soak's faults and checks ask of it: whether every member runs, a member stopped until the fault starts it
+    again (`held`), a member killed and started again, the whole cluster wiped, and an exit no fault caused. With 3
+    members a fault hits the leader (etcd's own status), so the cluster elects another; with 1, the only member.
+    """
+
+    def __init__(self, cluster: EtcdCluster) -> None:
+        self.cluster = cluster
+        self.started_at = 0.0  # time.time() of the last start, stop or kill: a new leader renews every lease's TTL
+        self.held: set[str] = set()  # members a fault stopped, until it starts them again
+
+    @property
+    def endpoint(self) -> str:
+        """Every member's client endpoint, comma-separated (the spec lists them all)."""
+        return ",".join(self.cluster.endpoints)
+
+    @property
+    def up(self) -> bool:
+        """Every member runs."""
+        return all(m.up for m in self.cluster.members)
+
+    @property
+    def readable(self) -> bool:
+        """A quorum of members runs (the keys can be read)."""
+        return sum(m.up for m in self.cluster.members) * 2 > len(self.cluster.members)
+
+    def start_cluster(self) -> None:
+        """Start every member and wait until each answers."""
+        self.cluster.start()
+        self.started_at = time.time()
+
+    def target(self) -> Member:
+        """The member a fault hits: the leader of 3, the only one of 1."""
+        members = self.cluster.members
+        return members[0] if len(members) == 1 else self.cluster.leader()
+
+    def stop(self, m: Member) -> None:
+        """SIGTERM one member: down until start() (a fault holds it down)."""
+        self.held.add(m.name)
+        if m.proc is not None and m.up:
+            m.proc.terminate()
+            m.proc.wait(timeout=15)
+        self.started_at = time.time()
+
+    def start(self) -> None:
+        """Start every member that is down again, on its data, and wait until each answers."""
+        for m in self.cluster.members:
+            if not m.up:
+                self.cluster.restart(m)
+        self.held.clear()
+        self.started_at = time.time()
+
+    def restart(self, m: Member) -> None:
+        """SIGKILL one member and start it again at once, on its data."""
+        self.cluster.restart(m)
+        self.started_at = time.time()
+
+    def wipe(self) -> None:
+        """SIGTERM every member, delete every member's data (in its host's /tmp), start a new cluster on the same
+        addresses: every key forgotten."""
+        self.cluster.restart_empty()
+        self.held.clear()
+        self.started_at = time.time()
+
+    def exited_unasked(self) -> int | None:
+        """The exit status of a member that ended while nothing of the soak stopped it; None if none did."""
+        for m in self.cluster.members:
+            if m.proc is not None and m.name not in self.held and m.proc.poll() is not None:
+                return m.proc.returncode
+        return None
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of every member's log, each headed by its last panic line, if any (a Go panic's stack
+        would hide it)."""
+        out = []
+        for m in self.cluster.members:
+            with contextlib.suppress(OSError):
+                text = (m.host.lab.shared / f".etcd-{m.name}.log").read_text(errors="replace").splitlines()
+                panic = next((line for line in reversed(text) if line.startswith("panic:") or '"panic"' in line), "")
+                out.append(f"--- etcd member {m.name} ({HOST_DATA} on its host)"
+                           + (f"\n{panic[:1000]}\n..." if panic else "") + "\n" + "\n".join(text[-lines:]))
+        return "\n".join(out)
+
+    def kill(self) -> None:
+        """Kill every member (never raises)."""
+        self.cluster.close()
 
 
 class Netns:

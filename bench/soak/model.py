@@ -32,9 +32,10 @@ class Agent:
     me: Proc
     out: Path  # stdout + stderr
     started: float  # time.time()
-    fate: str = ""  # "" (left alone), "killed", or the stop signal's name
+    fate: str = ""  # "" (left alone), "killed", "lost" (its host: --hosts), or the stop signal's name
     fate_at: float = 0.0
-    cut_off: bool = False  # its node's network was partitioned while it ran
+    cut_off: bool = False  # its node's network was partitioned (or its host's link cut: --hosts) while it ran
+    host_pid: int = 0  # --hosts: its pid on its simulated host (runs.jsonl records that one); 0: the same as me.pid
     code: int | None = None
     ended: float = 0.0
     run_dir: Path | None = None

@@ -44,12 +44,12 @@ class JobProcesses:
 
     def guards(self, agent: Agent) -> list[Proc]:
         """The agent's guard processes (its children running runner.system.shepherd_main)."""
-        return [p for pid in children_of(agent.proc.pid)
+        return [p for pid in children_of(agent.me.pid)
                 if any("runner.system.shepherd_main" in a for a in argv_of(pid)) and (p := ident(pid))]
 
     def hosted_etcd(self, agent: Agent) -> Proc | None:
         """The etcd the agent hosts (a descendant whose program is etcd), if any."""
-        for pid in descendants_of(agent.proc.pid):
+        for pid in descendants_of(agent.me.pid):
             argv = argv_of(pid)
             if argv and Path(argv[0]).name == "etcd" and (p := ident(pid)) and running(p):
                 return p
@@ -80,8 +80,10 @@ class JobProcesses:
                 agent.run_dir = Path(line.removeprefix("runner: logs: ").strip())
                 return agent.run_dir
         lines, _ = jsonl(job.state / "runner" / "runs.jsonl")
-        for item in lines:
-            if item.get("kind") == "start" and item.get("pid") == agent.proc.pid and item.get("job") == job.name:
+        for item in reversed(lines):  # (--hosts: hosts number their processes alike, a rejoined host anew)
+            if (item.get("kind") == "start" and item.get("pid") == (agent.host_pid or agent.me.pid)
+                    and item.get("job") == job.name and item.get("node", agent.node) == agent.node
+                    and float(item.get("time", agent.started)) >= agent.started - 1.0):
                 agent.run_dir = Path(item["run_dir"])
                 return agent.run_dir
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -253,7 +254,7 @@ class Soak(JobProcesses, Faults, Checks):
             rendezvous:
               backend: etcd
               hosted: {str(self.args.hosted).lower()}
-              endpoints: ["{endpoint}"]
+              endpoints: {json.dumps(endpoint.split(","))}
               last_call: {LAST_CALL_S}s
               lease_ttl: {LEASE_TTL_S}s
               join_timeout: {JOIN_TIMEOUT_S}s
@@ -270,12 +271,7 @@ class Soak(JobProcesses, Faults, Checks):
         name = f"chaos-{self.args.seed}-{index}"
         d = self.base / f"job{index}"
         logs = (self.logs_root if self.mounted else self.base / "logs") / f"job{index}"
-        if self.args.hosted:
-            host = self.net.host_addr if self.net else "127.0.0.1"
-            endpoint = f"{host}:{free_port()}"
-        else:
-            assert self.etcd is not None
-            endpoint = f"{self.net.host_addr}:{self.etcd.client_port}" if self.net else self.etcd.endpoint
+        endpoint = self.job_endpoint()
         job = Job(index, name, os.urandom(8).hex(), d, logs, d / "job.yaml",
                   [f"n{i}" for i in range(self.args.nodes)], endpoint)
         for sub in (d, job.out, job.tmp, job.state, d / "ckpt", logs):
@@ -288,6 +284,14 @@ class Soak(JobProcesses, Faults, Checks):
             raise RuntimeError(f"the soak's own spec is refused:\n{done.stdout}{done.stderr}")
         self.jobs.append(job)
         return job
+
+    def job_endpoint(self) -> str:
+        """The rendezvous endpoint of a new job (several: comma-separated)."""
+        if self.args.hosted:
+            host = self.net.host_addr if self.net else "127.0.0.1"
+            return f"{host}:{free_port()}"
+        assert self.etcd is not None
+        return f"{self.net.host_addr}:{self.etcd.client_port}" if self.net else self.etcd.endpoint
 
     def start_agent(self, job: Job, node: str) -> Agent:
         """Start one agent of `node` (a new one after a fault), in its own session, output to a file."""

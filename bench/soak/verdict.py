@@ -27,6 +27,8 @@ MOOT_WHY = {
     "etcd_restarted": "the hosting agent ended first",
     "late_join_admitted": "the late node ended, got a fault, or the job finished first",
     "lighthouse_restarted": "the agent ended or was signalled first",
+    "lease_expired": "etcd could not be read (a member stopped, restarted or wiped)",
+    "fenced": "the cut node left its round otherwise first (a restart), got another fault, or the job finished",
 }
 
 

@@ -7,10 +7,13 @@ all, then exits 0. Rank 0 saves a checkpoint every --every steps (atomically: a 
 one) into DIR and every attempt resumes from it, whatever the world size (the global batch is split over the ranks).
 
 What the soak reads, in --out (written atomically, one JSON file each, never in the logs dir):
-- start-<node>-<pid>.json when the script starts, before torch is imported: the node ($CHAOS_NODE), pid, start
-  time in clock ticks (/proc/self/stat: the soak proves a pid is this process before it signals it), run dir (from
-  the runner's TORCHELASTIC_ERROR_FILE), attempt (TORCHELASTIC_RESTART_COUNT), rank;
-- done-<node>-<pid>.json right before the exit 0, after the last step: the same plus the step it resumed at, N.
+- start-<node>-<pid>-<ticks>.json when the script starts, before torch is imported: the node ($CHAOS_NODE), pid
+  (as the worker's own PID namespace numbers it: on a simulated host, the host's), start time in clock ticks
+  (/proc/self/stat, the same in every namespace: the soak proves a pid is this process before it signals it; in the
+  name too, since a host that rejoins numbers its processes from 1 again), run dir (from the runner's
+  TORCHELASTIC_ERROR_FILE), attempt (TORCHELASTIC_RESTART_COUNT), rank, world size, hostname and the world's
+  master (MASTER_ADDR:MASTER_PORT, fresh for every attempt: the soak tells worlds apart by it);
+- done-<node>-<pid>-<ticks>.json right before the exit 0, after the last step: the same plus the step it resumed at, N.
 
 Liveness: a thread touches $RUNNER_HEARTBEAT_FILE every 0.5 s from the very start (so torch's import and the wait in
 init_process_group are not silence). A SIGSTOP stops that thread too: the watchdog's heartbeat_timeout is what
@@ -20,6 +23,7 @@ notices a stopped worker. A beat that fails (a full logs disk) is ignored: the w
 import argparse
 import json
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -63,6 +67,8 @@ def identity() -> dict:
         "rank": int(os.environ.get("RANK", "0")),
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "host": socket.gethostname(),
+        "master": f"{os.environ.get('MASTER_ADDR', '')}:{os.environ.get('MASTER_PORT', '')}",
     }
 
 
@@ -77,7 +83,7 @@ def main() -> None:
     threading.Thread(target=beat_forever, daemon=True).start()
     out, ckpt = Path(args.out), Path(args.ckpt)
     me = identity()
-    write_json(out, f"start-{me['node']}-{me['pid']}.json", {**me, "time": time.time()})
+    write_json(out, f"start-{me['node']}-{me['pid']}-{me['start_ticks']}.json", {**me, "time": time.time()})
 
     from datetime import timedelta
 
@@ -115,7 +121,7 @@ def main() -> None:
             os.replace(tmp, path)
         time.sleep(max(0.0, args.step_time - (time.monotonic() - t0)))
     dist.barrier()  # every rank did every step before any says it is done
-    write_json(out, f"done-{me['node']}-{me['pid']}.json",
+    write_json(out, f"done-{me['node']}-{me['pid']}-{me['start_ticks']}.json",
                {**me, "resumed_at": resumed, "steps": args.steps, "world": world, "time": time.time()})
     if rank == 0:
         print(f"done: {args.steps} steps, world size {world}, w={net.weight.item():.2f} b={net.bias.item():.2f}",

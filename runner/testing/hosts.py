@@ -308,8 +308,20 @@ class Lab:
         return self.hosts[name].ip
 
     def add(self, name: str) -> Host:
-        """Start a new host called `name` (also its hostname) and return it once it is up."""
-        k = len(self.hosts) + 2
+        """Start a new host called `name` (also its hostname) and return it once it is up.
+
+        A host of that name that was lost is replaced: its namespace is deleted and the new one gets its address (a
+        machine that rebooted, or a replacement under the same name); one still up is refused.
+        """
+        old = self.hosts.get(name)
+        if old is not None and not old.lost:
+            msg = f"host {name} is up: lose() it before adding a new one of that name"
+            raise ValueError(msg)
+        if old is not None:
+            old.close()
+            k = int(old.ip.rsplit(".", 1)[1])
+        else:
+            k = len(self.hosts) + 2
         host = Host(self, name, f"10.215.{self.subnet}.{k}", f"{self.tag}-{name}", f"{self.tag}v{k}")
         self.hosts[name] = host
         self._write_hosts()

@@ -297,6 +297,8 @@ class EtcdRendezvous:
                     self._log.info("rendezvous_joined", round=r, attempt=attempt)
                     closed = await waiter[-1].wait((rev, first), first_joiner=bool(ticket) and ticket[0].version == 1)
                 result = self._to_result(r, closed)
+                if result is not None and await self._round_left(r):
+                    result = None
                 if result is not None:
                     self._round_hint = r + 1
                     return result, int(closed.get("rev", 0))
@@ -308,6 +310,22 @@ class EtcdRendezvous:
             self.lease.forget(k.ticket(r))
             await self.session.call(partial(Connection.delete, key=join_key))
             self._round_hint = await self._open_round(r)
+
+    async def _round_left(self, r: int) -> bool:
+        """Whether the job has left round `r`, whose result includes this node: a later round was opened meanwhile.
+
+        A node that read the result late (cut off, or frozen, between its join and the close, while its lease lapsed
+        and the others formed the next round without it) would otherwise start workers of a world nobody else is in
+        any more, beside the next round's; it joins the round that is open instead.
+        """
+        raw = await self.session.call(lambda c: c.get(self._keys.round))
+        current = int(raw.value) if raw is not None else 0
+        if current <= r:
+            return False
+        self._log.warning("rendezvous_round_left", round=r, current=current,
+                          detail="the job opened a later round before this node read this one's result: it joins "
+                                 "the open round instead of starting workers of one the others left")
+        return True
 
     async def _round_open(self, r: int, current: int) -> bool:
         """Whether round `r`, which has no result yet, is the one open for joining, the round key being `current`.

@@ -1,0 +1,445 @@
+"""--hosts: the chaos soak with every node on a simulated host of its own (runner/testing/hosts.py).
+
+Each node's agent runs on host n0..nK-1 (`python -m runner run job.yaml`: its node id is the hostname, its address
+the host's), with the host's own network, /tmp and processes; the etcd runs on a host of its own ("etcd"), or on
+three (etcd0..etcd2, `--etcd-members 3`: runner/testing/etcd_cluster.py); the soak's folder is the lab's shared folder
+(specs, logs, checkpoints, the workers' markers), seen by every host at the same path.
+
+Classes: the base soak's process and etcd faults (a worker's pid is its host's: the soak finds the process through
+`Host.pids()` and signals it with `Host.kill()`), with an etcd fault hitting the leader of 3 members (or the only
+one), and two of hosts:
+- `host_loss`: `Host.lose()`: every process of the host killed at once by the kernel (its PID 1 SIGKILLed), its /tmp
+  gone, no guard left to revoke the lease. The others must see the node lost when its lease expires; 2-10 s later a
+  fresh host of that name (same address, empty /tmp) starts the node again, as a scheduler's requeue: the same rule as
+  kill_agent's;
+- `link_cut`: `Host.cut()` for 1-15 s (seeded), then `heal()`; three cuts in four wait for a node whose workers run
+  (the fence's case: no target until one does), the others hit any node (in a rendezvous: it must come back). A node cut off longer than its lease while its round
+  ran must fence itself (docs/multinode.md §4): its agent ends with exit 3 and a report whose last failure is of kind
+  `fenced`, within lease_ttl + 10 s of the cut; once it ended, the node is started again 2-10 s after the heal.
+The default mode's `disk_full` (the logs tmpfs is not seen by the hosts: the lab shares a plain folder) and
+`partition` (link_cut is its form here) are not drawn.
+
+Invariants, beyond the base soak's: `nothing_survives` also on every host (after the job, no process on a node's host
+but its PID 1); `lease_expired` (a lost host's lease gone within lease_ttl + 10 s); `fenced` (above); `no_rank_twice`
+(at no moment do live workers of two worlds exist: a world is an attempt's MASTER_ADDR:MASTER_PORT, fresh for each,
+so a cut-off node's workers must be gone before the others' next world starts); `one_world` (at the job's end: in
+each world, every rank was held by one worker, of one world size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.soak.bounds import ALL_CLASSES, CLASSES, GONE_BOUND_S, LEASE_TTL_S, LOST, MEASURED
+from bench.soak.etcd_reads import EtcdReader
+from bench.soak.infra import HostEtcd
+from bench.soak.model import Agent, Job, Violation, console_transitions, read_text, tail
+from bench.soak.procs import Proc, describe, ident, reap_orphans, running, set_subreaper
+from bench.soak.soak import Soak
+from runner.testing.etcd_cluster import EtcdCluster
+from runner.testing.hosts import Host, Lab
+
+HOST_CLASSES = (*(c for c in CLASSES if c not in ("disk_full", "partition")), "host_loss", "link_cut")
+HOST_ALL_CLASSES = (*HOST_CLASSES, *(c for c in ALL_CLASSES if c not in CLASSES))
+HOST_LOST = {**LOST, "host_lost": "node runs without report.json: their host was lost by the soak (by design)"}
+HOST_MEASURED = {**MEASURED, "lease_expired": "a lost host's lease expired",
+                 "fenced": "a node cut off longer than its lease ended fenced"}
+LEASE_EXPIRE_BOUND_S = LEASE_TTL_S + 10.0  # the last keep-alive was at most a third of the TTL before; etcd, load
+FENCE_BOUND_S = LEASE_TTL_S + 10.0  # the fence fires before the lease lapses; grace TTL/6, the report, load
+LONG_CUT_S = LEASE_TTL_S + 1.0  # a cut at least this long outlasts the lease (kept alive every TTL/3)
+CUT_S = (1.0, 15.0)
+RUNNING_CUT_SHARE = 0.75  # of the cuts: on a node that trains (the fence's case; else no target yet); the rest any
+
+
+def stacks(pid: int) -> str:
+    """py-spy's dump of a Python process (its threads' and tasks' stacks), when py-spy is installed beside Python."""
+    spy = Path(sys.executable).parent / "py-spy"
+    if not spy.exists():
+        return ""
+    try:
+        done = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return f"\nits stacks (py-spy dump):\n{done.stdout[-5000:]}"
+
+
+@dataclass
+class Seen:
+    """A worker seen started: its marker and its process as this machine numbers it (None: gone before seen)."""
+
+    m: dict[str, Any]
+    proc: Proc | None
+
+
+class HostSoak(Soak):
+    """The soak on simulated hosts: see the module's docstring."""
+
+    classes = HOST_CLASSES
+    all_classes = HOST_ALL_CLASSES
+    lost_rows = HOST_LOST
+    measured = HOST_MEASURED
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__(args)
+        self.lab: Lab | None = None
+        self.cluster: HostEtcd | None = None
+        self.seen: dict[str, Seen] = {}  # start marker's path -> the worker
+        self.overlap_checks = 0
+
+    # ------------------------------------------------------------------ setup / teardown
+
+    def setup(self) -> None:
+        """Subreaper, the lab (its shared folder: the soak's own), the etcd's host(s) and members."""
+        set_subreaper()
+        self.select_classes()
+        self.lab = Lab(self.base)
+        self.lab.__enter__()
+        members = self.args.etcd_members
+        names = ["etcd"] if members == 1 else [f"etcd{i}" for i in range(members)]
+        self.cluster = HostEtcd(EtcdCluster([self.lab.add(n) for n in names], token=f"chaos-{self.args.seed}"))
+        self.cluster.start_cluster()
+        self.say(f"lab {self.lab.bridge} ({self.lab.bridge_ip}/24), shared {self.base}; etcd of {members} member(s) "
+                 f"at {self.cluster.endpoint}; nodes on hosts {', '.join(f'n{i}' for i in range(self.args.nodes))}")
+
+    def teardown(self, keep: bool) -> None:
+        """Every agent and host process killed, the etcd members, the hosts, their namespaces and the bridge; then
+        the base soak's teardown (its folder). Never raises."""
+        for job in self.jobs:
+            try:
+                self.kill_job(job)
+            except Exception as e:  # teardown goes on, and says why
+                print(f"teardown: job {job.index}: {e}", file=sys.stderr)
+        if self.cluster is not None:
+            self.cluster.kill()
+        if self.lab is not None:
+            self.lab.close()
+        super().teardown(keep)
+
+    def own_pids(self) -> set[int]:
+        """Children this process waits for itself: the agents' and etcd members' nsenter, every host's PID 1."""
+        pids = super().own_pids()
+        for host in self.lab.hosts.values() if self.lab is not None else ():
+            if host.init is not None:
+                pids.add(host.init.pid)
+            pids.update(p.pid for p in host.procs)
+        return pids
+
+    def kill_job(self, job: Job) -> None:
+        """The base kill, then every process left on the job's node hosts (but their PID 1)."""
+        super().kill_job(job)
+        for host in self.node_hosts(job):
+            for pid in host.pids():
+                if pid != 1:
+                    host.kill(pid)
+
+    def node_hosts(self, job: Job) -> list[Host]:
+        """The job's node hosts that are up."""
+        assert self.lab is not None
+        return [h for n in job.nodes if (h := self.lab.hosts.get(n)) is not None and not h.lost]
+
+    def node_host(self, node: str) -> Host:
+        """The node's host; a fresh one of that name when it was lost (same address, empty /tmp)."""
+        assert self.lab is not None
+        host = self.lab.hosts.get(node)
+        if host is None or host.lost:
+            host = self.lab.add(node)
+        return host
+
+    def host_cut(self, node: str) -> bool:
+        """The node's host has its link cut now."""
+        host = self.lab.hosts.get(node) if self.lab is not None else None
+        return host is not None and host.cut_off and not host.lost
+
+    # ------------------------------------------------------------------ jobs and agents
+
+    def job_endpoint(self) -> str:
+        """Every etcd member's client endpoint (the spec lists them all)."""
+        assert self.cluster is not None
+        return self.cluster.endpoint
+
+    def start_agent(self, job: Job, node: str) -> Agent:
+        """Start one agent of `node` on its host (no --node: the hostname is its id), output to a file."""
+        host = self.node_host(node)
+        home = job.dir / "nodes" / node
+        home.mkdir(parents=True, exist_ok=True)
+        serial = sum(1 for a in job.agents if a.node == node)
+        out = home / f"agent{serial}.log"
+        env = host.env({"CHAOS_TOKEN": job.token, "CHAOS_NODE": node, "XDG_STATE_HOME": str(job.state),
+                        "CHAOS_LOGS": str(job.logs / node), "PYTHONUNBUFFERED": "1"})
+        env.pop("RUNNER_STANDBY", None)  # the spec says (the product's default: on)
+        with out.open("wb") as f:
+            proc = host.popen([sys.executable, "-m", "runner", "run", str(job.spec)], cwd=home, env=env, stdout=f,
+                              stderr=f)
+        outer = proc.inner_pid()
+        me = ident(outer) or Proc(outer, 0)
+        on_host = next((inner for inner, pid in host.pids().items() if pid == outer), 0)
+        agent = Agent(node, serial, proc, me, out, time.time(), host_pid=on_host)
+        job.agents.append(agent)
+        return agent
+
+    def replay(self, job: int | None = None) -> str:
+        """The base soak's replay, on hosts."""
+        line = super().replay(job) + " --hosts"
+        return line + (f" --etcd-members {self.args.etcd_members}" if self.args.etcd_members != 1 else "")
+
+    def setting(self) -> str:
+        """The soak's setting, for the table's title."""
+        return (f"{self.args.nodes} nodes on simulated hosts, etcd of {self.args.etcd_members} member(s) on hosts of "
+                "their own")
+
+    # ------------------------------------------------------------------ workers, through their hosts
+
+    def resolve(self, path: Path) -> Seen | None:
+        """The worker a start marker names, found once on its host (None: the marker cannot be read yet)."""
+        seen = self.seen.get(str(path))
+        if seen is not None:
+            return seen
+        try:
+            m = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        host = self.lab.hosts.get(str(m.get("node"))) if self.lab is not None else None
+        outer = host.pids().get(int(m["pid"])) if host is not None else None
+        p = ident(outer) if outer else None
+        seen = Seen(m, p if p is not None and p.ticks == int(m["start_ticks"]) else None)
+        self.seen[str(path)] = seen
+        return seen
+
+    def workers(self, job: Job, *, live_only: bool = True) -> list[tuple[dict[str, Any], Proc]]:
+        """Workers the markers name, with their identity here (running ones only by default)."""
+        found = []
+        for path in sorted(job.out.glob("start-*.json")):
+            seen = self.resolve(path)
+            if seen is None:
+                continue
+            p = seen.proc or Proc(0, int(seen.m["start_ticks"]))
+            if not live_only or (seen.proc is not None and running(seen.proc)):
+                found.append((seen.m, p))
+        return sorted(found, key=lambda x: (x[0]["node"], x[0]["rank"], x[1].pid))
+
+    def signal_worker(self, job: Job, m: dict[str, Any], p: Proc, sig: int) -> bool:  # noqa: ARG002 - the base's
+        """Signal the worker through its host (Host.kill: the pid its host numbers it), once the host still maps
+        that pid to the process the soak saw start."""
+        host = self.lab.hosts.get(str(m["node"])) if self.lab is not None else None
+        if host is None or host.lost or host.pids().get(int(m["pid"])) != p.pid or not running(p):
+            return False
+        return host.kill(int(m["pid"]), signal.Signals(sig))
+
+    def targets(self, job: Job) -> list[Agent]:
+        """The base soak's targets, but none on a host whose link is cut (its fence is under test)."""
+        return [a for a in super().targets(job) if not self.host_cut(a.node)]
+
+    # ------------------------------------------------------------------ etcd on its hosts
+
+    def etcd_reader(self, job: Job) -> EtcdReader | None:
+        """The cluster, while a quorum of its members runs."""
+        if self.cluster is None or not self.cluster.readable:
+            return None
+        return EtcdReader(job.endpoint)
+
+    def etcd_renewed_at(self) -> float:
+        """When the cluster last had a member started, stopped or killed (a new leader renews every lease)."""
+        return self.cluster.started_at + 1.0 if self.cluster is not None else 0.0
+
+    def etcd_start(self) -> None:
+        """Start every member that is down again."""
+        if self.cluster is not None and not self.cluster.up:
+            self.cluster.start()
+            self.say("etcd started again")
+
+    def check_own_etcd(self) -> None:
+        """A member ended that no fault stopped: by a signal, a violation; by itself, counted and started again."""
+        if self.cluster is None or (code := self.cluster.exited_unasked()) is None:
+            return
+        if code < 0:
+            raise Violation("etcd_unharmed", f"an etcd member died of signal {-code} and no fault sent it; its log "
+                            f"ends:\n{self.cluster.log_tail()}")
+        crash = f"an etcd member exited by itself with code {code} (no fault stopped it); started again"
+        self.say(f"{crash}; the logs end:\n{self.cluster.log_tail()}")
+        self.etcd_crashes.append(crash)
+        self.cluster.start()
+
+    def fault_etcd(self, job: Job, cls: str, u: list[float]) -> bool:
+        etcd = self.cluster
+        if etcd is None or not etcd.up or job.trained():
+            return False
+        m = etcd.target()
+        who = f"etcd member {m.name}" + (" (the leader)" if len(etcd.cluster.members) > 1 else "")
+        if cls == "etcd_stop":
+            down = 1 + u[0] * 11
+            etcd.stop(m)
+            self.record(job, cls, who, f"SIGTERM, started again in {down:.1f} s")
+            self.at(job, down, "etcd start", self.etcd_start)
+        elif cls == "etcd_restart":
+            etcd.restart(m)
+            self.record(job, cls, who, "SIGKILL, started again at once")
+        else:
+            etcd.wipe()
+            self.record(job, cls, "etcd (every member)", "SIGTERM, data deleted, a new cluster on the same addresses")
+        return True
+
+    # ------------------------------------------------------------------ the host classes
+
+    def fault_host_loss(self, job: Job, u: list[float]) -> bool:
+        agent = self.pick(self.targets(job), u[0])
+        if agent is None:
+            return False
+        host = self.node_host(agent.node)
+        tree = [p for pid in host.pids().values() if (p := ident(pid))]
+        lease = self.node_lease(job, agent.node)
+        host.lose()
+        for a in job.live():
+            if a.node == agent.node:
+                a.fate, a.fate_at = "lost", time.time()
+        self.record(job, "host_loss", agent.label, f"host {host.name} lost: its {len(tree)} processes killed at once")
+        self.expect(job, "nothing_survives", GONE_BOUND_S, lambda: not any(running(p) for p in tree),
+                    lambda: "processes of a lost host still run: " + "; ".join(describe(p) for p in tree if running(p)))
+        if lease:
+            self.expect(job, "lease_expired", LEASE_EXPIRE_BOUND_S, lambda: self.lease_gone(job, lease),
+                        lambda: f"the lost host's lease {lease:x} is still granted {LEASE_EXPIRE_BOUND_S:g} s later "
+                        f"(ttl {self.lease_ttl(job, lease)})", met=f"{agent.label}'s lease expired")
+        self.requeue(job, agent.node, 2 + u[1] * 8)
+        return True
+
+    def fault_link_cut(self, job: Job, u: list[float]) -> bool:
+        targets = self.targets(job)
+        training = [a for a in targets if self.state_of(a) == "RUNNING" and self.workers_of(job, a)]
+        agent = self.pick(training if u[3] < RUNNING_CUT_SHARE else targets, u[0])
+        if agent is None:
+            return False
+        node, host = agent.node, self.node_host(agent.node)
+        cut = CUT_S[0] + u[1] * (CUT_S[1] - CUT_S[0])
+        mine = self.workers_of(job, agent)
+        state, at = self.state_of(agent), time.time()
+        host.cut()
+        for a in job.live():
+            if a.node == node:
+                a.cut_off = True
+        self.record(job, "link_cut", agent.label, f"link down for {cut:.1f} s (lease_ttl {LEASE_TTL_S:g} s; "
+                    f"{state}, {len(mine)} worker(s) running)")
+        if cut >= LONG_CUT_S and state == "RUNNING" and mine:
+            self.expect(job, "fenced", FENCE_BOUND_S, lambda: self.fence_held(job, agent, at),
+                        lambda: self.fence_detail(job, agent, cut), met=f"{agent.label} fenced")
+        self.heal_later(job, agent, host, cut, 2 + u[2] * 8)
+        return True
+
+    def heal_later(self, job: Job, agent: Agent, host: Host, cut: float, requeue_s: float) -> None:
+        """Heal the link `cut` s from now; once the cut agent ended (fenced), start its node again `requeue_s` s
+        later, as kill_agent's requeue does."""
+        node = agent.node
+
+        def rejoin(tries: int) -> None:
+            if agent.code is not None:
+                if not agent.fate:
+                    self.requeue(job, node, requeue_s)
+            elif tries < FENCE_BOUND_S:
+                self.at(job, 1.0, f"requeue {node} once its fence ended it", lambda: rejoin(tries + 1))
+
+        def heal() -> None:
+            if not host.lost and host.cut_off:
+                host.heal()
+                self.say(f"job {job.index}: link of {node} healed")
+            rejoin(0)
+
+        self.at(job, cut, f"heal the link of {node}", heal)
+
+    def workers_of(self, job: Job, agent: Agent) -> list[dict[str, Any]]:
+        """The markers of the agent's running workers."""
+        rd = self.run_dir(job, agent)
+        return [m for m, _ in self.workers(job) if rd is not None and m["run_dir"] == str(rd)]
+
+    def fence_held(self, job: Job, agent: Agent, cut_at: float) -> bool | None:
+        """The cut agent ended fenced (True); None when something else explains its end: it left its round
+        before the fence's time (a restart), got another fault, or the job finished."""
+        if agent.code is not None and self.fenced(job, agent):
+            return True
+        if agent.fate or job.trained():
+            return None
+        left = [t for t in console_transitions(agent)
+                if float(t.get("time", 0.0)) >= cut_at and t.get("src") == "RUNNING" and t.get("trigger") != "fenced"]
+        if left and float(left[0].get("time", 0.0)) < cut_at + LEASE_TTL_S * 2 / 3:
+            return None
+        return False
+
+    def fence_detail(self, job: Job, agent: Agent, cut: float) -> str:
+        """Why a cut agent's fence did not hold."""
+        if agent.code is None:
+            now = f"it still runs, in {self.state_of(agent)}{stacks(agent.me.pid)}"
+        else:
+            report = self.report_of(job, agent) or {}
+            now = (f"it ended with exit {agent.code}, outcome {report.get('outcome')}, failures "
+                   f"{json.dumps(report.get('failures', []))[:600]}")
+        return (f"{agent.label} was cut off for {cut:.1f} s (lease_ttl {LEASE_TTL_S:g} s) while RUNNING, and did not "
+                f"end fenced within {FENCE_BOUND_S:g} s (docs/multinode.md §4): {now}\n{tail(read_text(agent.out))}")
+
+    def heal(self) -> None:
+        """Every cut link back up."""
+        for host in self.lab.hosts.values() if self.lab is not None else ():
+            if host.cut_off and not host.lost:
+                host.heal()
+                self.say(f"link of {host.name} healed")
+
+    # ------------------------------------------------------------------ invariants across hosts
+
+    def tick(self, job: Job) -> None:
+        """The base tick, then: live workers of one world at most."""
+        super().tick(job)
+        self.check_one_live_world(job)
+
+    def check_one_live_world(self, job: Job) -> None:
+        """At no moment do live workers of two worlds exist, on whatever hosts (no_rank_twice)."""
+        worlds: dict[str, list[dict[str, Any]]] = {}
+        for m, _ in self.workers(job):
+            worlds.setdefault(str(m.get("master")), []).append(m)
+        self.overlap_checks += 1
+        if len(worlds) > 1:
+            raise Violation("no_rank_twice", f"job {job.index}: workers of {len(worlds)} worlds live at once (ranks "
+                            "held twice): " + "; ".join(
+                                f"world {w}: " + ", ".join(f"rank {m['rank']}/{m['world_size']} on {m['node']} pid "
+                                                           f"{m['pid']} (attempt {m['attempt']})" for m in ms)
+                                for w, ms in sorted(worlds.items())))
+
+    def wait_nothing_survives(self, job: Job) -> None:
+        """The base check (the job's mark, on this machine), then every node host empty but its PID 1."""
+        super().wait_nothing_survives(job)
+        deadline = time.monotonic() + GONE_BOUND_S
+        while (left := self.host_leftovers(job)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            reap_orphans(self.own_pids())
+        if left:
+            raise Violation("nothing_survives", f"{len(left)} process(es) left on the hosts of job {job.index} "
+                            f"{GONE_BOUND_S:g} s after its end: " + "; ".join(left))
+
+    def host_leftovers(self, job: Job) -> list[str]:
+        """Every process on a node host of the job but the host's PID 1."""
+        return [f"{h.name}: {describe(p)}" for h in self.node_hosts(job) for inner, pid in h.pids().items()
+                if inner != 1 and (p := ident(pid)) is not None]
+
+    def check_job_end(self, job: Job) -> None:
+        """The base checks, then one world per attempt, and no two worlds ever live at once."""
+        super().check_job_end(job)
+        self.check_worlds(job)
+        self.tally.held("no_rank_twice")
+
+    def check_worlds(self, job: Job) -> None:
+        """Every world the job's workers started in (one per attempt): one world size, each rank held once."""
+        worlds: dict[str, list[dict[str, Any]]] = {}
+        for m, _ in self.workers(job, live_only=False):
+            worlds.setdefault(str(m.get("master")), []).append(m)
+        for world, ms in sorted(worlds.items()):
+            sizes = {int(m["world_size"]) for m in ms}
+            ranks = sorted(int(m["rank"]) for m in ms)
+            where = ", ".join(f"rank {m['rank']}/{m['world_size']} on {m['node']} (attempt {m['attempt']})" for m in ms)
+            if len(sizes) > 1 or len(set(ranks)) < len(ranks) or any(r >= min(sizes) for r in ranks):
+                raise Violation("one_world", f"job {job.index}: world {world} was not one world of distinct ranks: "
+                                f"{where}")
+            self.tally.held("one_world")
