@@ -55,27 +55,3 @@ def test_a_cut_off_host_stops_its_workers_before_its_lease_lapses_and_leaves(clu
     later = [w for w in cluster.worker_files() if w["env"]["TORCHELASTIC_RESTART_COUNT"] != "0"]
     assert sorted((w["host"], w["env"]["WORLD_SIZE"]) for w in later) == [("a", "2"), ("b", "2")], later
     assert sorted(int(w["env"]["RANK"]) for w in later) == [0, 1]
-
-
-def test_a_fenced_node_leaves_at_once_though_a_status_publish_to_etcd_hangs(cluster: Cluster) -> None:
-    """Found by the chaos soak on hosts (`bench/chaos.py --hosts --seed 14 --classes host_loss,link_cut`): the agent
-    republishes its status to etcd every 5 s; one started after the cut hangs until rendezvous.connect_timeout, holding
-    the status lock that SHUTDOWN's last publish needs, so the fenced node stayed in SHUTDOWN (no report) up to
-    connect_timeout after its fence. A lease_ttl of 9 s makes the fence fire 6 to 9 s after the cut, so such a publish
-    is always in flight then; the node must still leave within the TTL (plus a bounded margin), not connect_timeout."""
-    ttl = 9.0
-    spec = spec_text(cluster.endpoint, nodes="2:3", args=probe_args(cluster.out, "--sleep", "40"))
-    cluster.write(spec.replace("lease_ttl: 3s", f"lease_ttl: {ttl:g}s").replace("connect_timeout: 20s",
-                                                                                 "connect_timeout: 60s"))
-    a, b, c = cluster.start("a"), cluster.start("b"), cluster.start("c")
-    wait_for(lambda: len(cluster.worker_files()) == 3, timeout=60, what="3 workers of attempt 0")
-    wait_for(lambda: {n.state() for n in (a, b, c)} == {"RUNNING"}, what="a, b and c RUNNING")
-    c.host.cut()
-    try:
-        wait_for(lambda: c.proc.poll() is not None, timeout=ttl + 5, what="the fenced node c gone within the TTL + 5 s")
-        assert c.wait(1) == 3, c.output()[-3000:]
-    finally:
-        c.host.heal()
-    report = c.report()
-    assert report["failures"][-1]["kind"] == "fenced", report
-    assert {"a": a.wait(90), "b": b.wait(90)} == {"a": 0, "b": 0}, a.output()[-3000:] + b.output()[-3000:]
