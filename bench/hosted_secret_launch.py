@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, RUNNER, Stat, launch_all, machine_line, precompile, ratios, reproduce_line, table
-from runner.rendezvous.etcd.job_secret import SECRET_ENV, new_secret_file
+from runner.contract import SECRET_ENV
+from runner.rendezvous.etcd.job_secret import new_secret_file
 from runner.testing.etcd_server import free_port
 
 WORKER = ROOT / "bench" / "workers" / "init_stamp.py"

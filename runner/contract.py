@@ -9,3 +9,6 @@ CODE_ENDED_FILE = "code_ended"  # in a worker's log dir: its code and atexit han
 # A socket path per worker: torch's worker server answers the agent's flight-recorder query there (docs/hangs.md)
 FLIGHT_SOCKET_VAR = "RUNNER_FLIGHT_RECORDER_SOCKET"
 FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # torch reads the first, then the second
+# Where an agent finds the job's secret file when the spec's rendezvous.secret_file is not set (docs/security.md);
+# the templates set it on every node, and it never reaches a worker
+SECRET_ENV = "RUNNER_SECRET_FILE"  # noqa: S105 - the name of a variable, not a secret

@@ -26,8 +26,9 @@ from multinode_helpers import Cluster, probe_args
 from test_multinode_hosted import HOSTED_PORT, hosted_event, hosted_spec, job_secret_file, port_of, start_host
 
 from runner.config.loader import load_spec
+from runner.contract import SECRET_ENV
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd.job_secret import SECRET_ENV, SecretSource, derive, new_secret_file, read_secret
+from runner.rendezvous.etcd.job_secret import SecretSource, derive, new_secret_file, read_secret
 from runner.rendezvous.etcd.lease_revoke import GatewayEndpoint, RevokeTicket
 from runner.rendezvous.spec_check import shared_tree
 from runner.testing.hosts import Lab

@@ -31,10 +31,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from multinode_helpers import Cluster, Node, probe_args
 
+from runner.contract import SECRET_ENV
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, refuse_loopback, wait_for_host
 from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary, sweep_stale_data
-from runner.rendezvous.etcd.job_secret import SECRET_ENV, new_secret_file
+from runner.rendezvous.etcd.job_secret import new_secret_file
 from runner.system.served import listens, tcp_listeners
 from runner.testing.etcd_server import free_port
 from runner.testing.hosts import Host, Lab

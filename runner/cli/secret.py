@@ -28,7 +28,8 @@ class SecretCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         """Create the file; print its path."""
-        from runner.rendezvous.etcd.job_secret import SECRET_ENV, new_secret_file
+        from runner.contract import SECRET_ENV
+        from runner.rendezvous.etcd.job_secret import new_secret_file
 
         path = Path(args.new)
         try:

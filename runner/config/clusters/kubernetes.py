@@ -23,8 +23,8 @@ from runner.config.clusters.common import (
     secret_name,
 )
 from runner.config.spec import JobSpec
+from runner.contract import SECRET_ENV
 from runner.errors import EXIT_SPEC, EXIT_WORKERS_FAILED
-from runner.rendezvous.etcd.job_secret import SECRET_ENV
 
 AGENT_GRACE_MARGIN = 15  # seconds beyond shutdown.grace_period for the agent to report and exit
 EXIT_GAVE_UP = (EXIT_WORKERS_FAILED, EXIT_SPEC)  # the restart policy gave up, or a bad spec: no pod retry

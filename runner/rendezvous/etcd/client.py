@@ -285,9 +285,13 @@ class Connection:
             raise RendezvousError(msg)
         return int(reply.ID)
 
-    async def lease_keepalive(self, lease_id: int) -> int:
-        """Refresh a lease once; its TTL now (0 or less: etcd does not know it)."""
-        call = self.leases.LeaseKeepAlive(metadata=self.metadata, timeout=self.timeout)
+    async def lease_keepalive(self, lease_id: int, timeout: float | None = None) -> int:
+        """Refresh a lease once; its TTL now (0 or less: etcd does not know it).
+
+        `timeout`: shorter than the connection's, so that a member that stopped answering is left for another one
+        well before the lease lapses (runner.rendezvous.etcd.lease).
+        """
+        call = self.leases.LeaseKeepAlive(metadata=self.metadata, timeout=min(self.timeout, timeout or self.timeout))
         try:
             with rpc_errors():
                 await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner.config.spec import Auth, JobSpec
+from runner.contract import SECRET_ENV
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.client import Credentials, Endpoint, EtcdSession
-from runner.rendezvous.etcd.job_secret import NEW_FIX, ROOT_USER, SECRET_ENV, job_trust, secret_source
+from runner.rendezvous.etcd.job_secret import NEW_FIX, ROOT_USER, job_trust, secret_source
 from runner.rendezvous.etcd.keys import JobKeys
 
 if TYPE_CHECKING:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runner.contract import SECRET_ENV
 from runner.errors import RendezvousError
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
     from runner.config.spec import Rendezvous
 
-SECRET_ENV = "RUNNER_SECRET_FILE"  # noqa: S105 - the name of a variable, not a secret
 SECRET_FIELD = "rendezvous.secret_file"  # noqa: S105 - a field name
 SECRET_BYTES = 32
 SALT = b"runner-hosted-rendezvous-v1"

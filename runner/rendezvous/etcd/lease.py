@@ -98,6 +98,14 @@ class LeaseKeeper:
         if self.lease_id:
             listener(dataclasses.replace(ticket, lease=self.lease_id))
 
+    @property
+    def keepalive_timeout(self) -> float:
+        """How long one keep-alive may wait on a member before the session tries another.
+
+        A sixth of the TTL (at least 0.5 s): a member cut off from the job costs one failover, not the lease.
+        """
+        return max(0.5, self.ttl / 6)
+
     async def grant(self) -> int:
         """Grant a fresh lease and start keeping it alive."""
         sent = time.monotonic()
@@ -158,7 +166,7 @@ class LeaseKeeper:
             await asyncio.sleep(self.ttl / 3)
             try:
                 sent = time.monotonic()
-                ttl = await self._session.call(lambda c: c.lease_keepalive(self.lease_id))
+                ttl = await self._session.call(lambda c: c.lease_keepalive(self.lease_id, self.keepalive_timeout))
                 if ttl > 0:
                     self.confirmed_until = sent + ttl
                 else:
