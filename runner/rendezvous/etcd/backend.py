@@ -248,8 +248,9 @@ class EtcdRendezvous:
                                      since=since)
         self._monitor.stops = self._stop_sink
         await self._monitor.start(waiter[-1].take_watch())  # a follower's stream goes on watching for it
+        session = self.session
         self._fence = Fence(self.lease.ttl, lambda: self.lease.confirmed_until, await self._fence_peers(result),
-                            self._on_fenced, self._log)
+                            self._on_fenced, self._log, answered_at=lambda: session.answered_at)
         self._fence.start()
         self._log.info("rendezvous_complete", round=result.round, group_rank=result.group_rank,
                        nodes=result.group_world_size, master_addr=result.master_addr, master_port=result.master_port)

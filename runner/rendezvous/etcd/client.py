@@ -408,6 +408,7 @@ class EtcdSession:
         self._gen = 0
         self._next_endpoint = 0
         self._lock = asyncio.Lock()
+        self.answered_at = 0.0  # monotonic time of etcd's last answer to a call of this session (the fence reads it)
 
     @property
     def generation(self) -> int:
@@ -512,7 +513,7 @@ class EtcdSession:
                     try:
                         if self._client is None:
                             await self.reconnect(gen)
-                        return await op(self.client)
+                        result = await op(self.client)
                     except Unavailable as exc:
                         last = str(exc)
                         self._log.warning("etcd_call_retry", error=last)
@@ -520,6 +521,9 @@ class EtcdSession:
                             await asyncio.sleep(delay)
                             delay = min(BACKOFF_MAX_S, max(BACKOFF_INITIAL_S, delay * 2))
                         await self.reconnect(gen)
+                    else:
+                        self.answered_at = time.monotonic()
+                        return result
         except TimeoutError:
             raise self._unreachable(last) from None
 

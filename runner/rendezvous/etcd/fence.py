@@ -5,8 +5,10 @@ next round without it, with its ranks given to others. A host cut off from the n
 workers would go on holding their ranks beside their successors. So while a round runs, the fence compares how
 long etcd is known to keep the lease (the last keep-alive that etcd acknowledged: its send time plus the TTL
 etcd answered) with the clock. When less than a third of the TTL is left (a keep-alive is overdue: normally at
-least two thirds are), it asks whether the network still reaches a peer of the round (a TCP connection to it,
-answered or refused: either proves the path). None reached: this node is the one cut off, and the fence fires
+least two thirds are) and etcd has answered no call of this node for a third of the TTL either (an etcd that
+answers but lost the lease with its data is the data-loss path's: runner.rendezvous.etcd.backend), it asks whether
+the network still reaches a peer of the round (a TCP connection to it, answered or refused: either proves the
+path). None reached: this node is the one cut off, and the fence fires
 (`on_fenced`), while the lease still holds; the agent stops its workers with at most a sixth of the TTL of grace,
 so they are gone before the others can replace them. A peer reached: etcd is what is away, for every node alike
 (down, restarting, electing); nobody can form a round without this node, and the workers keep training (the
@@ -63,9 +65,11 @@ class Fence:
 
     def __init__(self, ttl: float, confirmed_until: Callable[[], float], peers: Sequence[Peer],
                  on_fenced: Callable[[str], None], log: FilteringBoundLogger | None = None, *,
+                 answered_at: Callable[[], float] = lambda: 0.0,
                  clock: Callable[[], float] = time.monotonic, probe: Probe = reachable) -> None:
         self.ttl = ttl
         self._confirmed_until, self._peers, self._on_fenced = confirmed_until, tuple(peers), on_fenced
+        self._answered_at = answered_at  # etcd's last answer to any call of this node (monotonic)
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.fence")
         self._clock, self._probe = clock, probe
         self._task: asyncio.Task[None] | None = None
@@ -103,10 +107,13 @@ class Fence:
         """One look: True when the fence fired now (this node cut off from etcd and every peer)."""
         if self.fired is not None or not self._peers:
             return False
-        left = self._confirmed_until() - self._clock()
+        now = self._clock()
+        left = self._confirmed_until() - now
         if left >= self.ttl / 3:
             self._said_reachable = False
             return False
+        if now - self._answered_at() < self.ttl / 3:
+            return False  # etcd answers (a lease it lost with its data is the data-loss path's, not a cut)
         answers = await asyncio.gather(*(self._probe(p, self.probe_timeout_s) for p in self._peers))
         reached = [p.node for p, ok in zip(self._peers, answers, strict=True) if ok]
         if reached:
