@@ -68,7 +68,8 @@ def test_a_class_that_never_finds_a_target_fails_the_run_and_is_named(made):
     assert soak.tally.per_class["kill_worker"].drawn == 3
     assert soak.tally.per_class["kill_worker"].no_target == 3
     failures = soak.tally.failures()
-    assert failures == ["class kill_worker never fired: drawn 3 time(s), no target each time"]
+    assert failures == ["no fault fired: the run tested nothing (skipped: none)",
+                        "class kill_worker never fired: drawn 3 time(s), no target each time"]
     out = printed(soak, failures)
     assert "NEVER FIRED" in out
     assert "FAILED: seed 1: no invariant broke, but the run did not try everything" in out
@@ -82,6 +83,15 @@ def test_an_enabled_class_never_drawn_fails_the_run():
     tally.injected("kill_worker")
     assert tally.failures() == [("class kill_agent never fired: never drawn (the run was too short for its 2 enabled "
                                 "classes: lengthen --duration or --job-window, or narrow --classes)")]
+
+
+def test_a_run_whose_only_class_was_skipped_by_a_setting_fails_it_tested_nothing(made):
+    """`bench/chaos.py --nodes 2 --classes late_join` said "every invariant held, every enabled class fired" with 0
+    faults: late_join skipped (no room to join), nothing enabled, nothing required. No fault fired: the run fails."""
+    tally = Tally(("late_join",))
+    tally.disable("late_join", "nodes is 2: no room for a late node")
+    why = "no fault fired: the run tested nothing (skipped: late_join (nodes is 2: no room for a late node))"
+    assert tally.failures() == [why]
 
 
 def test_a_class_the_machine_cannot_run_is_reported_skipped_with_its_reason_and_not_required(made):

@@ -125,6 +125,9 @@ class Tally:
         """Why a run with no broken invariant still fails: a class that never fired, an invariant tested too little."""
         out = []
         enabled = self.enabled()
+        if not any(c.injected for c in self.per_class.values()):  # every class asked for skipped, or none fired
+            skipped = ", ".join(f"{cls} ({why})" for cls, why in sorted(self.skipped().items())) or "none"
+            out.append(f"no fault fired: the run tested nothing (skipped: {skipped})")
         for cls in enabled:
             c = self.per_class[cls]
             if c.injected:
