@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import subprocess
+from pathlib import Path
 
 from runner.testing.etcd_server import etcd_binary
 
@@ -21,17 +22,22 @@ class EtcdReader:
     """etcdctl against one endpoint (host:port, plain http as the soak's etcds are), or several, comma-separated (the
     members of a cluster: --hosts --etcd-members 3)."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, trust: tuple[Path, str] | None = None) -> None:
         self.endpoint = endpoint
+        self.trust = trust  # a hosted etcd closed by the job's secret: (its CA file, root's password)
 
     def etcdctl(self, *args: str) -> str | None:
         """etcdctl's output, None when it failed or took too long."""
-        endpoints = ",".join(f"http://{e}" for e in self.endpoint.split(","))
+        scheme = "https" if self.trust else "http"
+        endpoints = ",".join(f"{scheme}://{e}" for e in self.endpoint.split(","))
         argv = [etcd_binary("etcdctl"), f"--endpoints={endpoints}", "--dial-timeout=2s",
-                "--command-timeout=3s", *args]
+                "--command-timeout=3s", *(["--cacert", str(self.trust[0])] if self.trust else []), *args]
+        env = {**os.environ, "ETCDCTL_API": "3"}
+        if self.trust:
+            env["ETCDCTL_USER"] = f"root:{self.trust[1]}"  # the environment, not the command line (ps shows that)
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=READ_TIMEOUT_S, check=False,
-                                  env={**os.environ, "ETCDCTL_API": "3"})
+                                  env=env)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return done.stdout if done.returncode == 0 else None

@@ -94,6 +94,7 @@ class Job:
     loss: str = ""  # a documented way for this job to end without its training done
     host_stopped: bool = False
     closed_at: float = 0.0
+    trust: tuple[Path, str] | None = None  # hosted: the job's CA file and etcd root's password (from its secret)
 
     @property
     def out(self) -> Path:
