@@ -5,6 +5,7 @@ Nothing here may overturn the workers' result: a status write, etcd or the conso
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import tempfile
@@ -26,6 +27,12 @@ if TYPE_CHECKING:
     from runner.core.context import Context
 
 
+# A stopped agent's last words to the rendezvous (its state, leaving, a hosted etcd's wait for the others) take at
+# most this long: a scheduler SIGKILLs a step whose processes outlive its stop (Slurm's KillWait, Kubernetes'
+# terminationGracePeriodSeconds), and the report must be written first. The lease lapses on its own.
+STOPPED_ETCD_BUDGET_S = 3.0
+
+
 async def handle(ctx: Context) -> None:
     """Stop workers (the received signal, or the spec's, then grace, then SIGKILL), the watchdog, the rendezvous."""
     if ctx.run.failure is not None and ctx.run.failure not in ctx.run.failures:  # a fatal error that skipped FAILED
@@ -44,9 +51,14 @@ async def handle(ctx: Context) -> None:
         ctx.exit_code = EXIT_STOPPED_BASE + signum
     if ctx.outcome is Outcome.SUCCEEDED:
         ctx.exit_code = EXIT_OK
-    await ctx.status.publish()
+    budget = STOPPED_ETCD_BUDGET_S if ctx.outcome is Outcome.STOPPED else None
     try:
-        await ctx.rendezvous.close(ctx.outcome.value, alone=ctx.run.leaves_alone)
+        async with asyncio.timeout(budget):
+            await ctx.status.publish()
+            await ctx.rendezvous.close(ctx.outcome.value, alone=ctx.run.leaves_alone)
+    except TimeoutError:
+        ctx.warnings.warn("rendezvous_close_failed", error=f"not done within {budget:g} s of a stop: left as it was "
+                          "(a scheduler's stop is followed by SIGKILL: KillWait, terminationGracePeriodSeconds)")
     except Exception as e:
         ctx.warnings.warn("rendezvous_close_failed", error=str(e) or type(e).__name__)
     ctx.shepherd.close()
