@@ -90,7 +90,7 @@ def spec(name: str, nodes: str, steps: int, mode: str = "train", requeue: bool =
           last_call: 3s
           lease_ttl: 3s
           join_timeout: {join_timeout}s
-          connect_timeout: 10s
+          connect_timeout: 5s
         restart: {{max_restarts: 3, backoff: {{initial: 0.1s}}}}
         shutdown: {{signal: SIGTERM, grace_period: 5s}}
         cluster: {{slurm: {{signal_lead: 30s, requeue: {str(requeue).lower()}}}}}
