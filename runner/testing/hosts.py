@@ -399,6 +399,8 @@ class Lab:
             _ip("link", "del", self.bridge, check=False)
             self._made = False
         with contextlib.suppress(OSError):
-            for d in self.aside.iterdir():
+            for d in self.aside.iterdir():  # <aside>/<host>/<k>: empty mount points (rmdir: never a mounted tree)
+                for k in d.iterdir():
+                    k.rmdir()
                 d.rmdir()
             self.aside.rmdir()
