@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -179,15 +180,22 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         yield made
 
 
-@pytest.fixture
-def host_etcd(lab: Lab) -> Iterator[EtcdCluster]:
-    """A one-member etcd on a host of its own ("etcd"), as the multi-node tests' rendezvous; killed afterwards."""
-    server = EtcdCluster([lab.add("etcd")])
+@contextlib.contextmanager
+def etcd_on_hosts(lab: Lab, names: list[str]) -> Iterator[EtcdCluster]:
+    """An etcd of one member per name, each on a new host of that name; killed afterwards."""
+    server = EtcdCluster([lab.add(name) for name in names])
     try:
         server.start()
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture
+def host_etcd(lab: Lab) -> Iterator[EtcdCluster]:
+    """A one-member etcd on a host of its own ("etcd"), as the multi-node tests' rendezvous; killed afterwards."""
+    with etcd_on_hosts(lab, ["etcd"]) as server:
+        yield server
 
 
 @pytest.fixture

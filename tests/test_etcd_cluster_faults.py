@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import wait_for
+from conftest import etcd_on_hosts, wait_for
 from multinode_helpers import Cluster, probe_args, spec_text
 
 from runner.testing.etcd_cluster import EtcdCluster, Member
@@ -26,12 +26,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 @pytest.fixture
 def etcd3(lab: Lab) -> Iterator[EtcdCluster]:
     """Three etcd members, each on a host of its own (e1, e2, e3)."""
-    server = EtcdCluster([lab.add(f"e{k}") for k in (1, 2, 3)])
-    try:
-        server.start()
+    with etcd_on_hosts(lab, ["e1", "e2", "e3"]) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture
