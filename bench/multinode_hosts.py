@@ -36,7 +36,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -226,14 +226,21 @@ def add_hosts(lab: Lab) -> None:
         lab.add(n)
 
 
-def loss_run(tool: str, run: int, base: Path, settle: float, bound: float) -> FaultRun:
-    """Host loss: `lose()` of a non-master host --settle s after every rank got past init."""
-    with fresh_lab(base, f"loss-{tool}-{run}") as lab:
+@contextlib.contextmanager
+def started(tool: str, base: Path, label: str) -> Iterator[tuple[Job, float | None]]:
+    """A fresh lab (the runner's etcd on a host of its own), hosts a, b, c, the job started on them: the job and
+    its launch (None: it did not launch); the lab goes at the end."""
+    with fresh_lab(base, label) as lab:
         etcd = etcd_one(lab) if tool == "runner" else None
         add_hosts(lab)
         job = Job(tool, lab, lab.shared / "job", etcd.endpoints if etcd else [])
         job.start()
-        launch = job.launched()
+        yield job, job.launched()
+
+
+def loss_run(tool: str, run: int, base: Path, settle: float, bound: float) -> FaultRun:
+    """Host loss: `lose()` of a non-master host --settle s after every rank got past init."""
+    with started(tool, base, f"loss-{tool}-{run}") as (job, launch):
         if launch is None:
             return FaultRun(None, note="launch failed: " + job.tail("a"))
         time.sleep(settle)
@@ -252,12 +259,7 @@ def loss_run(tool: str, run: int, base: Path, settle: float, bound: float) -> Fa
 
 def cut_run(tool: str, run: int, base: Path, settle: float, bound: float) -> FaultRun:
     """A cut-off host: its link down --settle s after every rank got past init; healed before the lab goes."""
-    with fresh_lab(base, f"cut-{tool}-{run}") as lab:
-        etcd = etcd_one(lab) if tool == "runner" else None
-        add_hosts(lab)
-        job = Job(tool, lab, lab.shared / "job", etcd.endpoints if etcd else [])
-        job.start()
-        launch = job.launched()
+    with started(tool, base, f"cut-{tool}-{run}") as (job, launch):
         if launch is None:
             return FaultRun(None, note="launch failed: " + job.tail("a"))
         time.sleep(settle)
