@@ -100,6 +100,24 @@ def test_lost_lease_reports_peer_lost(etcd: EtcdServer) -> None:
     run(body)
 
 
+def test_an_agent_started_again_never_takes_its_predecessors_seat(etcd: EtcdServer) -> None:
+    """Both agents of a round die without a word (their keys live on until the lease lapses); an agent started
+    again under one of their names must not take the dead one's rank in that round (a world whose other member is
+    gone, beside any next one): it joins the next round, which closes once the dead are seen gone."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint, nmin=1, nmax=2)
+        nodes = await open_nodes(spec, ["a", "b"])
+        first = await rounds(nodes)
+        assert {r.group_world_size for r in first} == {2}
+        for n in nodes:
+            await n.rdzv.lease.stop(revoke=False)  # dead: no keep-alive, no revoke; keys stay for the TTL
+        again = await Node(spec, "a").open()
+        res = await asyncio.wait_for(again.rdzv.next_round(0), WAIT_S)
+        assert (res.round, res.group_world_size, res.nodes) == (first[0].round + 1, 1, ("a",))
+        await close_all([again], "failed")
+    run(body)
+
+
 def test_monitor_replays_changes_since_the_leaders_view(etcd: EtcdServer) -> None:
     """A monitor started after a member already left still reports it: it watches from the result's "rev"."""
     async def body() -> None:

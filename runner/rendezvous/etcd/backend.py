@@ -99,6 +99,7 @@ class EtcdRendezvous:
         self._state: dict[str, Any] = {}
         self._admitted = False  # open() passed the spec and closed-job checks: this node belongs to the job
         self._round_hint = 0  # the round this node expects to be open (checked, not trusted)
+        self._joined_at: dict[int, int] = {}  # round -> revision of this process's first join record in it
         self._epoch = b""  # the job's epoch token this node was admitted under
         self._lost: str | None = None  # why etcd's data is considered lost, until this node re-admitted itself
         self._lost_event = asyncio.Event()
@@ -222,6 +223,7 @@ class EtcdRendezvous:
         self.lease.forget_all()
         await self.lease.grant()
         self._round_hint = 0
+        self._joined_at.clear()  # the new etcd counts revisions from 1 again
         await self._admit()
         self._log.warning("etcd_job_readmitted", reason=reason, restarts=self._restarts_known)
 
@@ -291,6 +293,7 @@ class EtcdRendezvous:
             rev, (round_kv, *first, ticket) = await self.lease.put_and_read(
                 {k.state(self._node): dump(state), join_key: record, k.ticket(r): b""},
                 [key_range(k.round), *waiter[-1].reads(), key_range(k.ticket(r))])
+            self._joined_at.setdefault(r, rev)
             k.check_open(first[2][0].value if first[2] else None)
             closed = load(first[1][0].value) if first[1] else None
             if closed is not None or await self._round_open(r, _round_of(round_kv)):
@@ -374,11 +377,24 @@ class EtcdRendezvous:
             r += 1
 
     def _to_result(self, r: int, record: dict[str, Any]) -> RendezvousResult | None:
-        """This node's result of round `r` (None when the round closed without it)."""
+        """This node's result of round `r` (None when the round closed without this agent).
+
+        The round names nodes, not agents: an agent started again under the node's name (its host lost, or the
+        agent killed) while the round its predecessor was in still stands finds its name in it. The seat is
+        this agent's only when the leader counted this agent's join record: the leader saw the joins up to the
+        record's "rev", so this agent's first join into the round must be at or before it. Otherwise it would
+        start workers of a world whose other members are gone or run workers of it already.
+        """
         nodes = tuple(record["nodes"])
         try:
             rank = nodes.index(self._node)
         except ValueError:
+            return None
+        if self._joined_at.get(r, 0) > int(record.get("rev", 0)) or r not in self._joined_at:
+            self._log.warning("rendezvous_seat_of_predecessor", round=r, joined_at=self._joined_at.get(r),
+                              seen_up_to=record.get("rev"),
+                              detail="the round closed with this node's name but a join record written before "
+                                     "this agent started: it joins the next round")
             return None
         return RendezvousResult(round=r, node=self._node, group_rank=rank,
                                 group_world_size=len(nodes), nproc_per_node=int(record["nproc"]),
