@@ -1,19 +1,11 @@
 """The `ft_train KIND k=v ...` lines examples/jobs/ft_train.py prints: its records, its committed steps; for the
-TorchFT tests on one node and on several, with the mark that skips them where TorchFT is not installed.
+TorchFT tests on one node and on several (their skip mark: tests/torchft_mark.py).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
-
-import pytest
-
-needs_torchft = pytest.mark.skipif(importlib.util.find_spec("torchft") is None or
-                                   not (Path(sys.executable).parent / "torchft_lighthouse").exists(),
-                                   reason="torchft is not installed (pip install -e '.[ft]')")
 
 LINE = re.compile(r"^(?:\[[^\]]*\] )?ft_train (\w+) (.*)$")
 

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 from conftest import wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torchft_mark import needs_torchft
 
 from runner.observe.ledger import PHASES, Ledger, StepReport, gauge_values, job_ledger
 from runner.rendezvous.ports import free_port
@@ -346,8 +346,7 @@ GROUP_WORKER = Path(__file__).parent / "workers" / "group_worker.py"  # rank 0 w
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(not os.access(Path(sys.executable).parent / "torchft_lighthouse", os.X_OK),
-                    reason="torchft_lighthouse is not installed (pip install 'runner[ft]')")
+@needs_torchft
 def test_replica_groups_each_have_a_ledger_and_the_job_goes_on_while_one_group_steps(job: Any) -> None:
     """Group 1 fails at step 10 and recovers while group 0 steps on: the job lost nothing the groups' union did
     not cover, each group's ledger ends with the group (group 0 ends first), and every part adds up."""

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES
-from ft_records import needs_torchft, records
+from ft_records import records
+from torchft_mark import needs_torchft
 
 pytestmark = [pytest.mark.integration, needs_torchft]
 

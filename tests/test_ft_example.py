@@ -9,12 +9,10 @@ parameters (sha256 over their bytes). Everything is read from the workers' own o
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import itertools
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,11 +22,11 @@ from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, alive
+from torchft_mark import LIGHTHOUSE, needs_torchft
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(importlib.util.find_spec("torchft") is None,
-                       reason="torchft is not installed (pip install -e '.[ft]'): ft_train.py needs its Manager"),
+    needs_torchft,
 ]
 
 SCRIPT = EXAMPLES / "ft_train.py"
@@ -37,10 +35,6 @@ PACE = "0.03"
 LINE = re.compile(r"^ft_train (\w+) (.*)$")
 
 
-def lighthouse_program() -> str | None:
-    """torchft_lighthouse next to this interpreter (a virtualenv's bin/), else on PATH."""
-    here = Path(sys.executable).parent / "torchft_lighthouse"
-    return str(here) if here.exists() else shutil.which("torchft_lighthouse")
 
 
 def free_port() -> int:
@@ -68,10 +62,7 @@ class Groups:
         self.port = free_port()
 
     def start_lighthouse(self) -> None:
-        prog = lighthouse_program()
-        if prog is None:
-            pytest.skip("torchft_lighthouse not found (it comes with torchft)")
-        self.lighthouse = self.spawn([prog, "--min_replicas", "1", "--bind", f"127.0.0.1:{self.port}",
+        self.lighthouse = self.spawn([str(LIGHTHOUSE), "--min_replicas", "1", "--bind", f"127.0.0.1:{self.port}",
                                       "--join_timeout_ms", "1000",
                                       # with 2 groups a quorum needs more than half of the heartbeating ones:
                                       # the survivor waits until the dead group's heartbeats time out

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 from conftest import EXAMPLES, Job, alive, kill_proven, wait_for
-from ft_records import committed, needs_torchft, records
+from ft_records import committed, records
+from torchft_mark import needs_torchft
 
 pytestmark = [
     pytest.mark.integration,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Job, kill_proven
+from torchft_mark import needs_torchft
 
 pytestmark = pytest.mark.integration
 
@@ -253,8 +254,7 @@ def test_a_read_only_logs_dir_is_refused_before_any_worker_starts(job, tmpfs, tm
     assert not (tmp_path / "runner-logs").exists() and not (state / "runner" / "runs.jsonl").exists()
 
 
-@pytest.mark.skipif(not os.access(Path(sys.executable).parent / "torchft_lighthouse", os.X_OK),
-                    reason="torchft_lighthouse is not installed (pip install 'runner[ft]')")
+@needs_torchft
 def test_a_full_logs_disk_does_not_kill_the_hosted_lighthouse(tmpfs, tmp_path: Path) -> None:
     """Replica groups with logs.dir on a tmpfs filled during the run, then the lighthouse SIGKILLed: its restart
     prints to a pipe the agent drains (fail soft), not to the full disk, so it starts and the job succeeds. Before,

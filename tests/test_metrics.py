@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 from metrics_scrape import has_series, value
+from torchft_mark import needs_torchft
 
 from runner.rendezvous.ports import free_port
 
@@ -110,8 +111,7 @@ while not os.path.exists(os.path.join(out, "release")):
 """
 
 
-@pytest.mark.skipif(not (Path(sys.executable).parent / "torchft_lighthouse").exists(),
-                    reason="torchft is not installed (pip install -e '.[ft]')")
+@needs_torchft
 def test_replica_groups_export_each_groups_state_restarts_and_committed_step(tmp_path: Path) -> None:
     """Two groups, group 1's first attempt fails: every series is labelled with its group."""
     out, port = tmp_path / "out", free_port("127.0.0.1")

@@ -8,21 +8,17 @@ clean-up. tests/test_ft_training.py runs real TorchFT training under runner.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from conftest import ROOT, Job, alive, kill_proven, wait_for
+from torchft_mark import needs_torchft
 
 pytestmark = pytest.mark.integration
 WORKER = ROOT / "tests" / "workers" / "group_worker.py"
-LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
-needs_lighthouse = pytest.mark.skipif(not os.access(LIGHTHOUSE, os.X_OK),
-                                      reason="torchft_lighthouse is not installed (pip install 'runner[ft]')")
 
 
 def spec(args: str, *, count: int = 2, nproc: int = 1, min_active: int = 1, restarts: int = 2) -> str:
@@ -53,7 +49,7 @@ def nothing_left(j: Job, lighthouse_pid: int | None) -> None:
     assert not left, f"outlived the job: {left}"
 
 
-@needs_lighthouse
+@needs_torchft
 def test_each_group_is_its_own_world_and_a_failed_group_restarts_alone(tmp_path):
     j = Job(tmp_path, spec('"--steps", "20", "--fail-group", "1", "--fail-attempts", "1", "--fail-at", "3"',
                            nproc=2))
@@ -83,7 +79,7 @@ def test_each_group_is_its_own_world_and_a_failed_group_restarts_alone(tmp_path)
     nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
 
 
-@needs_lighthouse
+@needs_torchft
 def test_a_group_over_its_budget_leaves_while_the_others_finish(tmp_path):
     j = Job(tmp_path, spec('"--steps", "30", "--fail-group", "1", "--fail-attempts", "99", "--fail-at", "1"',
                            restarts=1))
@@ -98,7 +94,7 @@ def test_a_group_over_its_budget_leaves_while_the_others_finish(tmp_path):
     nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
 
 
-@needs_lighthouse
+@needs_torchft
 def test_too_few_groups_left_ends_the_job_with_the_reason_and_a_report(tmp_path):
     j = Job(tmp_path, spec('"--steps", "600", "--fail-group", "1", "--fail-attempts", "99", "--fail-at", "1"',
                            min_active=2, restarts=0))
@@ -118,7 +114,7 @@ def test_too_few_groups_left_ends_the_job_with_the_reason_and_a_report(tmp_path)
     nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
 
 
-@needs_lighthouse
+@needs_torchft
 def test_the_hosted_lighthouse_is_restarted_when_it_dies(tmp_path):
     j = Job(tmp_path, spec('"--steps", "100", "--step-s", "0.1"'))
     j.start()
@@ -144,7 +140,7 @@ def test_the_hosted_lighthouse_is_restarted_when_it_dies(tmp_path):
     nothing_left(j, second)
 
 
-@needs_lighthouse
+@needs_torchft
 def test_a_stop_signal_reaches_every_group_and_nothing_outlives_the_job(tmp_path):
     j = Job(tmp_path, spec('"--steps", "600"', nproc=2))
     j.start()
@@ -182,7 +178,7 @@ if os.environ["REPLICA_GROUP_ID"] == "1":  # this group's log outgrows the agent
 """
 
 
-@needs_lighthouse
+@needs_torchft
 def test_each_groups_report_lists_only_its_own_write_failures(tmp_path):
     """Group 1's worker log hits the agent's file size limit (RLIMIT_FSIZE: EFBIG, a failing disk's kind of error);
     group 0 writes nothing that fails. Group 1's report lists `worker_log_write_failed`, group 0's does not (before,
@@ -207,7 +203,7 @@ def test_each_groups_report_lists_only_its_own_write_failures(tmp_path):
     assert "worker_log_write_failed" in own[1] and "worker_log_write_failed" not in own[0]
 
 
-@needs_lighthouse
+@needs_torchft
 def test_a_stop_signal_after_a_graceful_stop_ends_the_job_stopped(tmp_path):
     """`runner stop --graceful` (SIGUSR2) lets the workers go on; a SIGTERM after it stops them. The job's outcome is
     the SIGTERM's, as for a job of one group: stopped, 143 (before: the first stop decided, the graceful one, and the

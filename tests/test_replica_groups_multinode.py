@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 from conftest import EXAMPLES, alive, kill_proven, wait_for
-from ft_records import committed, needs_torchft, records
+from ft_records import committed, records
 from multinode_helpers import Cluster, Node
+from torchft_mark import needs_torchft
 
 STEPS = 300
 

@@ -4,17 +4,15 @@ to the workers; the handled set comes from shutdown.signals_to_handle."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 from conftest import alive, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
+from torchft_mark import needs_torchft
 
 from runner.events import StopRequested
 from runner.system import signals
@@ -178,13 +176,12 @@ def zombie_or_gone(pid: int) -> bool:
         return True
 
 
-HAS_FT = importlib.util.find_spec("torchft") is not None and (Path(sys.executable).parent / "torchft_lighthouse").exists()
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("code", "groups"), [
     (0, False), (1, False),
-    pytest.param(0, True, marks=pytest.mark.skipif(not HAS_FT, reason="torchft is not installed (.[ft])")),
+    pytest.param(0, True, marks=needs_torchft),
 ])
 def test_a_signal_that_reaches_the_workers_too_stops_the_job(job, code: int, groups: bool) -> None:
     """SIGTERM sent to the agent and its workers at once (a Slurm step, a terminal's process group): the workers may

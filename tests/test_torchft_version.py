@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import Job
+from torchft_mark import LIGHTHOUSE, needs_torchft
 
 from runner.config import load_spec_text
 from runner.config.spec import JobSpec
@@ -32,9 +33,6 @@ from runner.config.torchft_version import (
     lighthouse_for,
     matching_lighthouse,
 )
-
-LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
-needs_torchft = pytest.mark.skipif(not os.access(LIGHTHOUSE, os.X_OK), reason="torchft_lighthouse not installed")
 
 
 def ours() -> str:
