@@ -106,6 +106,20 @@ class Job:
         assert len(dirs) == 1, dirs
         return dirs[0]
 
+    def logged(self, event: str) -> list[dict[str, Any]]:
+        """The agent's events called `event` so far (agent.jsonl of its run dir; none before the run dir exists)."""
+        found = []
+        for path in self.logs.glob("*/*/agent.jsonl"):
+            for line in path.read_text(errors="replace").splitlines():
+                if event in line:
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        continue  # a line being written
+                    if e.get("event") == event:
+                        found.append(e)
+        return found
+
     def transitions(self) -> list[dict[str, Any]]:
         """Every transition event of the run's machines (a job of replica groups: every group's)."""
         lines = (self.run_dir() / "transitions.jsonl").read_text().splitlines()

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from conftest import wait_for
 
 from runner.rendezvous.ports import free_port
 
@@ -85,7 +86,8 @@ def test_a_stop_is_honoured_within_a_second_while_etcd_never_answers(job, signum
         logs: {{dir: "${{LOGS}}"}}
     """)
     proc = j.start()
-    time.sleep(1.5)  # the agent is in INIT, retrying the connection
+    wait_for(lambda: j.logged("etcd_connect_retry") or j.logged("etcd_call_retry"), timeout=30,
+             what="the agent in INIT, retrying the connection")
     assert proc.poll() is None
     sent = time.monotonic()
     proc.send_signal(signum)
@@ -113,7 +115,7 @@ def test_a_graceful_stop_during_the_backoff_ends_with_the_failed_attempts_result
     while not (j.out / "rank0.attempt1.json").exists():  # attempt 1 failed too: now in the 60 s backoff
         assert time.monotonic() < deadline, "attempt 1 never ran"
         time.sleep(0.05)
-    time.sleep(1.0)
+    wait_for(lambda: any(e["delay_s"] >= 59 for e in j.logged("backoff")), timeout=30, what="the 60 s backoff")
     proc.send_signal(signal.SIGUSR2)
     proc.communicate(timeout=30)
     assert proc.returncode == 1

@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,6 +97,19 @@ def cluster(lab: Lab) -> Iterator[Cluster]:
 def port_of(cluster: Cluster) -> int:
     """The endpoint's port."""
     return int(cluster.endpoint.rpartition(":")[2])
+
+
+def events_of(node: Node, name: str) -> list[dict[str, Any]]:
+    """The node's agent's JSON log events called `name` (its console output, format json)."""
+    found = []
+    for line in node.output().splitlines():
+        try:
+            event = json.loads(line[line.index("{"):]) if name in line else None
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == name:
+            found.append(event)
+    return found
 
 
 def hosted_event(node: Node) -> dict[str, Any] | None:
@@ -282,7 +294,9 @@ def test_the_host_waits_for_a_node_of_the_last_round_cut_off_when_the_job_ended(
     b.proc.send_signal(signal.SIGSTOP)
     try:
         wait_for(lambda: "hosted_etcd_waiting_for_nodes" in a.output(), timeout=30, what="a waiting for b")
-        time.sleep(6)  # b's lease has lapsed now (4 s): only the rounds' results still name it
+        # b's lease lapses (4 s): only the rounds' results still name it, and a says so
+        wait_for(lambda: any(e.get("lapsed") == ["b"] for e in events_of(a, "hosted_etcd_waiting_for_nodes")),
+                 timeout=30, what="a seeing b's lease lapsed")
         assert a.proc.poll() is None, a.output()
     finally:
         b.proc.send_signal(signal.SIGCONT)

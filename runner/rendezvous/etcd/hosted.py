@@ -190,6 +190,7 @@ class HostedRendezvous:
         keys = JobKeys(rdzv.prefix, spec.name)
         session = new_session(spec, self._log)
         started, live, said = time.monotonic(), ["?"], False
+        shown: tuple[list[str], list[str]] | None = None
         try:
             async with asyncio.timeout(limit):
                 await session.connect()
@@ -198,12 +199,16 @@ class HostedRendezvous:
                     _, (kvs, finals) = await session.call(lambda c: c.snapshot(
                         [prefix_range(keys.states), prefix_range(keys.finals)]))
                     ended = {JobKeys.leaf(kv.key) for kv in finals} | {self._node}
-                    live = sorted({JobKeys.leaf(kv.key) for kv in kvs} - {self._node} | (members - ended))
+                    running = {JobKeys.leaf(kv.key) for kv in kvs} - {self._node}
+                    live = sorted(running | (members - ended))
                     if not live:
                         break
-                    if not said:
-                        self._log.info("hosted_etcd_waiting_for_nodes", nodes=live, at_most_s=round(limit, 1))
-                        said = True
+                    # said again whenever it changes: `lapsed` are nodes whose lease lapsed but who owe their end
+                    lapsed = sorted(members - ended - running)
+                    if shown != (live, lapsed):
+                        self._log.info("hosted_etcd_waiting_for_nodes", nodes=live, lapsed=lapsed,
+                                       at_most_s=round(limit - (time.monotonic() - started), 1))
+                        shown, said = (live, lapsed), True
                     await asyncio.sleep(LINGER_POLL_S)
         except (RendezvousError, TimeoutError, ValueError) as exc:
             self._log.warning("hosted_etcd_stopping_with_live_nodes", nodes=live, waited_s=round(
