@@ -158,7 +158,10 @@ worker.kill(); worker.wait()
 time.sleep(0.05)
 impostor = fork_at(old)
 assert impostor.pid == old, (impostor.pid, old)
-time.sleep(0.5)  # let the impostor's setsid() run: it now leads a group and a session of the old id
+deadline = time.monotonic() + 30
+while os.getsid(impostor.pid) != impostor.pid:  # its setsid() ran: it now leads a group and a session of the old id
+    assert time.monotonic() < deadline, "the impostor never called setsid()"
+    time.sleep(0.01)
 shepherd.close()  # EOF: the guard kills what is still listed
 time.sleep(0.2)
 print("alive" if impostor.poll() is None else f"killed {impostor.returncode}")
