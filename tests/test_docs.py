@@ -20,7 +20,7 @@ from pathlib import Path
 
 from runner.cli.commands import COMMANDS, DEFAULT, names
 from runner.cli.main import build_parser
-from runner.core.machine import TRANSITIONS, JobState
+from runner.core.machine import TRANSITIONS, GroupState
 
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -100,7 +100,7 @@ def test_the_usage_check_itself_catches_mistakes() -> None:
 
 def machine_edges() -> set[tuple[str, str, str]]:
     """(source, trigger, destination) of every row of the table, one per source state."""
-    live = [s for s in JobState if s is not JobState.SHUTDOWN]
+    live = [s for s in GroupState if s is not GroupState.SHUTDOWN]
     found = set()
     for row in TRANSITIONS:
         trigger, sources, dest = (row.trigger, row.sources, row.dest) if hasattr(row, "trigger") else row
@@ -111,7 +111,7 @@ def machine_edges() -> set[tuple[str, str, str]]:
 
 def diagram_edges(text: str) -> tuple[set[tuple[str, str, str]], list[str]]:
     """The edges a diagram block draws, and the lines that are not edges."""
-    live = [s.value for s in JobState if s is not JobState.SHUTDOWN]
+    live = [s.value for s in GroupState if s is not GroupState.SHUTDOWN]
     edges, junk = set(), []
     for line in text.splitlines():
         if not line.strip():

@@ -17,11 +17,11 @@ from runner.core.job_machine import (
     job_mermaid,
 )
 from runner.core.job_policy import GUARDS, GroupView, JobFacts, ended, minimum_reason
-from runner.core.machine import JobState
+from runner.core.machine import GroupState
 from runner.events import StopRequested
 from runner.outcomes import Outcome
 
-P, T, G, S = JobPhase, JobTrigger, JobGuard, JobState
+P, T, G, S = JobPhase, JobTrigger, JobGuard, GroupState
 
 # Written by hand from the design (docs/architecture.md), NOT derived from JOB_TRANSITIONS.
 EXPECTED = {
@@ -46,7 +46,7 @@ EXPECTED = {
 REVIEW_ORDER = [G.every_group_ended, G.stop_requested, G.lighthouse_gone, G.minimum_lost, G.group_down, G.all_up]
 
 
-def group(index: int = 0, state: JobState = S.RUNNING, *, attempt: int = 0, outcome: Outcome | None = None,
+def group(index: int = 0, state: GroupState = S.RUNNING, *, attempt: int = 0, outcome: Outcome | None = None,
           exit_code: int = 0, ended: bool = False) -> GroupView:
     return GroupView(index, state, attempt, outcome, exit_code, ended)
 

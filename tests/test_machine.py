@@ -11,8 +11,8 @@ import pytest
 from runner.config.spec import Budgets
 from runner.core.machine import (
     TRANSITIONS,
+    GroupState,
     Guard,
-    JobState,
     Step,
     Trigger,
     build_machine,
@@ -25,8 +25,8 @@ from runner.errors import RendezvousError
 from runner.outcomes import FailureKind
 from runner.workers.failures import Failure
 
-S, T, G = JobState, Trigger, Guard
-LIVE = [s for s in JobState if s is not S.SHUTDOWN]
+S, T, G = GroupState, Trigger, Guard
+LIVE = [s for s in GroupState if s is not S.SHUTDOWN]
 
 # Written by hand from the design (docs/architecture.md), NOT derived from TRANSITIONS: the table must match it.
 EXPECTED = {
@@ -102,7 +102,7 @@ LOOP = tuple(Failure(kind=FailureKind.WORKER, reason="rank 0 exited with code 1"
                      traceback=TRACEBACK) for a in (0, 1))
 
 
-def decide(ctx) -> tuple[JobState, Step]:
+def decide(ctx) -> tuple[GroupState, Step]:
     """What FAILED and the driver do: gather the charge, fire `decide`, settle the edge taken."""
     model, machine = build_machine(GUARDS)
     machine.set_state(S.FAILED)
@@ -173,7 +173,7 @@ def test_a_give_up_acts_after_the_edge_is_taken(ctx_args, refused):
     assert ctx.rendezvous.calls == ([0] if refused else [])
 
 
-@pytest.mark.parametrize("src", list(JobState), ids=lambda s: s.value)
+@pytest.mark.parametrize("src", list(GroupState), ids=lambda s: s.value)
 def test_triggers_outside_the_table_are_refused(src):
     """A trigger with no edge from the current state raises and leaves the state alone."""
     allowed = {e.fired_by or e.trigger for e in TRANSITIONS if src in e.sources}
@@ -199,13 +199,13 @@ def test_every_state_is_reachable_from_init():
             if src is s and dst not in reached:
                 reached.add(dst)
                 frontier.append(dst)
-    assert reached == set(JobState)
+    assert reached == set(GroupState)
 
 
 def test_driver_runs_handlers_until_shutdown_then_shutdown_once():
     """drive() fires what each handler returns, re-runs a handler that returns None, and runs SHUTDOWN's once."""
     calls: list[str] = []
-    seen: list[tuple[JobState, JobState, Trigger, str]] = []
+    seen: list[tuple[GroupState, GroupState, Trigger, str]] = []
     script = iter([None, Step(T.rendezvous_complete, "round 0")])
 
     async def init(ctx):

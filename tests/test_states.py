@@ -13,7 +13,7 @@ import pytest
 from runner.agent.assembly import assemble
 from runner.config import load_spec_text
 from runner.core.context import Charge, Context, JobInputs
-from runner.core.machine import JobState, Step, Trigger
+from runner.core.machine import GroupState, Step, Trigger
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
 from runner.events import Fenced, GuardLost, MembershipChanged, StopRequested, TimerExpired, WorkerExited
 from runner.outcomes import FailureKind, Outcome
@@ -92,7 +92,7 @@ class Log:
 class Machine:
     """The machine's state as the handlers' services see it (the driver moves it; here, the test)."""
 
-    state = JobState.INIT
+    state = GroupState.INIT
 
 
 def make_ctx(tmp_path: Path, rdzv: FakeRendezvous | None = None, machine: Machine | None = None) -> Context:
@@ -234,7 +234,7 @@ def test_shutdown_after_a_stop_exits_128_plus_the_signal_and_writes_the_report(t
     machine = Machine()
     ctx = make_ctx(tmp_path, rdzv, machine)
     ctx.stop = StopRequested(2, graceful=False)
-    machine.state = JobState.SHUTDOWN  # the driver runs SHUTDOWN's handler once the machine is there
+    machine.state = GroupState.SHUTDOWN  # the driver runs SHUTDOWN's handler once the machine is there
     run(shutdown.handle(ctx))
     assert (ctx.outcome, ctx.exit_code) == (Outcome.STOPPED, 130)
     report = json.loads((ctx.inputs.run_dir / "report.json").read_text())

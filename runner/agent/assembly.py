@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from runner.agent.services import GroupLauncher, Publisher, RecoveryTimer, node_status
 from runner.core.context import Context, JobInputs
-from runner.core.machine import Edge, JobState, Model, Step, build_machine, drive
+from runner.core.machine import Edge, GroupState, Model, Step, build_machine, drive
 from runner.core.restart_policy import GUARDS, settle
 from runner.events import GuardLost
 from runner.observe.logs import JsonLines
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 
 def assemble(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typing.FilteringBoundLogger,
-             state: Callable[[], JobState], *, observe: Callable[[str, float], None] | None = None,
+             state: Callable[[], GroupState], *, observe: Callable[[str, float], None] | None = None,
              shepherd: Shepherd | None = None, outer_stops: StopScope | None = None) -> Context:
     """The context of one run: its inputs and the services the handlers call, wired to one event queue and guard.
 
@@ -50,13 +50,13 @@ def assemble(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typing.Fi
     warnings = WarnOnce(log)
     ctx: Context | None = None  # the status snapshot and the watchdog are read through it once it exists
 
-    def snapshot(now: JobState) -> dict[str, object]:
+    def snapshot(now: GroupState) -> dict[str, object]:
         assert ctx is not None
         return node_status(ctx, now)
 
     publisher = Publisher(inputs.run_dir, rendezvous, warnings, state, snapshot)
     recovery = RecoveryTimer(Recoveries(launched_at=inputs.started, observe=observe), publisher,
-                             lambda: ctx.timer if ctx is not None else None, log, JobState.RUNNING)
+                             lambda: ctx.timer if ctx is not None else None, log, GroupState.RUNNING)
     launcher = GroupLauncher(inputs.spec, events, shepherd, log)
     ctx = Context(inputs=inputs, rendezvous=rendezvous, log=log, launcher=launcher, status=publisher,
                   recovery=recovery, warnings=warnings, events=events, shepherd=shepherd,
@@ -131,7 +131,7 @@ class TransitionLog:
         self.ctx, self.sink, self.metrics = ctx, sink, metrics
         self.job_sink, self.after = job_sink, after
 
-    async def __call__(self, src: JobState, dst: JobState, edge: Edge, step: Step) -> None:
+    async def __call__(self, src: GroupState, dst: GroupState, edge: Edge, step: Step) -> None:
         """Record the transition `src --edge--> dst` that `step` caused."""
         ctx, run = self.ctx, self.ctx.run
         if step.outcome is not None:
@@ -149,23 +149,23 @@ class TransitionLog:
             except OSError as e:
                 ctx.warnings.warn("transition_write_failed", error=str(e))
         ctx.log.info("transition", **{k: v for k, v in event.items() if k not in ("event", "job", "node")})
-        if dst is not JobState.SHUTDOWN:
+        if dst is not GroupState.SHUTDOWN:
             await ctx.status.publish()
         if self.after is not None:
             self.after()
 
-    def time_recovery(self, src: JobState, dst: JobState, edge: Edge) -> None:
+    def time_recovery(self, src: GroupState, dst: GroupState, edge: Edge) -> None:
         """A failure (or membership change) starts a recovery; FAILED's end classes it (and counts it)."""
         ctx, run = self.ctx, self.ctx.run
         ctx.recovery.state_changed(src, dst)  # the ETTR ledger's marks (docs/goodput.md)
-        if dst is JobState.FAILED or (src is JobState.RUNNING and dst is JobState.RESTARTING):
+        if dst is GroupState.FAILED or (src is GroupState.RUNNING and dst is GroupState.RESTARTING):
             ctx.recovery.attempt_failed(edge.trigger.value, run.failure)  # a recovery starts if the policy restarts
-        elif src is JobState.FAILED and run.failure is not None:
+        elif src is GroupState.FAILED and run.failure is not None:
             ctx.recovery.failure_classed(run.failure)
             if self.metrics is not None:  # classed by now (OOM evidence and all)
                 self.metrics.on_failure(run.failure.failure_class.value)
 
-    def event(self, src: JobState, dst: JobState, edge: Edge, step: Step) -> dict[str, object]:
+    def event(self, src: GroupState, dst: GroupState, edge: Edge, step: Step) -> dict[str, object]:
         """The one `transition` event (a replica group's names its group; SHUTDOWN's carries the outcome)."""
         ctx = self.ctx
         event: dict[str, object] = {
@@ -181,6 +181,6 @@ class TransitionLog:
         }
         if ctx.inputs.replica is not None:
             event["group"] = ctx.inputs.replica.group
-        if dst is JobState.SHUTDOWN:
+        if dst is GroupState.SHUTDOWN:
             event["outcome"] = (ctx.outcome or Outcome.STOPPED).value
         return event

@@ -34,7 +34,7 @@ from runner.config.torchft_version import matching_lighthouse
 from runner.core import job_policy
 from runner.core.context import Context, JobInputs, Replica
 from runner.core.job_machine import JobEdge, JobPhase, JobStep, JobTrigger, build_job_machine
-from runner.core.machine import JobState, Model
+from runner.core.machine import GroupState, Model
 from runner.errors import EXIT_INFRA, EXIT_STOPPED_BASE, RunnerError
 from runner.events import StopRequested
 from runner.observe.ledger import job_ledger
@@ -531,12 +531,12 @@ class Supervisor:
     def status(self) -> dict[str, object]:
         """The job's live state: SHUTDOWN once every group is; RUNNING while one runs; else the first group's."""
         states = [g.model.state for g in self.groups]
-        if states and all(s is JobState.SHUTDOWN for s in states):
-            state = JobState.SHUTDOWN
-        elif JobState.RUNNING in states:
-            state = JobState.RUNNING
+        if states and all(s is GroupState.SHUTDOWN for s in states):
+            state = GroupState.SHUTDOWN
+        elif GroupState.RUNNING in states:
+            state = GroupState.RUNNING
         else:
-            state = states[0] if states else JobState.INIT
+            state = states[0] if states else GroupState.INIT
         return {
             "node": self.node, **self.identity, "state": state.value, "run_id": self.spec.name,
             "run_dir": str(self.run_dir), "heartbeat": time.time(),
@@ -544,7 +544,7 @@ class Supervisor:
             "restarts": sum(g.ctx.run.restarts for g in self.groups),
             "workers": [],
             "outcome": self.end.outcome.value if self.end is not None and self.end.outcome is not None else None,
-            "job_state": self.model.state.value,  # the job's own machine (runner/core/job_machine.py)
+            "job_phase": self.model.state.value,  # the job's own machine (runner/core/job_machine.py)
             "groups": [g.status() for g in self.groups],
             "ledger": job_ledger([dict(g.ctx.recovery.figures(), group=g.index) for g in self.groups]),
             "lighthouse": self.lighthouse_status(),

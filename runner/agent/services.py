@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runner.core.machine import JobState
+from runner.core.machine import GroupState
 from runner.errors import RendezvousError
 from runner.observe.ledger import Ledger, StepReport
 from runner.observe.recovery import Recoveries
@@ -59,7 +59,7 @@ def workers_status(ctx: Context) -> list[dict[str, object]]:
     return workers
 
 
-def node_status(ctx: Context, state: JobState) -> dict[str, object]:
+def node_status(ctx: Context, state: GroupState) -> dict[str, object]:
     """This node's live state, as published for `runner status` (the JSON boundary: strings from here on)."""
     workers = workers_status(ctx)
     return {
@@ -82,10 +82,10 @@ def node_status(ctx: Context, state: JobState) -> dict[str, object]:
 CAUSE_CHARS = 300  # a published root cause, at most (one line: the rank, its exception, where it was raised)
 
 
-def own_cause(ctx: Context, state: JobState) -> str:
+def own_cause(ctx: Context, state: GroupState) -> str:
     """While FAILED, this node's own root cause (not a peer's loss, which the peers know already); '' otherwise."""
     failure = ctx.run.failure
-    if state is not JobState.FAILED or failure is None or failure.kind is FailureKind.PEER:
+    if state is not GroupState.FAILED or failure is None or failure.kind is FailureKind.PEER:
         return ""
     line = failure.reason.splitlines()[0] if failure.reason else ""
     return line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 1] + "…"
@@ -104,14 +104,14 @@ class Publisher:
     """
 
     def __init__(self, run_dir: Path, rendezvous: Rendezvous, warnings: WarnOnce,
-                 state: Callable[[], JobState], snapshot: Callable[[JobState], dict[str, object]]) -> None:
+                 state: Callable[[], GroupState], snapshot: Callable[[GroupState], dict[str, object]]) -> None:
         self._run_dir, self._rendezvous, self._warnings = run_dir, rendezvous, warnings
         self._state, self._snapshot = state, snapshot
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._published_at: float | None = None  # the loop's time of the last publish to the rendezvous
 
-    async def publish(self, *, only_in: JobState | None = None) -> None:
+    async def publish(self, *, only_in: GroupState | None = None) -> None:
         """Publish now; with `only_in`, nothing is published unless the machine is still in that state."""
         async with self._lock:
             state = self._state()
@@ -123,7 +123,7 @@ class Publisher:
         """The live totals again (not once SHUTDOWN published the last word): status.json, and now and then etcd."""
         async with self._lock:
             state = self._state()
-            if state is JobState.SHUTDOWN:
+            if state is GroupState.SHUTDOWN:
                 return
             last = self._published_at
             due = last is None or asyncio.get_running_loop().time() - last >= RENDEZVOUS_REFRESH_S
@@ -135,7 +135,7 @@ class Publisher:
             await asyncio.sleep(interval)
             await self.refresh()
 
-    async def _write(self, state: JobState, *, to_rendezvous: bool) -> None:
+    async def _write(self, state: GroupState, *, to_rendezvous: bool) -> None:
         status = self._snapshot(state)
         path = self._run_dir / "status.json"
         try:
@@ -150,7 +150,7 @@ class Publisher:
         except RendezvousError as e:
             self._warnings.warn("status_publish_failed", error=e.message)
 
-    def publish_soon(self, *, only_in: JobState) -> None:
+    def publish_soon(self, *, only_in: GroupState) -> None:
         """Publish from a callback: a task of its own, kept until it is done."""
         task = asyncio.get_running_loop().create_task(self.publish(only_in=only_in))
         self._tasks.add(task)
@@ -161,7 +161,7 @@ class RecoveryTimer:
     """Time to recover (observe/recovery.py) on the event loop's clock, with readiness from heartbeats and timers."""
 
     def __init__(self, recoveries: Recoveries, publisher: Publisher, timer: Callable[[], Watchdog | None],
-                 log: structlog.typing.FilteringBoundLogger, running: JobState) -> None:
+                 log: structlog.typing.FilteringBoundLogger, running: GroupState) -> None:
         self.recoveries = recoveries
         self._publisher, self._timer, self._log, self._running = publisher, timer, log, running
         self._readiness: Readiness | None = None  # made at the first spawn
@@ -205,11 +205,11 @@ class RecoveryTimer:
         known = [s for s in signs if s is not None]
         return max(0.0, learnt - max(known)) if known else None
 
-    def state_changed(self, src: JobState, dst: JobState) -> None:
+    def state_changed(self, src: GroupState, dst: GroupState) -> None:
         """The ledger's marks between a failure and the next attempt: teardown done, the round complete."""
-        if src is JobState.RENDEZVOUS and dst is JobState.RUNNING:
+        if src is GroupState.RENDEZVOUS and dst is GroupState.RUNNING:
             self.ledger.entered_running(self._now())
-        elif src is JobState.RESTARTING and dst is JobState.RENDEZVOUS:
+        elif src is GroupState.RESTARTING and dst is GroupState.RENDEZVOUS:
             self.ledger.torn_down(self._now())
 
     def step_reported(self, report: StepReport) -> None:

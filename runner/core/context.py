@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import structlog
 
     from runner.config.spec import JobSpec
-    from runner.core.machine import JobState
+    from runner.core.machine import GroupState
     from runner.outcomes import Outcome
     from runner.rendezvous.base import Rendezvous, RendezvousResult
     from runner.watchdog.flight import FlightRecorder
@@ -136,11 +136,11 @@ class WorkerLauncher(Protocol):
 class StatusPublisher(Protocol):
     """Publishes this node's status (status.json, the rendezvous); a failure there is a warning, never an error."""
 
-    async def publish(self, *, only_in: JobState | None = None) -> None:
+    async def publish(self, *, only_in: GroupState | None = None) -> None:
         """Publish now (in order); with `only_in`, only if the machine is still in that state when its turn comes."""
         ...
 
-    def publish_soon(self, *, only_in: JobState) -> None:
+    def publish_soon(self, *, only_in: GroupState) -> None:
         """Publish from a callback (a task of its own, kept until done)."""
         ...
 
@@ -168,7 +168,7 @@ class RecoveryClock(Protocol):
         """Every worker of `attempt` in `workers` is spawned; watch each until it says it is ready."""
         ...
 
-    def state_changed(self, src: JobState, dst: JobState) -> None:
+    def state_changed(self, src: GroupState, dst: GroupState) -> None:
         """A transition: the ETTR ledger marks the teardown's end and the round's (observe/ledger.py)."""
         ...
 

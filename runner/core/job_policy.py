@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runner.core.job_machine import JobGuard, JobGuardCheck, JobStep, JobTrigger
-from runner.core.machine import JobState
+from runner.core.machine import GroupState
 from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_STOPPED_BASE, EXIT_WORKERS_FAILED
 from runner.events import StopRequested
 from runner.outcomes import Outcome
@@ -24,7 +24,7 @@ class GroupView:
     """One group as the job's guards see it."""
 
     index: int
-    state: JobState
+    state: GroupState
     attempt: int
     outcome: Outcome | None
     exit_code: int
@@ -33,11 +33,11 @@ class GroupView:
     @property
     def up(self) -> bool:
         """Running, still on its first start, or finished: nothing of it is being recovered or lost."""
-        if self.state is JobState.RUNNING:
+        if self.state is GroupState.RUNNING:
             return True
-        if self.state in (JobState.INIT, JobState.RENDEZVOUS) and self.attempt == 0:
+        if self.state in (GroupState.INIT, GroupState.RENDEZVOUS) and self.attempt == 0:
             return True
-        return self.state is JobState.SHUTDOWN and self.outcome is Outcome.SUCCEEDED
+        return self.state is GroupState.SHUTDOWN and self.outcome is Outcome.SUCCEEDED
 
     @property
     def left(self) -> bool:
@@ -58,7 +58,7 @@ class JobFacts:
     @property
     def live(self) -> list[GroupView]:
         """The groups not in SHUTDOWN (those that can still take part in a step)."""
-        return [g for g in self.groups if g.state is not JobState.SHUTDOWN]
+        return [g for g in self.groups if g.state is not GroupState.SHUTDOWN]
 
     @property
     def finished(self) -> list[GroupView]:

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from runner.core.context import Context
 
 
-class JobState(enum.Enum):
-    """Where the agent is. SHUTDOWN is terminal."""
+class GroupState(enum.Enum):
+    """Where a group's agent is (the group machine's state; the job's own is JobPhase). SHUTDOWN is terminal."""
 
     INIT = "INIT"
     RENDEZVOUS = "RENDEZVOUS"
@@ -64,16 +64,16 @@ class Guard(enum.Enum):
     restart_charged = "a restart could be charged to the class's and the job's budgets"
 
 
-Edge = table_machine.Edge[JobState, Trigger, Guard]
+Edge = table_machine.Edge[GroupState, Trigger, Guard]
 Step = table_machine.Step[Trigger]
-Model = table_machine.Model[JobState, Trigger, Guard]
+Model = table_machine.Model[GroupState, Trigger, Guard]
 
 
-S, T, G = JobState, Trigger, Guard
-LIVE = tuple(s for s in JobState if s is not S.SHUTDOWN)
+S, T, G = GroupState, Trigger, Guard
+LIVE = tuple(s for s in GroupState if s is not S.SHUTDOWN)
 
 
-def decided(trigger: Trigger, dest: JobState, when: Guard | None = None) -> Edge:
+def decided(trigger: Trigger, dest: GroupState, when: Guard | None = None) -> Edge:
     """An edge out of FAILED, taken by the policy's `decide` when `when` holds (None: always, as a last resort)."""
     return Edge(trigger, (S.FAILED,), dest, when, fired_by=T.decide)
 
@@ -106,17 +106,17 @@ TRANSITIONS: tuple[Edge, ...] = (
 
 Handler = Callable[["Context"], Awaitable[Step | None]]
 GuardCheck = Callable[["Context"], bool]  # reads only: FAILED gathers what acts (restart_policy.gather)
-OnTransition = Callable[[JobState, JobState, Edge, Step], Awaitable[None]]
+OnTransition = Callable[[GroupState, GroupState, Edge, Step], Awaitable[None]]
 
 
 def build_machine(guards: Mapping[Guard, GuardCheck]) -> tuple[Model, AsyncMachine]:
     """The group machine from TRANSITIONS; a guarded edge asks `guards[edge.when](ctx)` in table order."""
-    return table_machine.build(JobState, JobState.INIT, TRANSITIONS, guards)
+    return table_machine.build(GroupState, GroupState.INIT, TRANSITIONS, guards)
 
 
 async def drive(
     model: Model,
-    handlers: Mapping[JobState, Handler],
+    handlers: Mapping[GroupState, Handler],
     ctx: Context,
     on_transition: OnTransition,
     settle: Callable[[Context, Edge], Awaitable[Step]],
@@ -142,7 +142,7 @@ async def drive(
     await handlers[S.SHUTDOWN](ctx)
 
 
-def edges() -> list[tuple[JobState, Trigger, JobState, Guard | None]]:
+def edges() -> list[tuple[GroupState, Trigger, GroupState, Guard | None]]:
     """Every (source, trigger, destination, guard) of the table, one per source state."""
     return table_machine.rows(TRANSITIONS)
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from runner.core.machine import Handler, JobState
+from runner.core.machine import GroupState, Handler
 from runner.states import failed, init, rendezvous, restarting, running, shutdown
 
-HANDLERS: dict[JobState, Handler] = {
-    JobState.INIT: init.handle,
-    JobState.RENDEZVOUS: rendezvous.handle,
-    JobState.RUNNING: running.handle,
-    JobState.FAILED: failed.handle,
-    JobState.RESTARTING: restarting.handle,
-    JobState.SHUTDOWN: shutdown.handle,
+HANDLERS: dict[GroupState, Handler] = {
+    GroupState.INIT: init.handle,
+    GroupState.RENDEZVOUS: rendezvous.handle,
+    GroupState.RUNNING: running.handle,
+    GroupState.FAILED: failed.handle,
+    GroupState.RESTARTING: restarting.handle,
+    GroupState.SHUTDOWN: shutdown.handle,
 }
