@@ -18,6 +18,7 @@ from runner.config import load_spec_text
 from runner.config.spec import Budgets, ClassBudget
 from runner.errors import SpecError
 from runner.outcomes import FailureClass
+from runner.rendezvous.etcd.budget import Charge, decide
 from runner.rendezvous.etcd.keys import JobKeys
 from runner.rendezvous.local import LocalRendezvous
 from runner.testing.etcd_server import EtcdServer
@@ -253,3 +254,17 @@ def test_defaults_a_user_would_choose() -> None:
     assert b.node_lost == b.preempted == ClassBudget(max=None, charged=False)
     assert b.exception == b.signal == b.hang == ClassBudget()
     assert load({}).restart.crash_loop == 3
+
+
+@given(max_restarts=st.integers(0, 20), count=st.integers(0, 25), used=st.integers(0, 25),
+       class_limit=st.none() | st.integers(0, 20), job_wide=st.booleans())
+def test_a_charge_decides_as_the_two_budgets_say(max_restarts: int, count: int, used: int, class_limit: int | None,
+                                                job_wide: bool) -> None:
+    """The pure decision of runner/rendezvous/etcd/budget.py: spent (None) exactly when a job-wide charge finds the
+    job's budget used up or the class's limit is reached; otherwise the job's count moves by one only job-wide."""
+    new = decide(Charge(max_restarts, "hang", class_limit, job_wide), count, used)
+    spent = (job_wide and count >= max_restarts) or (class_limit is not None and used >= class_limit)
+    assert (new is None) == spent
+    if new is not None:
+        assert new == count + (1 if job_wide else 0)
+        assert not job_wide or new <= max_restarts

@@ -39,6 +39,7 @@ from runner.errors import RendezvousError, RendezvousTimeout
 from runner.events import Fenced, PeerLost
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.admin import write_control
+from runner.rendezvous.etcd.budget import Charge, charge_round
 from runner.rendezvous.etcd.client import (
     Connection,
     EtcdSession,
@@ -73,7 +74,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 FINAL_STATE_TTL_S = 3600
 LEDGER_BUDGET_S = 2.0  # the node ledger's write, at most (runner/rendezvous/node_ledger.py)
-CHARGE_POLL_S = 0.05  # while deferring to a peer's own charge of the round
 LOST_PEER = "etcd"  # the PeerLost.node of a data loss
 
 
@@ -100,6 +100,7 @@ class EtcdRendezvous:
         self._admitted = False  # open() passed the spec and closed-job checks: this node belongs to the job
         self._round_hint = 0  # the round this node expects to be open (checked, not trusted)
         self._joined_at: dict[int, int] = {}  # round -> revision of this process's first join record in it
+        self._joined_lease: dict[int, int] = {}  # round -> the lease this process's last join record in it went on
         self._epoch = b""  # the job's epoch token this node was admitted under
         self._lost: str | None = None  # why etcd's data is considered lost, until this node re-admitted itself
         self._lost_event = asyncio.Event()
@@ -224,6 +225,7 @@ class EtcdRendezvous:
         await self.lease.grant()
         self._round_hint = 0
         self._joined_at.clear()  # the new etcd counts revisions from 1 again
+        self._joined_lease.clear()
         await self._admit()
         self._log.warning("etcd_job_readmitted", reason=reason, restarts=self._restarts_known)
 
@@ -294,6 +296,7 @@ class EtcdRendezvous:
                 {k.state(self._node): dump(state), join_key: record, k.ticket(r): b""},
                 [key_range(k.round), *waiter[-1].reads(), key_range(k.ticket(r))])
             self._joined_at.setdefault(r, rev)
+            self._joined_lease[r] = self.lease.lease_id
             k.check_open(first[2][0].value if first[2] else None)
             closed = load(first[1][0].value) if first[1] else None
             if closed is not None or await self._round_open(r, _round_of(round_kv)):
@@ -316,19 +319,26 @@ class EtcdRendezvous:
             self._round_hint = await self._open_round(r)
 
     async def _round_left(self, r: int) -> bool:
-        """Whether the job has left round `r`, whose result includes this node: a later round was opened meanwhile.
+        """Whether the job has left round `r`, whose result includes this node, without this node.
 
         A node that read the result late (cut off, or frozen, between its join and the close, while its lease lapsed
         and the others formed the next round without it) would otherwise start workers of a world nobody else is in
-        any more, beside the next round's; it joins the round that is open instead.
+        any more, beside the next round's; it joins the round that is open instead. The job left it without this
+        node when a later round was opened and this node's join record of round `r` is no longer the one it put (its
+        lease lapsed: the record vanished, or the lease keeper put it again on a new lease). A later round opened
+        while this node's record stands is the usual news of a newcomer: this node takes its seat in `r` and its
+        round monitor reports the change (MembershipChanged), as for every member.
         """
-        raw = await self.session.call(lambda c: c.get(self._keys.round))
-        current = int(raw.value) if raw is not None else 0
-        if current <= r:
+        _, (round_kv, mine) = await self.session.call(lambda c: c.snapshot(
+            [key_range(self._keys.round), key_range(self._keys.join(r, self._node))]))
+        current = _round_of(round_kv)
+        lapsed = not mine or int(mine[0].lease) != self._joined_lease.get(r)
+        if current <= r or not lapsed:
             return False
         self._log.warning("rendezvous_round_left", round=r, current=current,
-                          detail="the job opened a later round before this node read this one's result: it joins "
-                                 "the open round instead of starting workers of one the others left")
+                          detail="this node's lease lapsed and the job opened a later round before this node read "
+                                 "this one's result: it joins the open round instead of starting workers of one the "
+                                 "others left")
         return True
 
     async def _round_open(self, r: int, current: int) -> bool:
@@ -448,39 +458,11 @@ class EtcdRendezvous:
     async def _charge(self, max_restarts: int, cls: str, class_limit: int | None, job_wide: bool,
                       defer: float = 0.0) -> int | None:
         await self._recover()
-        waiting_until = asyncio.get_running_loop().time() + defer  # for the peer whose own failure this is
         r = self._result.round if self._result else -1
-        k, charge = self._keys, self._keys.restart_charge(r)
-        cls_key = k.restarts + b"/" + cls.encode() if cls else None
-        while True:
-            _, (marker, total, *of_class) = await self.session.call(lambda c: c.snapshot(
-                [key_range(charge), key_range(k.restarts), *([key_range(cls_key)] if cls_key else [])]))
-            if marker:
-                charged = load(marker[0].value)
-                count = charged.get("count") if isinstance(charged, dict) else None
-                self._restarts_known = max(self._restarts_known, count or 0)
-                return int(count) if count is not None else None
-            if asyncio.get_running_loop().time() < waiting_until:
-                await asyncio.sleep(CHARGE_POLL_S)
-                continue
-            count = int(total[0].value) if total else 0
-            self._restarts_known = max(self._restarts_known, count)
-            used = int(of_class[0][0].value) if of_class and of_class[0] else 0
-            allowed = (not job_wide or count < max_restarts) and (class_limit is None or used < class_limit)
-            new = (count + 1 if job_wide else count) if allowed else None
-            guard = value_is(k.restarts, str(count).encode()) if total else absent(k.restarts)
-            puts = [put_op(charge, dump({"count": new, "by": self._node, "class": cls}))]
-            compare = [absent(charge), guard]
-            if new is not None and job_wide:
-                puts.append(put_op(k.restarts, str(new).encode()))
-            if new is not None and cls_key is not None:
-                compare.append(value_is(cls_key, str(used).encode()) if of_class[0] else absent(cls_key))
-                puts.append(put_op(cls_key, str(used + 1).encode()))
-            done = await self.session.call(partial(Connection.txn, compare=compare, success=puts))
-            if done.succeeded:
-                self._restarts_known = max(self._restarts_known, new or 0)
-                self._log.info("restart_charged", round=r, count=new, max_restarts=max_restarts)
-                return new
+        done = await charge_round(self.session, self._keys, self._node, r, Charge(max_restarts, cls, class_limit,
+                                                                                 job_wide), defer=defer, log=self._log)
+        self._restarts_known = max(self._restarts_known, done.seen)
+        return done.count
 
     async def share_hang(self, local: list[RankRecord], *, timeout: float) -> list[RankRecord]:
         """Every member's flight-recorder records of this round's hang (runner/rendezvous/etcd/hang_exchange.py)."""
