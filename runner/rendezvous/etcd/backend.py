@@ -24,8 +24,6 @@ etcd does.
 from __future__ import annotations
 
 import asyncio
-import functools
-import os
 import socket
 import time
 from collections.abc import Awaitable, Coroutine
@@ -39,6 +37,7 @@ from runner.errors import RendezvousError, RendezvousTimeout
 from runner.events import Fenced, PeerLost
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.admin import write_control
+from runner.rendezvous.etcd.admission import admit, job_intact
 from runner.rendezvous.etcd.budget import Charge, charge_round
 from runner.rendezvous.etcd.client import (
     Connection,
@@ -61,7 +60,6 @@ from runner.rendezvous.etcd.monitor import RoundMonitor
 from runner.rendezvous.etcd.round import RoundRules, RoundWaiter
 from runner.rendezvous.node_ledger import Mark, NodeRecord, record_of
 from runner.rendezvous.ports import free_port
-from runner.rendezvous.spec_check import diff_paths, shared_tree, tree_digest
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -157,52 +155,12 @@ class EtcdRendezvous:
             self._lease.watch(listener, revoke_ticket(self._spec))
 
     async def _admit(self) -> None:
-        """Join the job in one transaction; raises when the job is closed or runs another spec.
-
-        The first node stores the spec digest, the spec tree (secrets as digests) and a new epoch; any later node
-        compares the digest and adopts the epoch. Both read the round key: the round this node will try first.
-        (One transaction that creates the job or reads it: a read first would cost every node that races the
-        job's creation a second one, most nodes when they all start at once.)
-        """
-        tree, digest, stored = spec_identity(self._spec)
-        k = self._keys
-        epoch = os.urandom(12).hex().encode()
-        puts = [put_op(k.spec, digest), put_op(k.spec_json, stored), put_op(k.epoch, epoch)]
-        if self._restarts_known:  # the job is recreated after a data loss: keep the budget already spent
-            puts.append(put_op(k.restarts, str(self._restarts_known).encode()))
-        reads = [range_op(key_range(k.control)), range_op(key_range(k.round))]
-        done = await self.session.call(lambda c: c.txn(
-            [absent(k.spec)], [*puts, *reads], [range_op(key_range(k.spec)), range_op(key_range(k.epoch)), *reads]))
-        control, round_kv = done.kvs[-2:]
-        if done.succeeded:
-            self._epoch = epoch
-        else:
-            spec, stored_epoch = done.kvs[:2]
-            if not (spec and bytes(spec[0].value) == digest):
-                spec_json = await self.session.call(lambda c: c.get(k.spec_json))  # only now: names the fields
-                raise self._mismatch(tree, [spec_json] if spec_json is not None else [])
-            self._epoch = bytes(stored_epoch[0].value) if stored_epoch else await self._add_epoch()
-        k.check_open(control[0].value if control else None)
-        self._round_hint = _round_of(round_kv)
-
-    async def _add_epoch(self) -> bytes:
-        """A job created without an epoch key (by an older runner) gets one; the epoch in place."""
-        k, epoch = self._keys, os.urandom(12).hex().encode()
-        done = await self.session.call(lambda c: c.txn([absent(k.epoch)], [put_op(k.epoch, epoch)],
-                                                       [range_op(key_range(k.epoch))]))
-        return epoch if done.succeeded else bytes(done.kvs[0][0].value)
-
-    def _mismatch(self, tree: dict[str, Any], spec_json: list[Any]) -> RendezvousError:
-        theirs = load(spec_json[0].value) if spec_json else None
-        fields = diff_paths(tree, theirs) if isinstance(theirs, dict) else ["(unknown: no spec_json stored)"]
-        msg = f"job '{self._spec.name}' already runs with a different spec; differing fields: {', '.join(fields)}"
-        return RendezvousError(msg, fix="start every node with the same job spec; if the run that stored the other "
-                               "spec is over, `runner reset job.yaml` forgets it (or give this job another name)")
+        """Join the job (runner/rendezvous/etcd/admission.py): its epoch, and the round this node tries first."""
+        admitted = await admit(self.session, self._keys, self._spec, restarts_known=self._restarts_known)
+        self._epoch, self._round_hint = admitted.epoch, admitted.round_hint
 
     async def _job_intact(self) -> bool:
-        """Whether etcd still holds the job this node was admitted into (its epoch key, unchanged)."""
-        kv = await self.session.call(lambda c: c.get(self._keys.epoch))
-        return kv is not None and bytes(kv.value) == self._epoch
+        return await job_intact(self.session, self._keys, self._epoch)
 
     def _on_data_lost(self, reason: str) -> None:
         """Etcd lost the job's keys: remember it (the next call re-admits this node) and fail a running attempt."""
@@ -609,13 +567,6 @@ class EtcdRendezvous:
             call.cancel()
         if self._events is not None:
             self._events.put_nowait(Fenced(reason))
-
-
-@functools.lru_cache(maxsize=4)
-def spec_identity(spec: JobSpec) -> tuple[dict[str, Any], bytes, bytes]:
-    """The spec's shared tree (secrets as digests), its digest and the tree as stored, once per spec (read-only)."""
-    tree = shared_tree(spec)
-    return tree, tree_digest(tree).encode(), dump(tree)
 
 
 async def resolved(host: str, log: FilteringBoundLogger, timeout: float = 2.0) -> str:
