@@ -20,7 +20,7 @@ TTL_S = 10.0  # the default; a status refresh (every 5 s) is then waiting on etc
 
 
 def test_a_cut_off_host_stops_its_workers_before_its_lease_lapses_and_leaves(cluster: Cluster) -> None:
-    cluster.write(spec_text(cluster.endpoint, nodes="2:3", args=probe_args(cluster.out, "--sleep", "14"))
+    cluster.write(spec_text(cluster.endpoint, nodes="2:3", args=probe_args(cluster.out, "--sleep", "14", "--sleep-later", "2"))
                   .replace("lease_ttl: 3s", f"lease_ttl: {TTL_S:g}s"))
     a, b, c = cluster.start("a"), cluster.start("b"), cluster.start("c")
     wait_for(lambda: len(cluster.worker_files()) == 3, timeout=60, what="3 workers of attempt 0")

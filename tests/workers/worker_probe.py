@@ -18,6 +18,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--sleep-later", type=float, default=None, help="the sleep of attempts after the first (default: --sleep)")
     p.add_argument("--exit", type=int, default=0, help="exit code once done")
     p.add_argument("--fail-rank", type=int, default=-1)
     p.add_argument("--fail-attempts", type=int, default=0, help="fail-rank exits with --fail-code on attempts < N")
@@ -53,7 +54,7 @@ def main() -> None:
         time.sleep(a.fail_after)
         print(f"rank {rank} failing on attempt {attempt} with code {a.fail_code}", file=sys.stderr, flush=True)
         sys.exit(a.fail_code)
-    deadline = time.monotonic() + a.sleep
+    deadline = time.monotonic() + (a.sleep if attempt == 0 or a.sleep_later is None else a.sleep_later)
     while time.monotonic() < deadline:
         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
     print(f"rank {rank} done on attempt {attempt}", flush=True)
