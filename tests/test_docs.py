@@ -18,14 +18,14 @@ import argparse
 import re
 from pathlib import Path
 
+from cli_words import check_words, subparsers
+
 from runner.cli.commands import COMMANDS, DEFAULT, names
-from runner.cli.main import build_parser
 from runner.core.machine import TRANSITIONS, GroupState
 
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)
 EDGE = re.compile(r"^\s*(\*|[A-Z]+(?:\|[A-Z]+)*)\s+--([a-z_]+)-->\s+([A-Z]+)\s*$")
-FLAG = re.compile(r"^--?[A-Za-z][\w-]*$")
 
 
 def usage_block() -> list[str]:
@@ -34,12 +34,6 @@ def usage_block() -> list[str]:
     block = FENCE.search(readme.split("\n## Usage\n", 1)[1])
     assert block, "no fenced block under '## Usage'"
     return [ln for ln in block.group(1).splitlines() if ln.strip()]
-
-
-def subparsers() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(action.choices)
 
 
 def check_line(line: str, parsers: dict[str, argparse.ArgumentParser]) -> tuple[str, list[str]]:
@@ -57,23 +51,6 @@ def check_line(line: str, parsers: dict[str, argparse.ArgumentParser]) -> tuple[
     else:
         return "", [f"unknown subcommand in {line!r}"]
     return sub, check_words(sub, rest, parsers[sub], line.strip())
-
-
-def check_words(sub: str, words: list[str], parser: argparse.ArgumentParser, line: str) -> list[str]:
-    """Problems with the options and choices `words` show for subcommand `sub`."""
-    options = {s for a in parser._actions for s in a.option_strings}
-    choices = {str(c) for a in parser._actions if not a.option_strings and a.choices for c in a.choices}
-    problems = []
-    for raw in words:
-        if raw == "--":
-            break
-        for token in filter(None, re.split(r"[\[\]|]", raw)):
-            name = token.split("=", 1)[0]
-            if FLAG.match(name) and name not in options:
-                problems.append(f"`runner {sub}` has no option {token} ({line!r})")
-            elif not FLAG.match(name) and re.fullmatch(r"[a-z][a-z0-9-]*", token) and "|" in raw and token not in choices:
-                problems.append(f"`runner {sub}` has no choice {token!r} ({line!r})")
-    return problems
 
 
 def test_readme_usage_shows_real_subcommands_and_flags_only() -> None:

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_words import check_words, subparsers
 from conftest import ROOT, wait_for
-from test_docs import check_words, subparsers
 
 from runner.config import load_spec_text
 from runner.config.torchrun_flags import BY_OPTION

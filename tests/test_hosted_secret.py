@@ -20,10 +20,10 @@ import pytest
 from conftest import PROBE, wait_for
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
+from hosted_helpers import HOSTED_PORT, hosted_event, hosted_spec, job_secret_file, port_of, start_host
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from multinode_helpers import Cluster, probe_args
-from test_multinode_hosted import HOSTED_PORT, hosted_event, hosted_spec, job_secret_file, port_of, start_host
 
 from runner.config.loader import load_spec
 from runner.contract import SECRET_ENV

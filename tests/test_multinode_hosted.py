@@ -18,14 +18,23 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog
-from conftest import PROBE, ROOT, alive, wait_for
+from conftest import ROOT, alive, wait_for
+from hosted_helpers import (
+    HOSTED_PORT,
+    events_of,
+    host_listeners,
+    hosted_event,
+    hosted_spec,
+    job_secret_file,
+    port_of,
+    start_host,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 from multinode_helpers import Cluster, Node, probe_args
@@ -34,52 +43,12 @@ from runner.contract import SECRET_ENV
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.host_rule import local_addresses, port_taken, refuse_loopback, wait_for_host
 from runner.rendezvous.etcd.hosted_server import INSTALL, HostedEtcd, etcd_binary, sweep_stale_data
-from runner.rendezvous.etcd.job_secret import new_secret_file
 from runner.system.served import listens, tcp_listeners
 from runner.testing.etcd_server import free_port
-from runner.testing.hosts import Host, Lab
+from runner.testing.hosts import Lab
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 QUIET = structlog.get_logger("test")
-
-
-HOSTED_PORT = 29400  # torchrun's c10d default: every host has its own ports
-
-
-def hosted_spec(port: int, *, nodes: str = "2", args: str = "", restart: str = "max_restarts: 2",
-                host: str = "a") -> str:
-    """A job whose rendezvous one of its agents hosts on `host`:`port`."""
-    return textwrap.dedent(f"""\
-        version: 1
-        name: hosted
-        entrypoint:
-          script: {PROBE}
-          args: [{args}]
-        nodes: "{nodes}"
-        nproc_per_node: 1
-        rendezvous:
-          backend: etcd
-          hosted: true
-          endpoints: ["{host}:{port}"]
-          last_call: 1s
-          lease_ttl: 2s
-          join_timeout: 60s
-          connect_timeout: 10s
-        restart:
-          {restart}
-          backoff: {{initial: 0.1s}}
-          preload: []  # the probe imports nothing: preload nothing (docs/standby.md); still forked warm from the fork server
-        shutdown: {{grace_period: 3s}}
-        logs: {{dir: "${{LOGS}}", format: json}}
-        """)
-
-
-def job_secret_file(folder: Path, name: str = "job.secret") -> Path:
-    """A job's secret in `folder` (made on first use; mode 0600)."""
-    path = folder / name
-    if not path.exists():
-        new_secret_file(path)
-    return path
 
 
 @pytest.fixture
@@ -92,53 +61,6 @@ def cluster(lab: Lab) -> Iterator[Cluster]:
         yield c
     finally:
         c.close()
-
-
-def port_of(cluster: Cluster) -> int:
-    """The endpoint's port."""
-    return int(cluster.endpoint.rpartition(":")[2])
-
-
-def events_of(node: Node, name: str) -> list[dict[str, Any]]:
-    """The node's agent's JSON log events called `name` (its console output, format json)."""
-    found = []
-    for line in node.output().splitlines():
-        try:
-            event = json.loads(line[line.index("{"):]) if name in line else None
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") == name:
-            found.append(event)
-    return found
-
-
-def hosted_event(node: Node) -> dict[str, Any] | None:
-    """The `rendezvous_hosted` event of a node's agent (pid, client_urls, data_dir), None before it hosts."""
-    try:
-        lines = (node.run_dir() / "agent.jsonl").read_text().splitlines()
-    except (AssertionError, OSError):
-        return None
-    for line in lines:
-        event = json.loads(line)
-        if event.get("event") == "rendezvous_hosted":
-            return dict(event)
-    return None
-
-
-def start_host(cluster: Cluster, name: str = "a", on: str | None = None) -> tuple[Node, dict[str, Any]]:
-    """Start the node that hosts (first, alone) and wait until its etcd listens on its host."""
-    node = cluster.start(name, on=on)
-    wait_for(lambda: hosted_event(node) is not None, what=f"{name} hosts etcd")
-    event = hosted_event(node)
-    assert event is not None
-    assert host_listeners(node.host, port_of(cluster))
-    return node, event
-
-
-def host_listeners(host: Host, port: int) -> set[int]:
-    """Inodes of the sockets listening on TCP `port` in `host`'s network namespace."""
-    return {i for name in ("tcp", "tcp6")
-            for _, p, i in tcp_listeners(Path(f"/proc/{host.init_pid}/net/{name}").read_text()) if p == port}
 
 
 def assert_hosted_etcd_gone(node: Node, event: dict[str, Any], port: int) -> None:

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_console import ANSI, only_run_dir, run_job_on_a_terminal, screen
+from terminal import ANSI, only_run_dir, run_job_on_a_terminal, screen
 
 from runner.workers.failures import collateral, exception_line
 
