@@ -494,8 +494,10 @@ class EtcdSession:
             if self._gen != failed_generation and self._client is not None:
                 return
             old, self._client = self._client, None
-            if old is not None:
-                await old.close()
+            if old is not None:  # bounded: its calls are cancelled, and one that does not end must not hold us
+                closing = asyncio.ensure_future(old.close())
+                closing.add_done_callback(lambda t: t.cancelled() or t.exception())  # its outcome is not ours
+                await asyncio.wait({closing}, timeout=CANCEL_TIMEOUT_S)
             await self._dial()
 
     async def call(self, op: Callable[[Connection], Awaitable[T]], *, budget: float | None = None) -> T:

@@ -110,9 +110,11 @@ class Watch:
         reg, call = self._reg, conn.watch_stream()
         self._creating, self._ids = deque(range(len(self._ranges))), {}
         try:
-            for index in range(len(self._ranges)):
-                await call.write(rpc.WatchRequest(create_request=self._create(index)))
+            # the writes too: on a connection etcd's restart broke, a write can wait for ever (seen: a leader's
+            # watch, resumed on such a connection, held its rendezvous for the whole connect timeout)
             async with asyncio.timeout(conn.timeout):  # no task per read, as wait_for would make
+                for index in range(len(self._ranges)):
+                    await call.write(rpc.WatchRequest(create_request=self._create(index)))
                 while self._creating:
                     reply = await call.read()
                     _check_created(reply)
