@@ -57,7 +57,7 @@ def soak(tmp: Path, seed: int, classes: tuple[str, ...], *extra: str) -> tuple[i
     """Run bench/chaos.py for SOAK_S seconds, its folder under `tmp` (a failing soak keeps it there); (exit code,
     output). Stopped with SIGTERM (its cleanup runs) if it overruns, then SIGKILLed."""
     argv = [sys.executable, str(CHAOS), "--seed", str(seed), "--duration", str(SOAK_S), "--job-window", str(SOAK_S),
-            "--steps", "200", "--failure-every", "4", "--classes", ",".join(classes), *extra]
+            "--steps", "150", "--failure-every", "4", "--classes", ",".join(classes), *extra]
     print("replay: python " + " ".join(argv[1:]), flush=True)
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "TMPDIR": str(tmp)})

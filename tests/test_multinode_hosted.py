@@ -156,7 +156,7 @@ def test_a_crashed_worker_is_restarted_on_both_nodes(cluster: Cluster) -> None:
 
 def test_sigkill_of_the_client_node_restarts_the_host_alone(cluster: Cluster) -> None:
     """nodes 1:2: b's agent SIGKILLed -> a sees its peer lost (lease expiry), restarts alone, succeeds, stops etcd."""
-    cluster.write(hosted_spec(port_of(cluster), nodes="1:2", args=probe_args(cluster.out, "--sleep", "4"),
+    cluster.write(hosted_spec(port_of(cluster), nodes="1:2", args=probe_args(cluster.out, "--sleep", "4", "--sleep-later", "1"),
                               restart="max_restarts: 1"))
     a, event = start_host(cluster)
     b = cluster.start("b")
