@@ -50,7 +50,9 @@ job_completes, etcd_unharmed (the soak's own etcd is never killed by a signal no
 under "infrastructure" and started again at once, as etcd_restart does. The run also fails (exit code 1) when it did not try: an enabled class
 that never fired with a real target, or an invariant a fired class brings that held fewer than its minimum times
 (bench/soak/verdict.py); per invariant it prints how many checks held, broke and did not apply. A class the machine
-cannot run (no root for the tmpfs, no network namespace) is skipped and printed with the reason. Exit code 2: the soak
+cannot run (no root for the tmpfs, no network namespace), or that the other options rule out (late_join with
+--nodes 2), is skipped and printed with the reason, and never counted as fired; one the options rule out that
+--classes names is refused. Exit code 2: the soak
 itself failed (or was interrupted), not the runner.
 
 The code: bench/soak/ (cli.py this command line, soak.py the loop, schedule.py the deck, faults.py the classes,
@@ -93,6 +95,18 @@ def pick_soak(p: argparse.ArgumentParser, args: argparse.Namespace) -> type[Soak
     return Soak
 
 
+def check_classes(p: argparse.ArgumentParser, soak: type[Soak], args: argparse.Namespace) -> None:
+    """--classes names only classes of this soak, and none that the other options rule out (one not asked for by
+    name is skipped instead, and the run says so)."""
+    asked = set(filter(None, args.classes.split(",")))
+    unknown = asked - set(soak.all_classes)
+    if unknown:
+        p.error(f"unknown classes {sorted(unknown)}; known: {', '.join(soak.all_classes)}")
+    for cls, why in sorted(soak.ruled_out(args).items()):
+        if cls in asked:
+            p.error(f"--classes {cls}: the other options rule it out: it {why}; change them or leave {cls} out")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="python bench/chaos.py", description="Seeded chaos soak: real agents, real etcd, a real training job, random faults; invariants after each.")
     p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
@@ -129,9 +143,7 @@ def main() -> int:
     soak = picked
     if not args.replica_groups and args.nodes < 2:
         p.error("--nodes must be at least 2")
-    unknown = set(filter(None, args.classes.split(","))) - set(soak.all_classes)
-    if unknown:
-        p.error(f"unknown classes {sorted(unknown)}; known: {', '.join(soak.all_classes)}")
+    check_classes(p, soak, args)
     print(f"chaos soak: seed {args.seed}", flush=True)
 
     def stop(signum: int, _frame: object) -> None:
