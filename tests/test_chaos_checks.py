@@ -11,7 +11,7 @@ where a real training run is not the point. Each test fails against the soak bef
   its reason;
 - a kill or stop signal to an agent that had already exited is not counted as injected;
 - kill_worker's nothing_survives does not hold while the killed worker is a zombie its agent has not waited for;
-- an etcd fault brings one_world and job_completes at its job's end.
+- an etcd fault (and a partition) brings one_world and job_completes at its job's end.
 
 Fast (a few seconds in all): no runner agent, no torch.
 """
@@ -321,11 +321,12 @@ def test_lease_revoked_that_cannot_be_set_up_did_not_apply_and_says_why(soak: So
 # ---------------------------------------------------------------------------- an etcd fault's invariants
 
 
-def etcd_job(soak: Soak, worlds: list[list[tuple[str, int, int, int]]], trained: bool = True) -> Job:
-    """The soak's job after an etcd_wipe: its workers' markers, world by world as (node, rank, attempt, size); a done
-    marker when `trained`."""
+def etcd_job(soak: Soak, worlds: list[list[tuple[str, int, int, int]]], trained: bool = True,
+             cls: str = "etcd_wipe") -> Job:
+    """The soak's job after a fault of `cls`: its workers' markers, world by world as (node, rank, attempt, size); a
+    done marker when `trained`."""
     job = soak.jobs[0]
-    job.faults.append(Fault("etcd_wipe", 1, 1.0, time.time(), "etcd", "SIGKILL, data dir deleted"))
+    job.faults.append(Fault(cls, 1, 1.0, time.time(), "etcd", "a fault"))
     pid = 1000
     for w, world in enumerate(worlds):
         for node, rank, attempt, size in world:
@@ -336,16 +337,18 @@ def etcd_job(soak: Soak, worlds: list[list[tuple[str, int, int, int]]], trained:
     return job
 
 
-def test_an_etcd_fault_brings_one_world_and_job_completes(soak: Soak):
-    """Two worlds (2 nodes, then 3 after the wipe), each rank held once: both hold, brought by etcd_wipe. The real
-    end of a job's checks (check_job_end: --hosted, so no etcd to read; nothing of the job runs)."""
+@pytest.mark.parametrize("cls", ["etcd_stop", "etcd_restart", "etcd_wipe", "partition"])
+def test_an_etcd_fault_or_a_partition_brings_one_world_and_job_completes(soak: Soak, cls: str):
+    """Two worlds (2 nodes, then 3 after the fault), each rank held once: both hold, brought by the fault's class.
+    The real end of a job's checks (check_job_end: --hosted, so no etcd to read; nothing of the job runs)."""
     soak.args.hosted = True
-    job = etcd_job(soak, [[("n0", 0, 0, 2), ("n1", 1, 0, 2)], [("n0", 0, 1, 3), ("n1", 1, 1, 3), ("n2", 2, 0, 3)]])
+    job = etcd_job(soak, [[("n0", 0, 0, 2), ("n1", 1, 0, 2)], [("n0", 0, 1, 3), ("n1", 1, 1, 3), ("n2", 2, 0, 3)]],
+                   cls=cls)
     job.endpoint = "127.0.0.1:1"  # (its port listens to nothing: the hosted etcd ended with the job)
     soak.check_job_end(job)
     worlds, ended = soak.tally.per_invariant["one_world"], soak.tally.per_invariant["job_completes"]
-    assert (worlds.held, worlds.classes) == (2, {"etcd_wipe"})
-    assert (ended.held, ended.classes) == (1, {"etcd_wipe"})
+    assert (worlds.held, worlds.classes) == (2, {cls})
+    assert (ended.held, ended.classes) == (1, {cls})
 
 
 @pytest.mark.parametrize(("world", "why"), [

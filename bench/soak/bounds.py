@@ -45,10 +45,16 @@ HOSTED_ETCD_KILLS = 2  # the hosting agent restarts its etcd 3 times at most (do
 CLASSES = ("kill_worker", "stop_worker", "kill_agent", "kill_guard", "signal_agent", "etcd_stop", "etcd_restart",
            "etcd_wipe", "disk_full", "partition")
 ALL_CLASSES = (*CLASSES, "late_join")
-ETCD_CLASSES = ("etcd_stop", "etcd_restart", "etcd_wipe")
-# What an etcd fault brings, checked at its job's end: the job's rounds and ranks stayed consistent (one world per
-# attempt, each rank held once) and the job ended as it must.
-ETCD_BRINGS = ("one_world", "job_completes")
+# What a fault of these classes brings, checked at its job's end (beyond what it sets up as it is injected): an etcd
+# fault or a partition, that the job's rounds and ranks stayed consistent (one world per attempt, each rank held once)
+# and that the job ended as it must; a full logs disk, that the workers' result stood (a warning is all it may cost).
+JOB_END_BRINGS = {
+    "etcd_stop": ("one_world", "job_completes"),
+    "etcd_restart": ("one_world", "job_completes"),
+    "etcd_wipe": ("one_world", "job_completes"),
+    "partition": ("one_world", "job_completes"),
+    "disk_full": ("outcome_matches_workers", "job_completes"),
+}
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # What the final table counts as lost (only the first two may be non-zero in a run whose invariants held).
 LOST = {

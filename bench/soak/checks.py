@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.soak.bounds import (
-    ETCD_BRINGS,
-    ETCD_CLASSES,
     ETCD_RENEW_EXTRA_S,
     EVIDENCE,
     FINAL_TTL_S,
     GONE_BOUND_S,
     INTERNAL_ERRORS,
+    JOB_END_BRINGS,
     LEASE_TTL_S,
     RACE_S,
 )
@@ -224,11 +223,12 @@ class Checks:
         self.check_job_result(job)
 
     def check_job_result(self, job: Job) -> None:
-        """The job's rounds and ranks stayed consistent (one_world) and it ended as it must (job_completes). Both
-        are what an etcd fault of the job brings (ETCD_BRINGS): etcd stopped, killed or wiped under a job must not
-        give one rank to two workers of a world, nor leave the job unfinished."""
-        for cls in sorted({f.cls for f in job.faults if f.cls in ETCD_CLASSES}):
-            for name in ETCD_BRINGS:
+        """The job's rounds and ranks stayed consistent (one_world) and it ended as it must (job_completes): what
+        its etcd faults and partitions bring (JOB_END_BRINGS, with a full disk's: its workers' results stood). etcd
+        stopped, killed or wiped under a job, or a node cut off, must not give one rank to two workers of a world,
+        nor leave the job unfinished."""
+        for cls in sorted({f.cls for f in job.faults if f.cls in JOB_END_BRINGS}):
+            for name in JOB_END_BRINGS[cls]:
                 self.tally.invariant(name, cls)
         self.check_worlds(job)
         self.check_completed(job)
