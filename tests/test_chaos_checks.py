@@ -289,8 +289,8 @@ def test_a_kill_or_a_stop_signal_to_an_agent_that_already_exited_is_not_injected
 
 
 def test_lease_revoked_that_cannot_be_set_up_did_not_apply_and_says_why(soak: Soak, procs, tmp_path: Path):
-    """A real etcd: a node with a lease is checked; a node with no state key, and any node while etcd is down, count
-    as "did not apply" with the reason (they were dropped silently); only a live agent's kill is injected."""
+    """A real etcd: a node with a lease is checked (and preferred: u[3] < 0.75); a node with no state key, and any
+    node while etcd is down, count as "did not apply" with the reason (they were dropped silently)."""
     job = soak.jobs[0]
     etcd = ChaosEtcd(tmp_path / "etcd-data", None)
     etcd.start()
@@ -298,15 +298,16 @@ def test_lease_revoked_that_cannot_be_set_up_did_not_apply_and_says_why(soak: So
         soak.etcd = etcd
         job.endpoint = etcd.endpoint
         lease = etcd.etcdctl("lease", "grant", "60").stdout.split()[1]
-        etcd.etcdctl("put", f"--lease={lease}", f"{PREFIX}/{job.name}/nodes/n0", "{}")
+        etcd.etcdctl("put", f"--lease={lease}", f"{PREFIX}/{job.name}/nodes/n1", "{}")
         for node in ("n0", "n1", "n2"):
             agent_of(soak, procs, "import time; time.sleep(60)", node)
-        assert soak.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n0: its lease is checked
-        assert soak.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n1: joined no round yet
+        assert soak.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n1: its lease is checked
+        assert soak.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n0: joined no round yet
         etcd.stop()  # (a fault holds it down)
         assert soak.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n2: etcd down
     finally:
         etcd.kill()
+    assert [f.target for f in job.faults] == ["n1", "n0", "n2"]
     assert [(a.node, a.fate, a.proc.returncode) for a in job.agents] == [
         (n, "killed", -signal.SIGKILL) for n in ("n0", "n1", "n2")]
     assert soak.tally.per_class["kill_agent"].injected == 3

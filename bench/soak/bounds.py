@@ -28,6 +28,7 @@ HANG_BOUND_S = HEARTBEAT_TIMEOUT_S * 1.25 + 20.0  # timeout, one check interval,
 # A worker paused (SIGSTOP, SIGCONT 0.5-3 s later): from the SIGCONT, the training advances (a new checkpoint, every 5
 # steps: 0.5 s) or ends, or the worker is gone (the heartbeat took the pause for a hang, or a restart replaced it).
 PAUSE_BOUND_S = HANG_BOUND_S
+LEASED_KILL_SHARE = 0.75  # of kill_agent's kills: on an agent whose lease can be checked, when one can (else any)
 KILL_WAIT_S = 5.0  # a SIGKILLed agent is dead (and reaped by the soak) within this, but out of an uninterruptible wait
 GUARD_BOUND_S = 10.0
 REVOKE_BOUND_S = 10.0  # docs: the guard revokes within 2 s of the agent's death

@@ -28,7 +28,7 @@ schedule does not depend on the jobs before it, so `--first-job N` replays it al
 |---|---|
 | kill_worker | SIGKILL one worker |
 | stop_worker | SIGSTOP one worker: SIGCONT 0.5-3 s later (a pause), or never (a hang the watchdog must kill) |
-| kill_agent | SIGKILL one agent; a new agent of that node is started 2-10 s later (a scheduler's requeue) |
+| kill_agent | SIGKILL one agent (3 in 4: one whose lease can be read); requeued 2-10 s later (a scheduler's) |
 | kill_guard | SIGKILL one of an agent's guards (the shepherd: cmdline has runner.system.shepherd_main) |
 | signal_agent | SIGTERM, SIGINT or SIGHUP to one agent; requeued 2-10 s later (not the hosting node: it stops the job) |
 | etcd_stop | etcd down for 1-12 s (SIGTERM, start again on the same data); hosted: etcd frozen (SIGSTOP/SIGCONT) |

@@ -21,6 +21,7 @@ from bench.soak.bounds import (
     HOSTED_STOP_BOUND_S,
     KILL_WAIT_S,
     LEASE_TTL_S,
+    LEASED_KILL_SHARE,
     PAUSE_BOUND_S,
     PREFIX,
     REVOKE_BOUND_S,
@@ -136,15 +137,17 @@ class Faults:
         return self.fault_kill_worker(job, u, signal.SIGSTOP)
 
     def fault_kill_agent(self, job: Job, u: list[float]) -> bool:
-        agent = self.pick(self.targets(job), u[0])
-        if agent is None:
+        targets = self.targets(job)
+        if not targets:
             return False
+        keys = self.etcd_keys(job)
+        # Three kills in four, when one can, hit an agent whose lease can be checked (lease_revoked's case); the
+        # others any agent (one in INIT, or the hosting one, tests the guard without a lease to revoke).
+        leased = [a for a in targets if self.lease_at_kill(job, a, keys)[0]]
+        agent = self.pick(leased if leased and u[3] < LEASED_KILL_SHARE else targets, u[0])
         tree = [(p, parent_of(p)) for pid in descendants_of(agent.me.pid) if (p := ident(pid))]
         hosting = self.args.hosted and self.hosted_etcd(agent) is not None
-        if hosting:  # (a hosted etcd dies with its host, its leases too)
-            lease, no_lease = 0, "the agent hosted the etcd: its leases died with it"
-        else:
-            lease, no_lease = self.lease_at_kill(job, agent.node)
+        lease, no_lease = self.lease_at_kill(job, agent, keys)
         if not self.kill_now(agent):
             return False  # it had already exited by itself: the kill did nothing (not injected; drawn again)
         detail = f"SIGKILL pid {agent.proc.pid}; {len(tree)} processes under it"
@@ -190,20 +193,18 @@ class Faults:
         agent.fate, agent.fate_at = "killed", time.time()
         return True
 
-    def lease_at_kill(self, job: Job, node: str) -> tuple[int, str]:
-        """The lease of the node's live state key, or 0 and why there is none to check: etcd could not be read (the
-        soak's own etcd stopped, frozen, restarting or wiped), or the node had no state key (not joined yet)."""
-        keys = self.etcd_keys(job)
+    def lease_at_kill(self, job: Job, agent: Agent, keys: list[tuple[str, int]] | None) -> tuple[int, str]:
+        """The lease of the agent's node's live state key in `keys` (the job's keys; None: etcd could not be read), or
+        0 and why there is none to check: etcd could not be read (stopped, frozen, restarting or wiped), the node had
+        no state key (not joined yet), or the agent hosts the etcd (its leases die with it)."""
+        if self.args.hosted and self.hosted_etcd(agent) is not None:
+            return 0, "the agent hosted the etcd: its leases died with it"
         if keys is None:
             return 0, "etcd could not be read at the kill (stopped, frozen, restarting or wiped)"
         for key, lease in keys:
-            if key == f"{PREFIX}/{job.name}/nodes/{node}" and lease:
+            if key == f"{PREFIX}/{job.name}/nodes/{agent.node}" and lease:
                 return lease, ""
         return 0, "the node had no live state key at the kill (it had not joined yet)"
-
-    def node_lease(self, job: Job, node: str) -> int:
-        """The lease of the node's live state key (0: none, or etcd unreadable)."""
-        return self.lease_at_kill(job, node)[0]
 
     def lease_gone(self, job: Job, lease: int) -> bool | None:
         """True once the lease is gone; None (moot) while etcd cannot be read."""

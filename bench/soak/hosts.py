@@ -295,7 +295,7 @@ class HostSoak(Soak):
             return False
         host = self.node_host(agent.node)
         tree = [p for pid in host.pids().values() if (p := ident(pid))]
-        lease, no_lease = self.lease_at_kill(job, agent.node)
+        lease, no_lease = self.lease_at_kill(job, agent, self.etcd_keys(job))
         host.lose()
         for a in job.live():
             if a.node == agent.node:

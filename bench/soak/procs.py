@@ -43,9 +43,11 @@ def running(p: Proc) -> bool:
 
 
 def parent_of(p: Proc) -> Proc | None:
-    """`p`'s parent now (None: `p` is gone, or its parent could not be read)."""
+    """`p`'s parent now (None: `p` is gone); a parent that ended as it was read has start time 0 (never running)."""
     st = stat(p.pid)
-    return ident(st[1]) if st is not None and st[2] == p.ticks else None
+    if st is None or st[2] != p.ticks:
+        return None
+    return ident(st[1]) or Proc(st[1], 0)
 
 
 def gone(p: Proc, parent: Proc | None) -> bool:
