@@ -137,14 +137,9 @@ class Faults:
         return self.fault_kill_worker(job, u, signal.SIGSTOP)
 
     def fault_kill_agent(self, job: Job, u: list[float]) -> bool:
-        targets = self.targets(job)
-        if not targets:
+        agent, keys = self.pick_leased(job, u)
+        if agent is None:
             return False
-        keys = self.etcd_keys(job)
-        # Three kills in four, when one can, hit an agent whose lease can be checked (lease_revoked's case); the
-        # others any agent (one in INIT, or the hosting one, tests the guard without a lease to revoke).
-        leased = [a for a in targets if self.lease_at_kill(job, a, keys)[0]]
-        agent = self.pick(leased if leased and u[3] < LEASED_KILL_SHARE else targets, u[0])
         tree = [(p, parent_of(p)) for pid in descendants_of(agent.me.pid) if (p := ident(pid))]
         hosting = self.args.hosted and self.hosted_etcd(agent) is not None
         lease, no_lease = self.lease_at_kill(job, agent, keys)
@@ -167,6 +162,18 @@ class Faults:
             self.tally.moot("lease_revoked", no_lease, "kill_agent")
         self.requeue(job, agent.node, 2 + u[1] * 8)
         return True
+
+    def pick_leased(self, job: Job, u: list[float]) -> tuple[Agent | None, list[tuple[str, int]] | None]:
+        """The target of kill_agent, with the job's keys
+        read just before (None: etcd could not be read). Three in four, when one can, an agent whose lease can be
+        checked (its revocation is then due); the others any agent (one in INIT, or the hosting one, tests
+        the guard without a lease)."""
+        targets = self.targets(job)
+        if not targets:
+            return None, None
+        keys = self.etcd_keys(job)
+        leased = [a for a in targets if self.lease_at_kill(job, a, keys)[0]]
+        return self.pick(leased if leased and u[3] < LEASED_KILL_SHARE else targets, u[0]), keys
 
     def live_agent(self, agent: Agent) -> bool:
         """The agent has not exited: Popen.poll (which reaps it if it has) and /proc (a zombie under nsenter, --hosts)

@@ -307,8 +307,8 @@ class HostSoak(Soak):
             self.expect(job, "lease_expired", LEASE_EXPIRE_BOUND_S, lambda: self.lease_gone(job, lease),
                         lambda: f"the lost host's lease {lease:x} is still granted {LEASE_EXPIRE_BOUND_S:g} s later "
                         f"(ttl {self.lease_ttl(job, lease)})", met=f"{agent.label}'s lease expired")
-        else:  # (never silently dropped: counted as "did not apply", with why)
-            self.tally.moot("lease_expired", no_lease, "host_loss")
+        else:  # counted as "did not apply", with why (not yet charged to host_loss: its target is not chosen for it)
+            self.tally.moot("lease_expired", no_lease)
         self.requeue(job, agent.node, 2 + u[1] * 8)
         return True
 
