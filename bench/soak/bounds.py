@@ -28,6 +28,10 @@ HANG_BOUND_S = HEARTBEAT_TIMEOUT_S * 1.25 + 20.0  # timeout, one check interval,
 # A worker paused (SIGSTOP, SIGCONT 0.5-3 s later): from the SIGCONT, the training advances (a new checkpoint, every 5
 # steps: 0.5 s) or ends, or the worker is gone (the heartbeat took the pause for a hang, or a restart replaced it).
 PAUSE_BOUND_S = HANG_BOUND_S
+# A dead worker is reaped by its agent only once the agent stopped the rest of its group (runner/workers/group.py: never
+# before, so that its ids cannot be reused meanwhile): after FAILED, whose node-ledger mark and restart charge may each
+# wait connect_timeout for etcd, then RESTARTING's stop (grace, SIGKILL, the cgroup's wait) as GONE_BOUND_S allows.
+REAP_BOUND_S = GONE_BOUND_S + 2 * CONNECT_TIMEOUT_S
 LEASED_KILL_SHARE = 0.75  # of kill_agent's kills: on an agent whose lease can be checked, when one can (else any)
 KILL_WAIT_S = 5.0  # a SIGKILLed agent is dead (and reaped by the soak) within this, but out of an uninterruptible wait
 GUARD_BOUND_S = 10.0

@@ -24,13 +24,14 @@ from bench.soak.bounds import (
     LEASED_KILL_SHARE,
     PAUSE_BOUND_S,
     PREFIX,
+    REAP_BOUND_S,
     REVOKE_BOUND_S,
     STOP_BOUND_S,
     STOP_SIGNALS,
 )
 from bench.soak.infra import fill
 from bench.soak.model import Agent, Job, console_transitions
-from bench.soak.procs import Proc, descendants_of, describe, gone, ident, parent_of, signal_proven, stat
+from bench.soak.procs import Proc, descendants_of, describe, gone, ident, parent_of, running, signal_proven, stat
 
 
 class Faults:
@@ -78,25 +79,28 @@ class Faults:
             self.record(job, "kill_worker", who, "SIGKILL")
             self.expect_reaped(job, p, parent)
         elif u[1] < 0.5:
-            self.pause(job, who, p, parent, 0.5 + u[2] * 2.5, lambda: self.signal_worker(job, m, p, signal.SIGCONT))
+            self.pause(job, who, p, 0.5 + u[2] * 2.5, lambda: self.signal_worker(job, m, p, signal.SIGCONT))
         else:
             self.record(job, "stop_worker", who, f"SIGSTOP, left stopped (heartbeat_timeout {HEARTBEAT_TIMEOUT_S:g} s)")
             self.expect_hang_detected(job, p, parent)
         return True
 
-    def expect_reaped(self, job: Job, p: Proc, parent: Proc | None) -> None:
-        """A SIGKILLed worker: reaped by its parent (the agent) within the bound, or orphaned by it (nothing_survives).
-        A zombie whose agent still runs is not gone: the agent must wait for its dead worker."""
-        self.expect(job, "nothing_survives", GONE_BOUND_S, lambda: gone(p, parent),
-                    lambda: f"the SIGKILLed worker is not gone {GONE_BOUND_S:g} s later: {describe(p)}")
+    def expect_reaped(self, job: Job, p: Proc, parent: Proc | None, within: float = REAP_BOUND_S) -> None:
+        """A killed worker: reaped by its parent (the agent) within the bound, or orphaned by it (nothing_survives).
+        A zombie whose agent still runs is not gone: the agent must wait for its dead worker, once it stopped the
+        rest of the group (REAP_BOUND_S)."""
+        self.expect(job, "nothing_survives", within, lambda: gone(p, parent),
+                    lambda: f"the killed worker is not gone {within:g} s later: {describe(p)}")
 
     def expect_hang_detected(self, job: Job, p: Proc, parent: Proc | None) -> None:
-        """A worker left stopped: the heartbeat kills it, and its agent reaps it, within the bound (hang_detected)."""
-        self.expect(job, "hang_detected", HANG_BOUND_S, lambda: gone(p, parent),
+        """A worker left stopped: the heartbeat kills it within the bound (hang_detected), and its agent reaps it
+        (nothing_survives) within REAP_BOUND_S more."""
+        self.expect(job, "hang_detected", HANG_BOUND_S, lambda: not running(p),
                     lambda: f"the stopped worker still exists {HANG_BOUND_S:g} s later: {describe(p)}",
                     met=f"stopped worker {p.pid} gone")
+        self.expect_reaped(job, p, parent, HANG_BOUND_S + REAP_BOUND_S)
 
-    def pause(self, job: Job, who: str, p: Proc, parent: Proc | None, pause: float, cont: Callable[[], bool]) -> None:
+    def pause(self, job: Job, who: str, p: Proc, pause: float, cont: Callable[[], bool]) -> None:
         """stop_worker's pause: `cont` (the SIGCONT) runs `pause` s from now. From then the job must go on within
         PAUSE_BOUND_S (pause_went_on): its training advances or ends, or the worker is gone (the heartbeat took the
         pause for a hang, or a restart replaced it); a worker still stopped, or a job stalled after the pause with
@@ -108,7 +112,7 @@ class Faults:
             if not cont():
                 self.tally.moot("pause_went_on", "the paused worker was gone before its SIGCONT", "stop_worker")
                 return
-            self.expect(job, "pause_went_on", PAUSE_BOUND_S, lambda: self.went_on(job, before, p, parent),
+            self.expect(job, "pause_went_on", PAUSE_BOUND_S, lambda: self.went_on(job, before, p),
                         lambda: f"{PAUSE_BOUND_S:g} s after its SIGCONT the paused worker is not gone "
                         f"({describe(p)}) and the training neither advanced (no new checkpoint) nor finished",
                         met=f"job went on after the pause of {p.pid}", cls="stop_worker")
@@ -124,9 +128,10 @@ class Faults:
             return ()
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def went_on(self, job: Job, before: tuple[int, ...], p: Proc, parent: Proc | None) -> bool:
-        """Since `before` (progress() at a SIGCONT) the training advanced or finished, or the worker `p` is gone."""
-        return job.trained() or self.progress(job) != before or gone(p, parent)
+    def went_on(self, job: Job, before: tuple[int, ...], p: Proc) -> bool:
+        """Since `before` (progress() at a SIGCONT) the training advanced or finished, or the worker `p` died (the
+        heartbeat took the pause for a hang, or a restart stopped it: reaping it is nothing_survives's business)."""
+        return job.trained() or self.progress(job) != before or not running(p)
 
     def signal_worker(self, job: Job, m: dict[str, Any], p: Proc, sig: int) -> bool:  # noqa: ARG002 - --hosts reads m
         """Send `sig` to the worker `m` names (`p`: its identity here) through a pidfd, once /proc proves it is that

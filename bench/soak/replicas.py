@@ -335,7 +335,7 @@ class ReplicaSoak(Soak):
             self.downs[job.index].append(down)
             self.expect_reaped(job, p, parent)
         elif u[1] < 0.5:
-            self.pause(job, who, p, parent, 0.5 + u[2] * 2.5,
+            self.pause(job, who, p, 0.5 + u[2] * 2.5,
                        lambda: signal_proven(p, signal.SIGCONT, lambda pid: self.marked(job, pid)))
         else:
             self.record(job, "stop_worker", who, f"SIGSTOP, left stopped (heartbeat_timeout {HEARTBEAT_TIMEOUT_S:g} s)")
