@@ -113,7 +113,7 @@ class Faults:
                 self.tally.moot("pause_went_on", "the paused worker was gone before its SIGCONT", "stop_worker")
                 return
             self.expect(job, "pause_went_on", PAUSE_BOUND_S, lambda: self.went_on(job, before, p),
-                        lambda: f"{PAUSE_BOUND_S:g} s after its SIGCONT the paused worker is not gone "
+                        lambda: f"{PAUSE_BOUND_S:g} s after its SIGCONT the paused worker still lives "
                         f"({describe(p)}) and the training neither advanced (no new checkpoint) nor finished",
                         met=f"job went on after the pause of {p.pid}", cls="stop_worker")
 
