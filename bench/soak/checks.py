@@ -15,6 +15,7 @@ from bench.soak.bounds import (
     FINAL_TTL_S,
     GONE_BOUND_S,
     INTERNAL_ERRORS,
+    JOB_END_BRINGS,
     LEASE_TTL_S,
     RACE_S,
 )
@@ -219,7 +220,41 @@ class Checks:
             self.check_keys(job)
             self.tally.held("etcd_keys_expire")
         self.tally.held("nothing_survives")
+        self.check_job_result(job)
+
+    def check_job_result(self, job: Job) -> None:
+        """The job's rounds and ranks stayed consistent (one_world) and it ended as it must (job_completes): what
+        its etcd faults and partitions bring (JOB_END_BRINGS, with a full disk's: its workers' results stood). etcd
+        stopped, killed or wiped under a job, or a node cut off, must not give one rank to two workers of a world,
+        nor leave the job unfinished."""
+        for cls in sorted({f.cls for f in job.faults if f.cls in JOB_END_BRINGS}):
+            for name in JOB_END_BRINGS[cls]:
+                self.tally.invariant(name, cls)
+        self.check_worlds(job)
         self.check_completed(job)
+
+    def check_worlds(self, job: Job) -> None:
+        """Every world the job's workers started in (one per attempt; told apart by its MASTER_ADDR:MASTER_PORT,
+        fresh for each): one world size, each rank held by one worker, every rank below the size (one_world). A port
+        the kernel handed out again to a later round (a node's run in the world at two attempts: a run takes part in
+        a world at one attempt) is two worlds that cannot be told apart: that check did not apply, and says why."""
+        worlds: dict[str, list[dict[str, Any]]] = {}
+        for m, _ in self.workers(job, live_only=False):
+            worlds.setdefault(str(m.get("master")), []).append(m)
+        for world, ms in sorted(worlds.items()):
+            attempts: dict[str, set[int]] = {}
+            for m in ms:
+                attempts.setdefault(str(m["run_dir"]), set()).add(int(m["attempt"]))
+            if any(len(a) > 1 for a in attempts.values()):
+                self.tally.moot("one_world", "a MASTER_PORT the kernel handed out again to a later round")
+                continue
+            sizes = {int(m["world_size"]) for m in ms}
+            ranks = sorted(int(m["rank"]) for m in ms)
+            where = ", ".join(f"rank {m['rank']}/{m['world_size']} on {m['node']} (attempt {m['attempt']})" for m in ms)
+            if len(sizes) > 1 or len(set(ranks)) < len(ranks) or any(r >= min(sizes) for r in ranks):
+                raise Violation("one_world", f"job {job.index}: world {world} was not one world of distinct ranks: "
+                                f"{where}")
+            self.tally.held("one_world")
 
     def check_own_etcd(self) -> None:
         """Our etcd runs unless a fault holds it down. Killed by a signal no fault sent: a violation (something

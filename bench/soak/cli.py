@@ -28,7 +28,7 @@ schedule does not depend on the jobs before it, so `--first-job N` replays it al
 |---|---|
 | kill_worker | SIGKILL one worker |
 | stop_worker | SIGSTOP one worker: SIGCONT 0.5-3 s later (a pause), or never (a hang the watchdog must kill) |
-| kill_agent | SIGKILL one agent; a new agent of that node is started 2-10 s later (a scheduler's requeue) |
+| kill_agent | SIGKILL one agent (3 in 4: one whose lease can be read); requeued 2-10 s later (a scheduler's) |
 | kill_guard | SIGKILL one of an agent's guards (the shepherd: cmdline has runner.system.shepherd_main) |
 | signal_agent | SIGTERM, SIGINT or SIGHUP to one agent; requeued 2-10 s later (not the hosting node: it stops the job) |
 | etcd_stop | etcd down for 1-12 s (SIGTERM, start again on the same data); hosted: etcd frozen (SIGSTOP/SIGCONT) |
@@ -44,13 +44,17 @@ the same start time and the job's mark (its token in the environment, or the age
 
 Invariants (the first violation ends the soak with exit code 1, the seed, the invariant, the evidence and the replay
 command): report_written, outcome_matches_workers, attempts_recorded, nothing_survives, no_internal_error,
-etcd_keys_expire, hang_detected, guard_replaced, lease_revoked, stop_honoured, etcd_restarted, late_join_admitted,
-job_completes, etcd_unharmed (the soak's own etcd is never killed by a signal no fault sent): see docs/faults.md
+etcd_keys_expire, hang_detected, pause_went_on, guard_replaced, lease_revoked, stop_honoured, etcd_restarted,
+late_join_admitted, one_world, job_completes, etcd_unharmed (the soak's own etcd is never killed by a signal no fault sent): see docs/faults.md
 "Chaos soak". An etcd of the soak's that exits by itself (etcd's own crash) is printed with its log's end, counted
 under "infrastructure" and started again at once, as etcd_restart does. The run also fails (exit code 1) when it did not try: an enabled class
 that never fired with a real target, or an invariant a fired class brings that held fewer than its minimum times
-(bench/soak/verdict.py); per invariant it prints how many checks held, broke and did not apply. A class the machine
-cannot run (no root for the tmpfs, no network namespace) is skipped and printed with the reason. Exit code 2: the soak
+(bench/soak/verdict.py); per invariant it prints how many checks held, broke and did not apply (one that could not
+be set up, as lease_revoked with etcd down at the kill, did not apply and says why). A fault that had no effect (a
+signal to an agent that had already exited) is not counted as injected. A class the machine
+cannot run (no root for the tmpfs, no network namespace), or that the other options rule out (late_join with
+--nodes 2), is skipped and printed with the reason, and never counted as fired; one the options rule out that
+--classes names is refused. Exit code 2: the soak
 itself failed (or was interrupted), not the runner.
 
 The code: bench/soak/ (cli.py this command line, soak.py the loop, schedule.py the deck, faults.py the classes,
@@ -93,6 +97,18 @@ def pick_soak(p: argparse.ArgumentParser, args: argparse.Namespace) -> type[Soak
     return Soak
 
 
+def check_classes(p: argparse.ArgumentParser, soak: type[Soak], args: argparse.Namespace) -> None:
+    """--classes names only classes of this soak, and none that the other options rule out (one not asked for by
+    name is skipped instead, and the run says so)."""
+    asked = set(filter(None, args.classes.split(",")))
+    unknown = asked - set(soak.all_classes)
+    if unknown:
+        p.error(f"unknown classes {sorted(unknown)}; known: {', '.join(soak.all_classes)}")
+    for cls, why in sorted(soak.ruled_out(args).items()):
+        if cls in asked:
+            p.error(f"--classes {cls}: the other options rule it out: it {why}; change them or leave {cls} out")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="python bench/chaos.py", description="Seeded chaos soak: real agents, real etcd, a real training job, random faults; invariants after each.")
     p.add_argument("--seed", type=int, default=None, help="default: a random one (printed)")
@@ -129,9 +145,7 @@ def main() -> int:
     soak = picked
     if not args.replica_groups and args.nodes < 2:
         p.error("--nodes must be at least 2")
-    unknown = set(filter(None, args.classes.split(","))) - set(soak.all_classes)
-    if unknown:
-        p.error(f"unknown classes {sorted(unknown)}; known: {', '.join(soak.all_classes)}")
+    check_classes(p, soak, args)
     print(f"chaos soak: seed {args.seed}", flush=True)
 
     def stop(signum: int, _frame: object) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,15 +19,19 @@ from bench.soak.bounds import (
     HEARTBEAT_TIMEOUT_S,
     HOSTED_ETCD_KILLS,
     HOSTED_STOP_BOUND_S,
+    KILL_WAIT_S,
     LEASE_TTL_S,
+    LEASED_KILL_SHARE,
+    PAUSE_BOUND_S,
     PREFIX,
+    REAP_BOUND_S,
     REVOKE_BOUND_S,
     STOP_BOUND_S,
     STOP_SIGNALS,
 )
 from bench.soak.infra import fill
 from bench.soak.model import Agent, Job, console_transitions
-from bench.soak.procs import Proc, descendants_of, describe, ident, running, signal_proven, stat
+from bench.soak.procs import Proc, descendants_of, describe, gone, ident, parent_of, running, signal_proven, stat
 
 
 class Faults:
@@ -66,23 +71,67 @@ class Faults:
         if not cands:
             return False
         m, p = self.pick(cands, u[0])
+        parent = parent_of(p)  # (its agent: the one that must wait for it)
         if not self.signal_worker(job, m, p, sig):
             return False
         who = f"{m['node']} rank {m['rank']} pid {p.pid} (attempt {m['attempt']})"
         if sig == signal.SIGKILL:
             self.record(job, "kill_worker", who, "SIGKILL")
-            self.expect(job, "nothing_survives", GONE_BOUND_S, lambda: not running(p), lambda: describe(p))
-            return True
-        if u[1] < 0.5:
-            pause = 0.5 + u[2] * 2.5
-            self.record(job, "stop_worker", who, f"SIGSTOP, SIGCONT in {pause:.1f} s")
-            self.at(job, pause, f"SIGCONT {p.pid}", lambda: self.signal_worker(job, m, p, signal.SIGCONT))
+            self.expect_reaped(job, p, parent)
+        elif u[1] < 0.5:
+            self.pause(job, who, p, 0.5 + u[2] * 2.5, lambda: self.signal_worker(job, m, p, signal.SIGCONT))
         else:
             self.record(job, "stop_worker", who, f"SIGSTOP, left stopped (heartbeat_timeout {HEARTBEAT_TIMEOUT_S:g} s)")
-            self.expect(job, "hang_detected", HANG_BOUND_S, lambda: not running(p),
-                        lambda: f"the stopped worker still exists {HANG_BOUND_S:g} s later: {describe(p)}",
-                        met=f"stopped worker {p.pid} gone")
+            self.expect_hang_detected(job, p, parent)
         return True
+
+    def expect_reaped(self, job: Job, p: Proc, parent: Proc | None, within: float = REAP_BOUND_S) -> None:
+        """A killed worker: reaped by its parent (the agent) within the bound, or orphaned by it (nothing_survives).
+        A zombie whose agent still runs is not gone: the agent must wait for its dead worker, once it stopped the
+        rest of the group (REAP_BOUND_S)."""
+        self.expect(job, "nothing_survives", within, lambda: gone(p, parent),
+                    lambda: f"the killed worker is not gone {within:g} s later: {describe(p)}")
+
+    def expect_hang_detected(self, job: Job, p: Proc, parent: Proc | None) -> None:
+        """A worker left stopped: the heartbeat kills it within the bound (hang_detected), and its agent reaps it
+        (nothing_survives) within REAP_BOUND_S more."""
+        self.expect(job, "hang_detected", HANG_BOUND_S, lambda: not running(p),
+                    lambda: f"the stopped worker still exists {HANG_BOUND_S:g} s later: {describe(p)}",
+                    met=f"stopped worker {p.pid} gone")
+        self.expect_reaped(job, p, parent, HANG_BOUND_S + REAP_BOUND_S)
+
+    def pause(self, job: Job, who: str, p: Proc, pause: float, cont: Callable[[], bool]) -> None:
+        """stop_worker's pause: `cont` (the SIGCONT) runs `pause` s from now. From then the job must go on within
+        PAUSE_BOUND_S (pause_went_on): its training advances or ends, or the worker is gone (the heartbeat took the
+        pause for a hang, or a restart replaced it); a worker still stopped, or a job stalled after the pause with
+        no hang detected, breaks it. A worker gone before its SIGCONT makes the check "did not apply"."""
+        self.record(job, "stop_worker", who, f"SIGSTOP, SIGCONT in {pause:.1f} s")
+
+        def resume() -> None:
+            before = self.progress(job)
+            if not cont():
+                self.tally.moot("pause_went_on", "the paused worker was gone before its SIGCONT", "stop_worker")
+                return
+            self.expect(job, "pause_went_on", PAUSE_BOUND_S, lambda: self.went_on(job, before, p),
+                        lambda: f"{PAUSE_BOUND_S:g} s after its SIGCONT the paused worker still lives "
+                        f"({describe(p)}) and the training neither advanced (no new checkpoint) nor finished",
+                        met=f"job went on after the pause of {p.pid}", cls="stop_worker")
+
+        self.at(job, pause, f"SIGCONT {p.pid}", resume)
+
+    def progress(self, job: Job) -> tuple[int, ...]:
+        """What changes whenever the job's training advances: its checkpoint's identity (rank 0 replaces it every 5
+        steps)."""
+        try:
+            st = (job.dir / "ckpt" / "model.pt").stat()
+        except OSError:
+            return ()
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def went_on(self, job: Job, before: tuple[int, ...], p: Proc) -> bool:
+        """Since `before` (progress() at a SIGCONT) the training advanced or finished, or the worker `p` died (the
+        heartbeat took the pause for a hang, or a restart stopped it: reaping it is nothing_survives's business)."""
+        return job.trained() or self.progress(job) != before or not running(p)
 
     def signal_worker(self, job: Job, m: dict[str, Any], p: Proc, sig: int) -> bool:  # noqa: ARG002 - --hosts reads m
         """Send `sig` to the worker `m` names (`p`: its identity here) through a pidfd, once /proc proves it is that
@@ -93,36 +142,81 @@ class Faults:
         return self.fault_kill_worker(job, u, signal.SIGSTOP)
 
     def fault_kill_agent(self, job: Job, u: list[float]) -> bool:
-        agent = self.pick(self.targets(job), u[0])
+        agent, keys = self.pick_leased(job, u)
         if agent is None:
             return False
-        tree = [p for pid in descendants_of(agent.me.pid) if (p := ident(pid))]
+        tree = [(p, parent_of(p)) for pid in descendants_of(agent.me.pid) if (p := ident(pid))]
         hosting = self.args.hosted and self.hosted_etcd(agent) is not None
-        lease = 0 if hosting else self.node_lease(job, agent.node)  # (a hosted etcd dies with its host, leases too)
-        agent.proc.send_signal(signal.SIGKILL)
-        agent.fate, agent.fate_at = "killed", time.time()
+        lease, no_lease = self.lease_at_kill(job, agent, keys)
+        if not self.kill_now(agent):
+            return False  # it had already exited by itself: the kill did nothing (not injected; drawn again)
         detail = f"SIGKILL pid {agent.proc.pid}; {len(tree)} processes under it"
         if hosting:
             job.loss = "the hosting node's agent was SIGKILLed: its etcd died with it (docs/multinode.md §8)"
             detail += "; it hosts the etcd"
         self.record(job, "kill_agent", agent.label, detail)
-        self.expect(job, "nothing_survives", GONE_BOUND_S, lambda: not any(running(p) for p in tree),
-                    lambda: "processes of a SIGKILLed agent still run: "
-                    + "; ".join(describe(p) for p in tree if running(p)),
+        self.expect(job, "nothing_survives", GONE_BOUND_S, lambda: all(gone(p, up) for p, up in tree),
+                    lambda: "processes of a SIGKILLed agent are not gone: "
+                    + "; ".join(describe(p) for p, up in tree if not gone(p, up)),
                     met=f"the {len(tree)} processes under {agent.label} gone" if tree else "")
         if lease:
             self.expect(job, "lease_revoked", REVOKE_BOUND_S, lambda: self.lease_gone(job, lease),
                         lambda: f"the SIGKILLed agent's lease {lease:x} is still granted (ttl {self.lease_ttl(job, lease)})",
                         met=f"{agent.label}'s lease revoked")
+        else:  # a check that cannot be set up did not apply, and says why (it is never silently dropped)
+            self.tally.moot("lease_revoked", no_lease, "kill_agent")
         self.requeue(job, agent.node, 2 + u[1] * 8)
         return True
 
-    def node_lease(self, job: Job, node: str) -> int:
-        """The lease of the node's live state key (0: none, or etcd unreadable)."""
-        for key, lease in self.etcd_keys(job) or []:
-            if key == f"{PREFIX}/{job.name}/nodes/{node}":
-                return lease
-        return 0
+    def pick_leased(self, job: Job, u: list[float]) -> tuple[Agent | None, list[tuple[str, int]] | None]:
+        """The target of kill_agent, with the job's keys
+        read just before (None: etcd could not be read). Three in four, when one can, an agent whose lease can be
+        checked (its revocation is then due); the others any agent (one in INIT, or the hosting one, tests
+        the guard without a lease)."""
+        targets = self.targets(job)
+        if not targets:
+            return None, None
+        keys = self.etcd_keys(job)
+        leased = [a for a in targets if self.lease_at_kill(job, a, keys)[0]]
+        return self.pick(leased if leased and u[3] < LEASED_KILL_SHARE else targets, u[0]), keys
+
+    def live_agent(self, agent: Agent) -> bool:
+        """The agent has not exited: Popen.poll (which reaps it if it has) and /proc (a zombie under nsenter, --hosts)
+        agree. A signal to an agent that exited does nothing: Popen.send_signal skips one it reaped, and the kernel
+        drops one sent to a zombie."""
+        if agent.proc.poll() is not None:
+            return False
+        st = stat(agent.me.pid)
+        return st is not None and st[0] != "Z"
+
+    def kill_now(self, agent: Agent) -> bool:
+        """SIGKILL the agent, then wait (KILL_WAIT_S at most) for it to die of it: True when the kill ended it (or it
+        is still dying), False when it had already exited by itself, before the kill or as it came (its exit status is
+        not SIGKILL's). The agent's fate is "killed" only when True."""
+        if not self.live_agent(agent):
+            return False
+        agent.proc.send_signal(signal.SIGKILL)
+        try:
+            code = agent.proc.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            code = -signal.SIGKILL  # (alive after a SIGKILL: in an uninterruptible wait; it dies once out of it)
+        if code != -signal.SIGKILL:
+            return False
+        agent.fate, agent.fate_at = "killed", time.time()
+        return True
+
+    def lease_at_kill(self, job: Job, agent: Agent, keys: list[tuple[str, int]] | None) -> tuple[int, str]:
+        """The lease of the agent's node's live state key in `keys` (the job's keys; None: etcd could not be read), or
+        0 and why there is none to check: etcd could not be read (stopped, frozen, restarting or wiped), the node had
+        no state key (not joined yet), or the agent hosts the etcd (its leases die with it)."""
+        if self.args.hosted and self.hosted_etcd(agent) is not None:
+            return 0, "the agent hosted the etcd: its leases died with it"
+        if keys is None:
+            return 0, "etcd could not be read at the kill (stopped, frozen, restarting or wiped)"
+        for key, lease in keys:
+            if key == f"{PREFIX}/{job.name}/nodes/{agent.node}" and lease:
+                return lease, ""
+        return 0, "the node had no live state key at the kill (it had not joined yet)"
 
     def lease_gone(self, job: Job, lease: int) -> bool | None:
         """True once the lease is gone; None (moot) while etcd cannot be read."""
@@ -163,6 +257,8 @@ class Faults:
             return False
         sig = STOP_SIGNALS[min(int(u[1] * 3), 2)]
         hosting = self.args.hosted and self.hosted_etcd(agent) is not None
+        if not self.live_agent(agent):
+            return False  # it had already exited: the signal would do nothing (not injected; drawn again)
         agent.proc.send_signal(sig)
         agent.fate, agent.fate_at = sig.name, time.time()
         detail = sig.name

@@ -42,6 +42,28 @@ def running(p: Proc) -> bool:
     return st is not None and st[2] == p.ticks and st[0] != "Z"
 
 
+def parent_of(p: Proc) -> Proc | None:
+    """`p`'s parent now (None: `p` is gone); a parent that ended as it was read has start time 0 (never running)."""
+    st = stat(p.pid)
+    if st is None or st[2] != p.ticks:
+        return None
+    return ident(st[1]) or Proc(st[1], 0)
+
+
+def gone(p: Proc, parent: Proc | None) -> bool:
+    """`p` is gone for good: reaped (no longer in /proc, or its pid taken by another process), or a zombie whose
+    parent, `parent` (read when the soak hit `p`), is gone too, so that whoever adopted it reaps it (this soak: the
+    agents' child subreaper). A zombie whose parent still runs is not gone: a dead child stays a zombie until its
+    parent waits for it, and a runner that never waits for its killed worker leaks it. `running()` is not enough: it
+    is False for a zombie, whatever its parent does."""
+    st = stat(p.pid)
+    if st is None or st[2] != p.ticks:
+        return True
+    if st[0] != "Z":
+        return False
+    return parent is not None and (st[1] != parent.pid or not running(parent))
+
+
 def environ_of(pid: int) -> list[bytes]:
     """The environment `pid` was started with, one b'KEY=VALUE' each."""
     try:
@@ -100,6 +122,8 @@ def describe(p: Proc) -> str:
     """pid, state, parent and command line, for a violation's evidence."""
     st = stat(p.pid)
     state = f"{st[0]}, ppid {st[1]}" if st else "gone"
+    if st and st[0] == "Z":
+        state += ": a zombie its parent has not waited for"
     return f"pid {p.pid} ({state}): {' '.join(argv_of(p.pid))[:160]}"
 
 

@@ -66,8 +66,6 @@ from typing import Any
 
 from bench.common import ROOT, argv_of
 from bench.soak.bounds import (
-    GONE_BOUND_S,
-    HANG_BOUND_S,
     HEARTBEAT_TIMEOUT_S,
     LOST,
     MEASURED,
@@ -81,6 +79,7 @@ from bench.soak.procs import (
     children_of,
     describe,
     ident,
+    parent_of,
     port_listening,
     running,
     set_subreaper,
@@ -324,6 +323,7 @@ class ReplicaSoak(Soak):
         if not cands:
             return False
         m, p = self.pick(cands, u[0])
+        parent = parent_of(p)  # (its agent: the one that must wait for it)
         if not signal_proven(p, sig, lambda pid: self.marked(job, pid)):
             return False
         agent, now = runs[m["job_run_dir"]], time.time()
@@ -333,23 +333,24 @@ class ReplicaSoak(Soak):
         if sig == signal.SIGKILL:
             self.record(job, "kill_worker", who, "SIGKILL")
             self.downs[job.index].append(down)
-            self.expect(job, "nothing_survives", GONE_BOUND_S, lambda: not running(p), lambda: describe(p))
-            return True
-        if u[1] < 0.5:
-            pause = 0.5 + u[2] * 2.5
-            self.record(job, "stop_worker", who, f"SIGSTOP, SIGCONT in {pause:.1f} s")
-            def cont() -> None:
-                signal_proven(p, signal.SIGCONT, lambda pid: self.marked(job, pid))
-
-            self.at(job, pause, f"SIGCONT {p.pid}", cont)
+            self.expect_reaped(job, p, parent)
+        elif u[1] < 0.5:
+            self.pause(job, who, p, 0.5 + u[2] * 2.5,
+                       lambda: signal_proven(p, signal.SIGCONT, lambda pid: self.marked(job, pid)))
         else:
             self.record(job, "stop_worker", who, f"SIGSTOP, left stopped (heartbeat_timeout {HEARTBEAT_TIMEOUT_S:g} s)")
             down.kind = "hang"
             self.downs[job.index].append(down)
-            self.expect(job, "hang_detected", HANG_BOUND_S, lambda: not running(p),
-                        lambda: f"the stopped worker still exists {HANG_BOUND_S:g} s later: {describe(p)}",
-                        met=f"stopped worker {p.pid} gone")
+            self.expect_hang_detected(job, p, parent)
         return True
+
+    def progress(self, job: Job) -> tuple[int, ...]:
+        """What changes whenever a group steps: its workers' step lines (no checkpoint file here)."""
+        sizes = []
+        for path in sorted(job.out.glob("steps-g*.log")):
+            with contextlib.suppress(OSError):
+                sizes.append(path.stat().st_size)
+        return (len(sizes), sum(sizes))
 
     def fault_kill_lighthouse(self, job: Job, u: list[float]) -> bool:
         cands = [(a, lh) for a in self.targets(job)

@@ -129,14 +129,24 @@ class Soak(JobProcesses, Faults, Checks):
         for cls, why in sorted(self.tally.skipped().items()):
             self.say(f"class {cls} skipped: {why}")
 
+    @classmethod
+    def ruled_out(cls, args: argparse.Namespace) -> dict[str, str]:
+        """The classes this soak's own settings rule out, with why. Asked for by name (--classes), one is refused
+        on the command line (cli.py); else it is skipped, named as skipped with the reason, and never counted as
+        fired."""
+        out = {}
+        if args.nodes < 3:
+            out["late_join"] = "needs --nodes 3 or more (a late node of nodes 2:K, K > 2)"
+        return {c: why for c, why in out.items() if c in cls.all_classes}
+
     def select_classes(self) -> None:
         """The classes --classes leaves out, and those the soak's own settings rule out, are not enabled."""
         wanted = set(self.args.classes.split(",")) if self.args.classes else set(self.all_classes)
         for cls in self.all_classes:
             if cls not in wanted:
                 self.tally.disable(cls, NOT_IN_CLASSES)
-        if self.args.nodes < 3:
-            self.tally.disable("late_join", "needs --nodes 3 or more (a late node of nodes 2:K, K > 2)")
+        for cls, why in self.ruled_out(self.args).items():
+            self.tally.disable(cls, why)
 
     def setup_netns(self) -> None:
         """The namespace the last node runs in, or the partition class skipped with the reason."""
@@ -330,10 +340,12 @@ class Soak(JobProcesses, Faults, Checks):
         job.timed.append((time.monotonic() + delay, what, action))
 
     def expect(self, job: Job, invariant: str, within: float, check: Callable[[], bool | None],
-               detail: Callable[[], str], met: str = "") -> None:
-        """`check` must turn True (or None: moot) within `within` s; `met` is printed with the time it took."""
+               detail: Callable[[], str], met: str = "", cls: str | None = None) -> None:
+        """`check` must turn True (or None: moot) within `within` s; `met` is printed with the time it took. The
+        class that brings it: `cls`, else the fault being injected (a timed action names its class itself)."""
         now = time.monotonic()
-        job.expects.append(Expect(invariant, now + within, check, detail, now, met, self.firing))
+        job.expects.append(Expect(invariant, now + within, check, detail, now, met,
+                                  self.firing if cls is None else cls))
 
     def record(self, job: Job, cls: str, target: str, detail: str) -> Fault:
         """Count and print one fault."""
@@ -580,7 +592,8 @@ class Soak(JobProcesses, Faults, Checks):
             for line in untried:
                 print(f"- {line}")
         else:
-            print(f"\nOK: every invariant held, every enabled class fired (seed {self.args.seed})")
+            skipped = "".join(f"; class {c} skipped, not fired: {why}" for c, why in sorted(self.tally.skipped().items()))
+            print(f"\nOK: every invariant held, every enabled class fired (seed {self.args.seed}){skipped}")
         print(f"Replay: {self.replay()}", flush=True)
         if (violation is not None or error) and self.job is not None:
             print(f"Replay only job {self.job.index}: {self.replay(self.job.index)}", flush=True)

@@ -3,11 +3,15 @@
 Beyond "no invariant broke", a run fails (exit code 1, naming what is missing) when
 - an enabled class never fired with a real target: drawn only while it had none, or never drawn at all (the run was
   too short for its classes). A class disabled because the machine lacks a capability (root for the tmpfs, a network
-  namespace) is not enabled: the run reports it as skipped, with the reason, and does not count it;
+  namespace), or because the soak's other options rule it out (late_join with --nodes 2; named in --classes, such a
+  class is refused on the command line), is not enabled: the run reports it as skipped, with the reason, and never
+  counts it as fired;
 - an invariant that a fired class brings (an expectation the fault set up: a SIGKILLed agent's lease revoked, a
-  killed guard replaced, ...) held fewer than MIN_HELD times. Every check of an invariant ends one of three ways: it
-  held, it broke (the run stops there), or it did not apply (its check found it moot: the agent had already ended,
-  etcd could not be read, ...); all three are counted and printed, the reasons why one did not apply included.
+  killed guard replaced, a paused worker's job going on, ...; or a check at its job's end: one world per attempt
+  after an etcd fault) held fewer than MIN_HELD times. Every check of an invariant ends one of three ways: it held,
+  it broke (the run stops there), or it did not apply (it could not be set up, or its check found it moot: etcd
+  could not be read, the agent had already ended, ...); all three are counted and printed, the reasons why one did
+  not apply included. A fault that had no effect (a signal to an agent that had already exited) is not injected.
 
 MIN_HELD is 1, and docs/faults.md "Chaos soak" says why: an invariant none of whose checks held was not tested at all,
 whatever the other counts say; a higher minimum would make the short soaks of tests/test_chaos.py (each class fires 1
