@@ -131,7 +131,8 @@ def test_per_invariant_counts_are_printed_and_an_expectation_that_did_not_apply_
         soak.tally.injected(cls)
     failures = soak.tally.failures()
     assert failures == [(f"invariant guard_replaced held 0 time(s), fewer than the minimum {MIN_HELD}, though "
-                        "kill_guard fired and brought it (did not apply: 1 the agent ended first)")]
+                        "kill_guard fired and brought it, and nothing else it brings held (did not apply: 1 the agent "
+                        "ended first)")]
     out = printed(soak, failures)
     header = next(line for line in out.splitlines() if line.startswith("| invariant"))
     assert [c.strip() for c in header.strip("|").split("|")] == [
@@ -246,3 +247,15 @@ def test_a_group_back_before_the_lighthouse_could_drop_it_does_not_apply_and_say
     count = soak.tally.per_invariant["survivor_advanced"]
     assert (count.held, count.did_not_apply) == (0, 1)
     assert list(count.moot) == ["the killed group was back before the quorum could drop it and two normal steps passed"]
+
+
+def test_a_class_is_tested_when_one_invariant_it_brings_held() -> None:
+    """stop_worker's stop branch brought hang_detected (held), its pause branch pause_went_on (did not apply: the
+    worker was restarted before its SIGCONT): the class was tested and the run passes; had neither held, it fails."""
+    tally = Tally(("stop_worker",))
+    tally.drawn("stop_worker")
+    tally.injected("stop_worker")
+    tally.moot("pause_went_on", "the paused worker was gone before its SIGCONT", "stop_worker")
+    assert len(tally.failures()) == 1 and "pause_went_on held 0" in tally.failures()[0]
+    tally.held("hang_detected", "stop_worker")
+    assert tally.failures() == []
