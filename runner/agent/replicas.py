@@ -8,8 +8,8 @@ leaves the failed group out of the quorum until it rejoins and copies the live w
 This supervisor owns what the groups share, under the job's own machine (runner/core/job_machine.py: STARTING,
 TRAINING, DEGRADED, STOPPING, ENDED; pure guards in runner/core/job_policy.py): the lighthouse, the stop signals (the
 job's stop scope holds every group's), the minimum (when fewer than `min_active` groups can go on, the rest is
-stopped with that cause: they could never take a step), the job's status.json (its phase, each group's state,
-attempt, restarts and committed step) and report.json.
+stopped with that cause: they could never take a step); its books (each group's committed step, the job's
+status.json and report.json) are runner/agent/replica_books.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import time
@@ -28,23 +27,21 @@ from typing import TYPE_CHECKING, Any
 from runner.agent.assembly import Run, assemble_run
 from runner.agent.backends import group_rendezvous
 from runner.agent.lighthouse import HostedLighthouse, LighthouseError
+from runner.agent.replica_books import JobBooks, JobView
 from runner.agent.result import JobResult, disk_warnings
-from runner.agent.services import STATUS_REFRESH_S, workers_status
+from runner.agent.services import workers_status
 from runner.config.torchft_version import matching_lighthouse
 from runner.core import job_policy
 from runner.core.context import Context, JobInputs, Replica
 from runner.core.job_machine import JobEdge, JobPhase, JobStep, JobTrigger, build_job_machine
-from runner.core.machine import GroupState, Model
+from runner.core.machine import Model
 from runner.errors import EXIT_INFRA, EXIT_STOPPED_BASE, RunnerError
 from runner.events import StopRequested
-from runner.observe.ledger import job_ledger
 from runner.observe.logs import JsonLines
 from runner.outcomes import Outcome
-from runner.states.shutdown import place_report
-from runner.states.shutdown import report as group_report
 from runner.states.waiting import Stopped, unless_stopped
 from runner.system import signals, soft_io
-from runner.system.private_files import private_dir, write_private
+from runner.system.private_files import private_dir
 from runner.system.shepherd import Shepherd
 from runner.system.stop_scope import StopScope
 
@@ -59,9 +56,6 @@ if TYPE_CHECKING:
 LIGHTHOUSE_POLL_S = 1.0  # several nodes: how often the published lighthouse address is read
 LINGER_S = 60.0  # the lighthouse's host waits at most this long for the other nodes to end
 LINGER_POLL_S = 0.5
-STEP_POLL_S = 0.5  # how often each group's committed step is read (rank 0's heartbeat file)
-MAX_STEP_BYTES = 4096  # a heartbeat file larger than this is no step report
-MAX_STEP_SAMPLES = 2000  # per group, for the report's timeline (the oldest are thinned out)
 
 
 @dataclass
@@ -182,7 +176,7 @@ class Supervisor:
         self.changed = asyncio.Event()  # something the job's guards read may have changed: review
         self.job_transitions = JsonLines(run_dir / "transitions.jsonl")
         self.reaper = Shepherd()  # the agent's: child subreaper from the start, kills what is left at the very end
-        self._publish_due = asyncio.Event()
+        self.books = JobBooks(spec, node, run_dir, identity, self.started, log)
 
     async def run(self) -> ReplicaJob:
         """Start the lighthouse and every group, review the job after every change until it ENDED, report."""
@@ -192,9 +186,10 @@ class Supervisor:
         self.reaper.start()
         address = await self.start(job)
         if address is None:
-            return await self.end_early(job)
-        side = [asyncio.ensure_future(self.watch_stops()), asyncio.ensure_future(self.watch_steps()),
-                asyncio.ensure_future(self.publish_loop())]
+            return await self.wind_up(job)
+        side = [asyncio.ensure_future(self.watch_stops()),
+                asyncio.ensure_future(self.books.watch_steps(lambda: self.groups)),
+                asyncio.ensure_future(self.books.publish_loop(self.view))]
         if self.seat is not None and not self.seat.hosts_lighthouse and self.groups_spec.lighthouse.hosted:
             side.append(asyncio.ensure_future(self.follow_lighthouse(address)))
         tasks = [asyncio.ensure_future(self.drive(g)) for g in self.groups]
@@ -206,23 +201,16 @@ class Supervisor:
                     if task.done():
                         task.result()  # a group's own error is the agent's error: it propagates
                 await self.review()
-        finally:
-            for task in side:
-                task.cancel()
-            for task in tasks:
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(*side, *tasks, return_exceptions=True)
-            await self.leave()
-            if self.metrics is not None:
-                self.metrics.stop()
-            self.job_transitions.close()
-            self.reaper.close()
-        assert self.end is not None
-        self.settle(job, self.end)
-        await self.publish()
-        job.report_path = self.write_report(job)
-        return job
+        except BaseException:
+            await stop_tasks([*side, *tasks])
+            await self.wind_down()
+            raise
+        await stop_tasks([*side, *tasks])
+        return await self.wind_up(job)
+
+    def view(self) -> JobView:
+        """What the books show of the job now."""
+        return JobView(tuple(self.groups), self.model.state, self.end, self.lighthouse)
 
     def facts(self) -> job_policy.JobFacts:
         """What the job's guards read now."""
@@ -287,7 +275,7 @@ class Supervisor:
         except OSError as e:
             soft_io.warn_once("transition_write_failed", self.run_dir / "transitions.jsonl", e)
         self.log.info("job_transition", **{k: v for k, v in event.items() if k not in ("event", "job", "node")})
-        self._publish_due.set()
+        self.books.due.set()
 
     async def fire(self, trigger: JobTrigger, step: JobStep) -> None:
         """Fire one of the job's unguarded edges (out of STARTING) and record it."""
@@ -333,6 +321,7 @@ class Supervisor:
         self.metrics = GroupMetrics(self.spec, self.node, groups)
         self.metrics.ledgers = lambda: {g.index: g.ctx.recovery.figures() for g in self.groups}  # ETTR gauges
         self.metrics.start(lambda: self.lighthouse.restarts if self.lighthouse is not None else 0)
+        self.books.metrics = self.metrics
 
     async def take_place(self) -> tuple[list[int], str]:
         """The groups this node runs and the lighthouse's address.
@@ -394,15 +383,25 @@ class Supervisor:
                 g.ctx.inputs = dataclasses.replace(g.ctx.inputs, replica=dataclasses.replace(replica,
                                                                                              lighthouse=address))
 
-    async def end_early(self, job: ReplicaJob) -> ReplicaJob:
-        """No group started (a stop while taking a seat, no lighthouse, etcd refused): leave, report, return."""
-        await self.leave()
-        self.reaper.close()
-        self.job_transitions.close()
+    async def wind_up(self, job: ReplicaJob) -> ReplicaJob:
+        """The job's end, however it came: leave, close, settle, write the status and the report.
+
+        Also when no group started (a stop while taking a seat, no lighthouse, etcd refused): one ending, one place.
+        """
+        await self.wind_down()
         assert self.end is not None
         self.settle(job, self.end)
-        job.report_path = self.write_report(job)
+        self.books.publish(self.view())
+        job.report_path = self.books.write_report(job, self.view())
         return job
+
+    async def wind_down(self) -> None:
+        """Leave (the lighthouse's host lingers for the others), stop the metrics, close the logs and the reaper."""
+        await self.leave()
+        if self.metrics is not None:
+            self.metrics.stop()
+        self.job_transitions.close()
+        self.reaper.close()
 
     async def leave(self) -> None:
         """Stop the hosted lighthouse (its host first waits for the other nodes to end) and free the seat."""
@@ -453,13 +452,13 @@ class Supervisor:
             with soft_io.scoped(group.ctx.warnings):  # its report lists its own write failures, not every group's
                 await group.run.drive()
         finally:
-            self.update_step(group)  # its last report, made after the last poll
+            self.books.note_step(group)  # its last report, made after the last poll
             group.ended = True
             self.changed.set()
 
     def moved(self) -> None:
         """A group took an edge: its status is due, and the job reviews."""
-        self._publish_due.set()
+        self.books.due.set()
         self.changed.set()
 
     def hurried(self, name: str) -> None:
@@ -488,114 +487,10 @@ class Supervisor:
             job.fix = f"see {self.run_dir / 'lighthouse.log'}"
         self.log.info("replica_job_ended", outcome=job.outcome.value, exit_code=job.exit_code, reason=job.reason)
 
-    async def watch_steps(self) -> None:
-        """Read each group's committed step from its rank 0's heartbeat file (what the worker wrote, never guessed)."""
-        while True:
-            for g in self.groups:
-                self.update_step(g)
-            await asyncio.sleep(STEP_POLL_S)
 
-    def update_step(self, g: Group) -> None:
-        """Keep the group's step, and the time it changed, when its rank 0 reported a new one."""
-        step = read_step(g.ctx)
-        if step is not None and step != g.step:
-            g.step = step
-            if self.metrics is not None:
-                self.metrics.on_step(g.index, step)
-            g.steps.append((round(time.time(), 3), step))
-            if len(g.steps) > MAX_STEP_SAMPLES:
-                del g.steps[1::2]  # keep the timeline's shape at half the resolution
-            self._publish_due.set()
-
-    async def publish_loop(self) -> None:
-        """Write the job's status.json whenever a group moved or stepped (at most every STEP_POLL_S).
-
-        And every STATUS_REFRESH_S regardless: the live totals (wall time, ETTR) never freeze.
-        """
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(STATUS_REFRESH_S):
-                    await self._publish_due.wait()
-            self._publish_due.clear()
-            await self.publish()
-            await asyncio.sleep(STEP_POLL_S)
-
-    async def publish(self) -> None:
-        """<run dir>/status.json: the job's state and each group's (a failure there is a warning)."""
-        status = self.status()
-        try:
-            write_private(self.run_dir / "status.json", json.dumps(status, indent=2))
-        except OSError as e:
-            soft_io.warn_once("status_write_failed", self.run_dir / "status.json", e)
-
-    def status(self) -> dict[str, object]:
-        """The job's live state: SHUTDOWN once every group is; RUNNING while one runs; else the first group's."""
-        states = [g.model.state for g in self.groups]
-        if states and all(s is GroupState.SHUTDOWN for s in states):
-            state = GroupState.SHUTDOWN
-        elif GroupState.RUNNING in states:
-            state = GroupState.RUNNING
-        else:
-            state = states[0] if states else GroupState.INIT
-        return {
-            "node": self.node, **self.identity, "state": state.value, "run_id": self.spec.name,
-            "run_dir": str(self.run_dir), "heartbeat": time.time(),
-            "attempt": max((g.ctx.run.attempt for g in self.groups), default=0),
-            "restarts": sum(g.ctx.run.restarts for g in self.groups),
-            "workers": [],
-            "outcome": self.end.outcome.value if self.end is not None and self.end.outcome is not None else None,
-            "job_phase": self.model.state.value,  # the job's own machine (runner/core/job_machine.py)
-            "groups": [g.status() for g in self.groups],
-            "ledger": job_ledger([dict(g.ctx.recovery.figures(), group=g.index) for g in self.groups]),
-            "lighthouse": self.lighthouse_status(),
-        }
-
-    def lighthouse_status(self) -> dict[str, object]:
-        """Where the lighthouse is, and how often the hosted one was restarted."""
-        if self.lighthouse is None:
-            return {"hosted": False, "address": self.groups_spec.lighthouse.address}
-        return {"hosted": True, "address": self.lighthouse.address, "pid": self.lighthouse.pid,
-                "restarts": self.lighthouse.restarts}
-
-    def write_report(self, job: ReplicaJob) -> Path | None:
-        """<run dir>/report.json: the job's outcome and every group's own report, with its committed steps."""
-        groups = []
-        for g in self.groups:
-            entry = group_report(g.ctx)
-            entry.update(group=g.index, step=g.step, steps=g.steps)
-            groups.append(entry)
-        data = {
-            "job": self.spec.name, "node": self.node, "outcome": job.outcome.value, "exit_code": job.exit_code,
-            "reason": job.reason, "duration_s": round(time.monotonic() - self.started, 3),
-            "attempts": sum(g.ctx.run.attempt + 1 for g in self.groups),
-            "restarts": sum(g.ctx.run.restarts for g in self.groups),
-            "failures": [f.to_dict() | {"group": g.index} for g in self.groups for f in g.ctx.run.failures],
-            "replica_groups": {"count": self.groups_spec.count, "min_active": self.groups_spec.min_active,
-                               "nproc_per_node": self.groups_spec.nproc_per_node,
-                               "lighthouse": self.lighthouse_status()},
-            "groups": groups, "run_dir": str(self.run_dir),
-            "warnings": sorted({w for g in self.groups for w in g.ctx.warnings.seen} | set(soft_io.failures())),
-            "ledger": job_ledger([e["ledger"] | {"group": e["group"]} for e in groups]),  # docs/goodput.md
-        }
-        return place_report(json.dumps(data, indent=2, default=str), self.run_dir,
-                            f"{self.spec.name}-{self.run_dir.name}", soft_io.WarnOnce(self.log).warn, self.log)
-
-
-def read_step(ctx: Context) -> int | None:
-    """The step rank 0 of the group's current attempt last committed: `{"step": N}` in its heartbeat file."""
-    plan = ctx.run.plan
-    if plan is None or not plan.workers:
-        return None
-    try:
-        with open(plan.workers[0].heartbeat_file, "rb") as f:
-            raw = f.read(MAX_STEP_BYTES + 1)
-    except OSError:
-        return None
-    if len(raw) > MAX_STEP_BYTES:
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    step = value.get("step") if isinstance(value, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+async def stop_tasks(tasks: list[asyncio.Future[None]]) -> None:
+    """Cancel the supervisor's tasks and wait until they are done."""
+    for task in tasks:
+        task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.gather(*tasks, return_exceptions=True)
