@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -26,11 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from runner.agent.assembly import Run, assemble_run
 from runner.agent.backends import group_rendezvous
-from runner.agent.lighthouse import HostedLighthouse, LighthouseError
+from runner.agent.placement import Placement
 from runner.agent.replica_books import JobBooks, JobView
 from runner.agent.result import JobResult, disk_warnings
 from runner.agent.services import workers_status
-from runner.config.torchft_version import matching_lighthouse
 from runner.core import job_policy
 from runner.core.context import Context, JobInputs, Replica
 from runner.core.job_machine import JobEdge, JobPhase, JobStep, JobTrigger, build_job_machine
@@ -51,11 +48,7 @@ if TYPE_CHECKING:
     from runner.config.spec import JobSpec, ReplicaGroups
     from runner.events import Event
     from runner.observe.group_metrics import GroupMetrics
-    from runner.rendezvous.etcd.seats import GroupSeat
 
-LIGHTHOUSE_POLL_S = 1.0  # several nodes: how often the published lighthouse address is read
-LINGER_S = 60.0  # the lighthouse's host waits at most this long for the other nodes to end
-LINGER_POLL_S = 0.5
 
 
 @dataclass
@@ -160,14 +153,12 @@ class Supervisor:
         assert spec.replica_groups is not None
         self.spec, self.node, self.run_dir, self.log, self.identity = spec, node, run_dir, log, identity
         self.addr = advertise_addr  # several nodes: where the other nodes reach this one (its lighthouse, stores)
-        self.seat: GroupSeat | None = None  # several nodes (etcd): which group this node runs
         self.events: asyncio.Queue[Event] = asyncio.Queue()  # the stop requests the job receives
         self.stops = StopScope(self.events)  # the job's: each group's scope is inside it
         self.metrics: GroupMetrics | None = None  # metrics.enabled
         self.groups_spec: ReplicaGroups = spec.replica_groups
         self.started = time.monotonic()
         self.groups: list[Group] = []
-        self.lighthouse: HostedLighthouse | None = None
         self.model, _ = build_job_machine(job_policy.GUARDS)
         self.lighthouse_lost = ""  # why the hosted lighthouse could not be restarted (a fact the guards read)
         self.passed_down: StopRequested | None = None  # the stop the job itself sent its groups, with its cause
@@ -176,6 +167,7 @@ class Supervisor:
         self.changed = asyncio.Event()  # something the job's guards read may have changed: review
         self.job_transitions = JsonLines(run_dir / "transitions.jsonl")
         self.reaper = Shepherd()  # the agent's: child subreaper from the start, kills what is left at the very end
+        self.place = Placement(spec, node, advertise_addr, run_dir, log, self.reaper, self.lighthouse_gone)
         self.books = JobBooks(spec, node, run_dir, identity, self.started, log)
 
     async def run(self) -> ReplicaJob:
@@ -190,8 +182,8 @@ class Supervisor:
         side = [asyncio.ensure_future(self.watch_stops()),
                 asyncio.ensure_future(self.books.watch_steps(lambda: self.groups)),
                 asyncio.ensure_future(self.books.publish_loop(self.view))]
-        if self.seat is not None and not self.seat.hosts_lighthouse and self.groups_spec.lighthouse.hosted:
-            side.append(asyncio.ensure_future(self.follow_lighthouse(address)))
+        if self.place.follows:
+            side.append(asyncio.ensure_future(self.place.follow_lighthouse(address, lambda: self.groups)))
         tasks = [asyncio.ensure_future(self.drive(g)) for g in self.groups]
         try:
             while self.model.state is not JobPhase.ENDED:
@@ -210,7 +202,7 @@ class Supervisor:
 
     def view(self) -> JobView:
         """What the books show of the job now."""
-        return JobView(tuple(self.groups), self.model.state, self.end, self.lighthouse)
+        return JobView(tuple(self.groups), self.model.state, self.end, self.place.lighthouse)
 
     def facts(self) -> job_policy.JobFacts:
         """What the job's guards read now."""
@@ -293,7 +285,7 @@ class Supervisor:
         """
         waiting = Waiting(self.events)
         try:
-            mine, address = await unless_stopped(waiting, self.take_place())
+            mine, address = await unless_stopped(waiting, self.place.take())
             self.start_metrics(mine)
             self.groups = job.groups = [self.make_group(k, address) for k in mine]
         except Stopped:
@@ -308,7 +300,8 @@ class Supervisor:
                 self.log.error("replica_start_failed", error=self.end.reason, fix=self.end.fix)
             await self.fire(self.end.trigger, self.end)
             return None
-        where = f"lighthouse {address}" + (f", seat {self.seat.taken}" if self.seat is not None else "")
+        seat = self.place.seat
+        where = f"lighthouse {address}" + (f", seat {seat.taken}" if seat is not None else "")
         await self.fire(JobTrigger.started, JobStep(JobTrigger.started, f"group(s) {mine} on this node; {where}"))
         return address
 
@@ -320,68 +313,8 @@ class Supervisor:
 
         self.metrics = GroupMetrics(self.spec, self.node, groups)
         self.metrics.ledgers = lambda: {g.index: g.ctx.recovery.figures() for g in self.groups}  # ETTR gauges
-        self.metrics.start(lambda: self.lighthouse.restarts if self.lighthouse is not None else 0)
+        self.metrics.start(lambda: self.place.lighthouse.restarts if self.place.lighthouse is not None else 0)
         self.books.metrics = self.metrics
-
-    async def take_place(self) -> tuple[list[int], str]:
-        """The groups this node runs and the lighthouse's address.
-
-        One node: every group, and the lighthouse is hosted here. Several (etcd): the seat the rendezvous gives this
-        node names its one group; seat (0, 0) hosts the lighthouse and publishes its address, the others read it.
-        """
-        light = self.groups_spec.lighthouse
-        if self.spec.rendezvous.backend == "local":
-            return list(range(self.groups_spec.count)), await self.lighthouse_address()
-        from runner.rendezvous.etcd.seats import GroupSeat  # etcd's client only where used
-
-        self.seat = GroupSeat(self.spec, self.node, self.log)
-        await self.seat.open(self.reaper)
-        k, _ = await self.seat.take()
-        if not light.hosted:
-            return [k], await self.lighthouse_address()
-        if self.seat.hosts_lighthouse:
-            address = await self.lighthouse_address(advertise=self.addr)
-            await self.seat.publish_lighthouse(address)
-            return [k], address
-        return [k], await self.seat.wait_lighthouse()
-
-    async def lighthouse_address(self, advertise: str | None = None) -> str:
-        """The hosted lighthouse's address once it listens (reached at `advertise` by other nodes), or the spec's."""
-        light = self.groups_spec.lighthouse
-        if not light.hosted:
-            assert light.address is not None  # the spec's checks require one
-            return light.address.rstrip("/")
-        program, unchecked = await asyncio.to_thread(matching_lighthouse, self.spec, os.environ)  # the workers' TorchFT
-        for why in unchecked:
-            self.log.warning("torchft_version_unchecked", detail=why)
-        if program is None:
-            raise LighthouseError("a hosted lighthouse needs `torchft_lighthouse`, not found",
-                                  fix="pip install 'runner[ft]'")
-        self.lighthouse = HostedLighthouse(program, light, self.groups_spec.min_active, self.run_dir, self.log,
-                                           advertise=advertise)
-        self.lighthouse.on_gone = self.lighthouse_gone
-        await self.lighthouse.start()
-        return self.lighthouse.address
-
-    async def follow_lighthouse(self, address: str) -> None:
-        """Several nodes: when the lighthouse's host was replaced, the group's next attempt uses the new address."""
-        assert self.seat is not None
-        while True:
-            await asyncio.sleep(LIGHTHOUSE_POLL_S)
-            try:
-                latest = await self.seat.read_lighthouse()
-            except RunnerError as e:  # etcd away for a while: the groups run on; the next poll tries again
-                self.log.warning("lighthouse_address_unread", error=e.message)
-                continue
-            if latest is None or latest == address:
-                continue
-            address = latest
-            self.log.warning("lighthouse_moved", address=address, detail="the next attempt of each group uses it")
-            for g in self.groups:
-                replica = g.ctx.inputs.replica
-                assert replica is not None
-                g.ctx.inputs = dataclasses.replace(g.ctx.inputs, replica=dataclasses.replace(replica,
-                                                                                             lighthouse=address))
 
     async def wind_up(self, job: ReplicaJob) -> ReplicaJob:
         """The job's end, however it came: leave, close, settle, write the status and the report.
@@ -397,37 +330,11 @@ class Supervisor:
 
     async def wind_down(self) -> None:
         """Leave (the lighthouse's host lingers for the others), stop the metrics, close the logs and the reaper."""
-        await self.leave()
+        await self.place.leave(lambda: any(g.ctx.hurry.is_set() for g in self.groups))
         if self.metrics is not None:
             self.metrics.stop()
         self.job_transitions.close()
         self.reaper.close()
-
-    async def leave(self) -> None:
-        """Stop the hosted lighthouse (its host first waits for the other nodes to end) and free the seat."""
-        if self.lighthouse is not None:
-            if self.seat is not None:
-                await self.linger()
-            await self.lighthouse.stop()
-        if self.seat is not None:
-            await self.seat.close()
-
-    async def linger(self) -> None:
-        """The lighthouse's host: wait until no other node holds a seat (LINGER_S at most; not once hurried).
-
-        The groups still finishing their last steps keep their quorum.
-        """
-        assert self.seat is not None
-        deadline = time.monotonic() + LINGER_S
-        while time.monotonic() < deadline and not any(g.ctx.hurry.is_set() for g in self.groups):
-            try:
-                others = await self.seat.others_seated()
-            except RunnerError:
-                return
-            if not others:
-                return
-            self.log.info("lighthouse_waiting_for_nodes", nodes=others, at_most_s=round(deadline - time.monotonic()))
-            await asyncio.sleep(LINGER_POLL_S)
 
     def make_group(self, k: int, lighthouse: str) -> Group:
         """Group k: its own spec view (the group's nproc_per_node), run dir, rendezvous, machine and context."""
@@ -438,7 +345,7 @@ class Supervisor:
             soft_io.warn_once("group_dir_unwritable", folder, e)
         replica = Replica(k, self.groups_spec.count, lighthouse)
         spec, node, rendezvous = group_rendezvous(self.spec, k, self.node, self.addr, self.log,
-                                                  seated=self.seat is not None)
+                                                  seated=self.place.seat is not None)
         inputs = JobInputs(spec, node, folder, self.started, self.identity, replica=replica)
         metrics = self.metrics.group(k) if self.metrics is not None else None
         return Group(assemble_run(inputs, rendezvous, self.log.bind(group=k), metrics=metrics,
