@@ -186,18 +186,13 @@ class ReplicaSoak(Soak):
         return (f"replica groups ({GROUPS} groups x 1 worker, min_active {MIN_ACTIVE}, hosted lighthouse), one node, "
                 f"{self.args.steps} steps")
 
-    def replay(self, job: int | None = None) -> str:
-        a = self.args
-        duration = a.job_window if job is not None else a.duration
-        line = f"python bench/chaos.py --replica-groups --seed {a.seed} --duration {duration:g}"
-        if job is not None or a.first_job != 1:
-            line += f" --first-job {job if job is not None else a.first_job}"
-        line += f" --failure-every {a.failure_every:g} --steps {a.steps} --job-window {a.job_window:g}"
-        if a.classes:
-            line += f" --classes {a.classes}"
-        if not a.standby:
-            line += " --no-standby"
-        return line
+    def mode_flags(self) -> str:
+        """Replica groups."""
+        return " --replica-groups"
+
+    def nodes_flag(self) -> str:
+        """One node: no count."""
+        return ""
 
     # ------------------------------------------------------------------ setup
 

@@ -91,16 +91,22 @@ class Soak(JobProcesses, Faults, Checks):
         """One line of the soak's log, with the time since the start."""
         print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
 
+    def mode_flags(self) -> str:
+        """The flags that choose this soak's mode, for its replay line (the base mode: where etcd is)."""
+        return " --hosted" if self.args.hosted else ""
+
+    def nodes_flag(self) -> str:
+        """The node count, for the replay line."""
+        return f" --nodes {self.args.nodes}"
+
     def replay(self, job: int | None = None) -> str:
         """The command that replays this seed (only job `job`, when given)."""
         a = self.args
         duration = a.job_window if job is not None else a.duration
-        line = f"python bench/chaos.py --seed {a.seed} --duration {duration:g} --nodes {a.nodes}"
+        line = f"python bench/chaos.py{self.mode_flags()} --seed {a.seed} --duration {duration:g}{self.nodes_flag()}"
         if job is not None or a.first_job != 1:
             line += f" --first-job {job if job is not None else a.first_job}"
         line += f" --failure-every {a.failure_every:g} --steps {a.steps} --job-window {a.job_window:g}"
-        if a.hosted:
-            line += " --hosted"
         if a.classes:
             line += f" --classes {a.classes}"
         if not a.standby:
