@@ -8,6 +8,7 @@ kills the workers and exits. Order, not time, is asserted (transitions.jsonl, et
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import socket
@@ -293,12 +294,18 @@ def test_both_routes_revoke_and_a_gone_lease_is_fine(etcd: EtcdServer, route: st
     """The JSON gateway and the gRPC route each revoke a real lease (its key vanishes); a lease already gone is no
     error for either."""
     lease = granted(etcd)
+    final = f"/dead-agent/final/{route}"
     ticket = RevokeTicket(lease, (GatewayEndpoint("127.0.0.1", etcd.client_port, https=False),),
-                          path=tuple(sys.path))
+                          path=tuple(sys.path), final_key=base64.b64encode(final.encode()).decode())
     call = revoke if route == "gateway" else lambda t: revoke_grpc(t, 5.0)
     assert call(ticket) == "revoked"
     assert not lease_alive(etcd, lease)
     assert etcd.etcdctl("get", "/dead-agent/k").stdout == ""
+    # the node is marked dead in its final state, on a lease of its own (a hosting node's linger reads it)
+    mark = json.loads(etcd.etcdctl("get", "--print-value-only", final).stdout)
+    assert (mark["state"], mark["outcome"], mark["by"]) == ("SHUTDOWN", "died", "guard")
+    got = json.loads(etcd.etcdctl("get", final, "-w", "json").stdout)
+    assert int(got["kvs"][0]["lease"]) != 0
     assert call(ticket) in ("revoked", "already gone")
 
 

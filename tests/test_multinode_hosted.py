@@ -170,6 +170,8 @@ def test_sigkill_of_the_client_node_restarts_the_host_alone(cluster: Cluster) ->
     assert "node b" in json.dumps(report["failures"]) or "b" in {f.get("node") for f in report["failures"]}, report
     retried = [i for i in cluster.worker_files() if i["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
     assert {i["env"]["WORLD_SIZE"] for i in retried} == {"1"}
+    # b's guard marked b dead in its final state: a's etcd did not linger for it (it waits only for who owes an end)
+    assert not events_of(a, "hosted_etcd_waiting_for_nodes"), a.output()[-3000:]
     assert_hosted_etcd_gone(a, event, port_of(cluster))
 
 

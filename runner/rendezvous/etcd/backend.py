@@ -133,7 +133,7 @@ class EtcdRendezvous:
         self._lease = LeaseKeeper(self._session, self._spec.rendezvous.lease_ttl, self._log,
                                   job_intact=self._job_intact, on_data_lost=self._on_data_lost)
         if self._lease_listener is not None:
-            self._lease.watch(self._lease_listener, revoke_ticket(self._spec))
+            self._lease.watch(self._lease_listener, revoke_ticket(self._spec, final=self._keys.final(self._node)))
         await self._lease.grant()
         self._joiner = RoundJoiner(self._session, self._lease, self._keys, self._spec, self._node, addr=self._addr,
                                    state_record=lambda update: self._state_record({**self._state, **update}),
@@ -154,7 +154,7 @@ class EtcdRendezvous:
         """
         self._lease_listener = listener
         if self._lease is not None:
-            self._lease.watch(listener, revoke_ticket(self._spec))
+            self._lease.watch(listener, revoke_ticket(self._spec, final=self._keys.final(self._node)))
 
     async def _admit(self) -> None:
         """Join the job (runner/rendezvous/etcd/admission.py): its epoch, and the round this node tries first."""

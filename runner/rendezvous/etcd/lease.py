@@ -13,6 +13,7 @@ agent dies holding the lease, its guard revokes it, and the peers see the node g
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import math
@@ -49,13 +50,14 @@ async def _always_intact() -> bool:
     return True
 
 
-def revoke_ticket(spec: JobSpec, lease: int = 0) -> RevokeTicket:
+def revoke_ticket(spec: JobSpec, lease: int = 0, *, final: bytes | None = None) -> RevokeTicket:
     """What another process needs to revoke `lease` on the spec's etcd: endpoints, TLS, user, password.
 
     The password is read as the session reads it (rendezvous.auth.password_env or password_file), only when a
     user is set; TLS paths are made absolute (the guard may not share our working directory forever); a hosted
     job's secret gives the CA (its PEM text travels, not a path) and root's password instead; our sys.path goes
-    with them, so that the guard can import the gRPC client where the JSON gateway will not do.
+    with them, so that the guard can import the gRPC client where the JSON gateway will not do. `final`: the node's
+    final-state key, where the guard marks the node dead after the revoke.
     """
     def path(p: str | None) -> str | None:
         return os.path.abspath(p) if p else None
@@ -64,12 +66,13 @@ def revoke_ticket(spec: JobSpec, lease: int = 0) -> RevokeTicket:
     endpoints = tuple(GatewayEndpoint(e.host, e.port, e.secure) for e in map(Endpoint.parse, rdzv.endpoints))
     sys_path = tuple(os.path.abspath(p) for p in sys.path if p)
     trust = job_trust(rdzv, spec.name)
+    final_key = base64.b64encode(final).decode() if final is not None else None
     if trust is not None:
         return RevokeTicket(lease, endpoints, user=ROOT_USER, password=trust.password, path=sys_path,
-                            ca_pem=trust.ca_pem.decode())
+                            ca_pem=trust.ca_pem.decode(), final_key=final_key)
     user = rdzv.auth.user
     return RevokeTicket(lease, endpoints, path(rdzv.tls.ca), path(rdzv.tls.cert), path(rdzv.tls.key), user,
-                        read_password(rdzv.auth) if user else None, sys_path)
+                        read_password(rdzv.auth) if user else None, sys_path, final_key=final_key)
 
 
 class LeaseKeeper:

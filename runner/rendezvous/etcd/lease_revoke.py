@@ -25,6 +25,8 @@ environment, never on a command line.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import json
 import sys
 import time
@@ -37,6 +39,7 @@ from runner.system.shepherd_main import say
 if TYPE_CHECKING:
     from http.client import HTTPConnection
 
+DEATH_MARK_TTL_S = 3600  # as an agent's own final state (runner/rendezvous/etcd/backend.py FINAL_STATE_TTL_S)
 REVOKE_BUDGET_S = 2.0  # the whole revoke (every endpoint, token included); a dead etcd costs the guard no more
 REQUEST_TIMEOUT_S = 1.0  # one connect, one request: a silent endpoint leaves time to try another
 RETRY_PAUSE_S = 0.1  # between passes over the endpoints (etcd electing a leader answers 5xx for a moment)
@@ -64,6 +67,7 @@ class RevokeTicket:
     password: str | None = field(default=None, repr=False)
     path: tuple[str, ...] = ()  # the agent's sys.path: where the gRPC route finds grpc and aetcd
     ca_pem: str | None = None  # a hosted job's CA (derived from its secret), as PEM text: no file to read
+    final_key: str | None = None  # the node's final-state key (base64): the guard marks the node dead there
 
     def handler(self) -> str:
         """The module whose `on_agent_death` the guard calls with encode()'s bytes (a shepherd DeathNote)."""
@@ -74,7 +78,7 @@ class RevokeTicket:
         return json.dumps({
             "lease": self.lease, "endpoints": [[e.host, e.port, e.https] for e in self.endpoints],
             "ca": self.ca, "cert": self.cert, "key": self.key, "user": self.user, "password": self.password,
-            "path": list(self.path), "ca_pem": self.ca_pem,
+            "path": list(self.path), "ca_pem": self.ca_pem, "final_key": self.final_key,
         }, separators=(",", ":")).encode()
 
     @classmethod
@@ -84,7 +88,7 @@ class RevokeTicket:
             raw = json.loads(data)
             endpoints = tuple(GatewayEndpoint(str(h), int(p), bool(s)) for h, p, s in raw["endpoints"])
             lease = int(raw["lease"])
-            texts = {k: raw.get(k) for k in ("ca", "cert", "key", "user", "password", "ca_pem")}
+            texts = {k: raw.get(k) for k in ("ca", "cert", "key", "user", "password", "ca_pem", "final_key")}
             path = tuple(raw.get("path", ()))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             msg = f"not a revoke ticket: {type(exc).__name__}"
@@ -94,7 +98,7 @@ class RevokeTicket:
             msg = "not a revoke ticket: bad field"
             raise ValueError(msg)
         return cls(lease, endpoints, texts["ca"], texts["cert"], texts["key"], texts["user"], texts["password"], path,
-                   texts["ca_pem"])
+                   texts["ca_pem"], texts["final_key"])
 
     @property
     def tls(self) -> bool:
@@ -115,6 +119,14 @@ class LeaseHolder(Protocol):
 
 class RevokeError(Exception):
     """The lease could not be revoked within the budget; the message says what each endpoint answered."""
+
+
+def death_mark() -> bytes:
+    """The final state a guard writes for its dead agent's node: it ended, and how.
+
+    A hosting node's linger reads it and stops waiting for that node; `runner status` shows it.
+    """
+    return json.dumps({"state": "SHUTDOWN", "outcome": "died", "by": "guard", "time": time.time()}).encode()
 
 
 def on_agent_death(ticket: bytes) -> None:
@@ -200,6 +212,10 @@ async def _revoke_grpc(ticket: RevokeTicket, errors: dict[str, str]) -> str:
             try:
                 await conn.authenticate()
                 await conn.lease_revoke(ticket.lease)  # a lease etcd no longer knows is fine too
+                if ticket.final_key is not None:  # best effort: the node's final state says it died
+                    with contextlib.suppress(Unavailable, RendezvousError):
+                        mark = await conn.lease_grant(DEATH_MARK_TTL_S)
+                        await conn.put(base64.b64decode(ticket.final_key), death_mark(), lease=mark)
             except Unavailable as exc:
                 errors[f"{e.host}:{e.port}"] = str(exc) or type(exc).__name__
                 continue
@@ -234,6 +250,8 @@ def _revoke_at(ticket: RevokeTicket, endpoint: GatewayEndpoint, timeout: float) 
                 raise _refusal("authenticate", status, reply)
             headers["Authorization"] = token
         status, reply = _post(conn, "/v3/lease/revoke", {"ID": str(ticket.lease)}, headers)
+        if status == 200 or "lease not found" in str(reply.get("error", "")):
+            _mark_dead_gateway(conn, ticket, headers)
     finally:
         conn.close()
     if status == 200:
@@ -241,6 +259,21 @@ def _revoke_at(ticket: RevokeTicket, endpoint: GatewayEndpoint, timeout: float) 
     if "lease not found" in str(reply.get("error", "")):
         return "already gone"
     raise _refusal("lease revoke", status, reply)
+
+
+def _mark_dead_gateway(conn: HTTPConnection, ticket: RevokeTicket, headers: dict[str, str]) -> None:
+    """Best effort, after the revoke: the node's final state says it died (on a lease of its own, as an agent's)."""
+    if ticket.final_key is None:
+        return
+    try:
+        status, reply = _post(conn, "/v3/lease/grant", {"TTL": str(DEATH_MARK_TTL_S)}, headers)
+        lease = reply.get("ID")
+        if status != 200 or not isinstance(lease, str):
+            return
+        _post(conn, "/v3/kv/put", {"key": ticket.final_key, "value": base64.b64encode(death_mark()).decode(),
+                                   "lease": lease}, headers)
+    except (OSError, _RetryableError):
+        return  # the revoke is what matters; a linger then waits out its bound for this node
 
 
 def _post(conn: HTTPConnection, path: str, body: dict[str, str],
