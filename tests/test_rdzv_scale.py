@@ -5,14 +5,12 @@ Watch.add / per-range resume across an etcd restart."""
 from __future__ import annotations
 
 import asyncio
-import re
-import urllib.request
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rdzv_helpers import WAIT_S, Node, close_all, make_spec, open_nodes, rounds, run
+from rdzv_helpers import WAIT_S, Node, close_all, lifecycle, make_spec, open_nodes, rounds, run
 
 from runner.events import PeerLost
 from runner.rendezvous.etcd.keys import JobKeys, decode_closed, encode_closed
@@ -22,43 +20,13 @@ from runner.testing.etcd_server import EtcdServer
 pytestmark = pytest.mark.integration
 
 
-def counters(etcd: EtcdServer) -> dict[str, float]:
-    """etcd's own counts: watch events sent, unary RPCs answered, watchers created (summed over labels)."""
-    with urllib.request.urlopen(f"http://{etcd.endpoint}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out = {"events": 0.0, "unary": 0.0, "watches": 0.0}
-    for name, labels, value in re.findall(r"^(\w+)(\{[^}]*\})? (\S+)$", text, re.MULTILINE):
-        if name == "etcd_debugging_mvcc_events_total":
-            out["events"] += float(value)
-        elif name == "grpc_server_handled_total" and 'grpc_type="unary"' in labels:
-            out["unary"] += float(value)
-        elif name == "grpc_server_msg_received_total" and 'grpc_method="Watch"' in labels:
-            out["watches"] += float(value)
-    return out
-
-
-async def lifecycle(etcd: EtcdServer, n: int, name: str) -> dict[str, float]:
-    """n nodes: open, one round, every node publishes two states (as agents do), close; etcd's counts per node."""
-    before = counters(etcd)
-    nodes = await open_nodes(make_spec(etcd.endpoint, nmin=n, nmax=n, name=name, last_call=0.0),
-                             [f"n{i:02d}" for i in range(n)])
-    await rounds(nodes)
-    for state in ("RUNNING", "RUNNING"):
-        await asyncio.gather(*(x.rdzv.publish({"state": state, "attempt": 0}) for x in nodes))
-    at_round = counters(etcd)
-    await close_all(nodes)
-    after = counters(etcd)
-    return {"events": (after["events"] - before["events"]) / n, "unary": (at_round["unary"] - before["unary"]) / n,
-            "watches": (at_round["watches"] - before["watches"]) / n}
-
-
 def test_watch_events_and_rpcs_per_node_do_not_grow_with_nodes(etcd: EtcdServer) -> None:
     """From 4 to 32 nodes, each node costs the same few watch events, RPCs and watchers, states published or not.
 
     (Each node watching every member's state made the events per node grow with the nodes.)
     """
     async def body() -> list[dict[str, float]]:
-        return [await lifecycle(etcd, n, f"scale{n}") for n in (4, 32)]
+        return [await lifecycle([etcd.endpoint], n, f"scale{n}") for n in (4, 32)]
     small, large = run(body)
     # etcd's metric names are its own (etcd_debugging_* may change in any release): a name that is gone would count
     # 0 and pass every bound below, so each count must have been seen.
