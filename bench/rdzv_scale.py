@@ -172,6 +172,18 @@ class Agent:
     publisher: asyncio.Task[None] | None = None
 
 
+def status(a: Agent, state: str) -> dict[str, Any]:
+    """What an agent publishes (runner/agent/assembly.py's node_status) for a node of 8 workers: about 0.9 KB, the
+    size of a real status.json's record; the rendezvous adds node, round and time."""
+    rank0 = (a.result.group_rank if a.result is not None else 0) * 8
+    return {"agent_pid": 42424, "agent_start_time": 26410, "state": state, "attempt": a.attempt,
+            "restarts": a.attempt, "run_id": "scale", "run_dir": "/var/tmp/runner-logs/scale/20261126-160757-e06e58",
+            "heartbeat": time.time(), "outcome": None, "launch": None, "recovery": None,
+            "workers": [{"rank": rank0 + i, "local_rank": i, "pid": 100000 + i, "exit_code": None} for i in range(8)],
+            "ledger": {"basis": "steps", "wall_s": 9.742, "productive_s": 3.201, "launch_s": 6.541, "lost_s": 0,
+                       "ettr": 0.3286, "failure_count": 0}}
+
+
 def job_spec(cfg: dict[str, Any]) -> JobSpec:
     """The job every agent runs (the same spec everywhere, as the rendezvous checks)."""
     return JobSpec(name=cfg["job"], entrypoint=Entrypoint(script="train.py"), nodes=Nodes(cfg["nmin"], cfg["nmax"]),
@@ -223,21 +235,21 @@ class Worker:
             while not a.events.empty():
                 a.events.get_nowait()
             with contextlib.suppress(RendezvousError):
-                await a.rdzv.publish({"state": "FAILED", "attempt": a.attempt})
+                await a.rdzv.publish(status(a, "FAILED"))
                 await a.rdzv.charge_restart(MAX_RESTARTS, charged=isinstance(ev, PeerLost))
             a.attempt += 1
             a.result = await a.rdzv.next_round(a.attempt)
             a.formed_at = time.monotonic()
             self.dirty = True
             with contextlib.suppress(RendezvousError):
-                await a.rdzv.publish({"state": "RUNNING", "attempt": a.attempt})
+                await a.rdzv.publish(status(a, "RUNNING"))
 
     async def publish_loop(self, a: Agent) -> None:
         """The agent's status refresh: one put per RENDEZVOUS_REFRESH_S, at a random phase."""
         await asyncio.sleep(random.uniform(0, RENDEZVOUS_REFRESH_S))
         while True:
             with contextlib.suppress(RendezvousError):
-                await a.rdzv.publish({"state": "RUNNING", "attempt": a.attempt})
+                await a.rdzv.publish(status(a, "RUNNING"))
             await asyncio.sleep(RENDEZVOUS_REFRESH_S)
 
     def progress(self) -> None:
@@ -281,8 +293,11 @@ class Worker:
         await self.round(cmd["attempt"], self.opened)
         return {"t": max(a.formed_at for a in self.opened)}
 
-    async def do_publish(self, _cmd: dict[str, Any]) -> dict[str, Any]:
-        """Steady state: the status refresh of every agent, until the end."""
+    async def do_publish(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Every agent publishes RUNNING once (`once`), or refreshes its status until the end (steady state)."""
+        if cmd.get("once"):
+            await asyncio.gather(*(a.rdzv.publish(status(a, "RUNNING")) for a in self.opened))
+            return {}
         for a in self.opened:
             a.publisher = asyncio.get_running_loop().create_task(self.publish_loop(a))
         return {}
@@ -426,6 +441,7 @@ async def measure_size(etcd: EtcdSide, n: int, k: int, ttl: float, steady: float
         await ask_all(procs, do="open")
         done = await ask_all(procs, do="round", attempt=0)
         cold_s = max(d["t"] for d in done) - go
+        await ask_all(procs, do="publish", once=True)  # RUNNING, as each agent publishes once its workers run
         s1 = etcd.snap()
         cpu1 = sum(p.cpu for p in procs)
         go = time.monotonic()
@@ -523,6 +539,7 @@ async def churn(etcd: EtcdSide, n: int, k: int, ttl: float, window: int, log_dir
         first = [*procs, victims, *alone]
         await ask_all(first, do="open")
         await ask_all(first, do="round", attempt=0)
+        await ask_all(first, do="publish", once=True)
         await ask_all(first, do="follow")
         rnd, _ = await until_formed(living, n, -1)
         live = n

@@ -132,3 +132,17 @@ def test_the_result_news_copy_round_trips_any_node_ids(nodes: list[str], head: d
 def test_any_bytes_decode_to_a_record_or_none(raw: bytes) -> None:
     decoded = decode_closed(raw)
     assert decoded is None or isinstance(decoded["nodes"], tuple)
+
+
+def test_a_restart_round_forms_when_the_live_states_outgrow_a_default_grpc_reply(etcd: EtcdServer) -> None:
+    """The leader of a restart round reads every node's live state in one reply. Five states of 1 MiB (4096 real
+    ones of about 1 KiB each) outgrow gRPC's default 4 MiB reply limit: the round must still form."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint, nmin=5, nmax=5, last_call=0.0, lease_ttl=10.0)
+        nodes = await open_nodes(spec, [f"big{i}" for i in range(5)])
+        await rounds(nodes)
+        await asyncio.gather(*(n.rdzv.publish({"state": "RUNNING", "pad": "x" * (1 << 20)}) for n in nodes))
+        again = await rounds(nodes, attempt=1)
+        assert {r.round for r in again} == {1}
+        await close_all(nodes)
+    run(body)

@@ -67,9 +67,15 @@ RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "LeaseLeasesRequest": (), "LeaseLeasesResponse": ("leases",),
 }
 
+# The largest reply a node accepts. gRPC's default (4 MiB) is less than what a round's leader reads at scale: every
+# node's live state (about 1 KiB each: 4 MiB at 4096 nodes) and join record in one reply (docs/scale.md). etcd
+# sends replies of any size; what it holds is bounded by its own quota (--quota-backend-bytes, 2 GiB by default).
+MAX_REPLY_BYTES = 256 << 20
+
 # Per channel: no gRPC-level retries (EtcdSession.call retries, reconnecting) and no proxy lookup (etcd endpoints
 # are reached directly); both cost per call or per channel, and a node opens one channel.
-CHANNEL_OPTIONS = (("grpc.enable_retries", 0), ("grpc.enable_http_proxy", 0))
+CHANNEL_OPTIONS = (("grpc.enable_retries", 0), ("grpc.enable_http_proxy", 0),
+                   ("grpc.max_receive_message_length", MAX_REPLY_BYTES))
 
 # gRPC status codes after which a reconnect may help (etcd restarting, leader change, token expired).
 RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
