@@ -65,9 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from runner.agent.services import RENDEZVOUS_REFRESH_S
 from runner.config.spec import Entrypoint, JobSpec, Nodes, Rendezvous
 from runner.errors import RendezvousError
-from runner.events import MembershipChanged, PeerLost
+from runner.events import MembershipChanged, PeerLost, StopRequested
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.backend import EtcdRendezvous
+from runner.states.waiting import unless_stopped
 from runner.testing.etcd_cluster import EtcdCluster, etcd_on_hosts
 from runner.testing.hosts import HostProcess, Lab, why_not
 
@@ -76,7 +77,8 @@ TARGET_N = 16384
 METRIC = re.compile(r"^(\w+)(\{[^}]*\})? (\S+)$")
 MAX_RESTARTS = 1_000_000
 PROGRESS_EVERY_S = 0.1
-PHASE_TIMEOUT_S = 240.0
+PHASE_TIMEOUT_S = float(os.environ.get("RDZV_SCALE_TIMEOUT_S", "240"))
+LOG_LEVEL = logging.INFO if os.environ.get("RDZV_SCALE_VERBOSE") else logging.ERROR
 
 
 # --------------------------------------------------------------------------------------------------- etcd's side
@@ -170,6 +172,7 @@ class Agent:
     formed_at: float = 0.0
     follower: asyncio.Task[None] | None = None
     publisher: asyncio.Task[None] | None = None
+    stop: StopRequested | None = None  # what runner.states.waiting keeps (never set here)
 
 
 def status(a: Agent, state: str) -> dict[str, Any]:
@@ -221,24 +224,18 @@ class Worker:
         await asyncio.gather(*(one(a) for a in agents))
 
     async def follow(self, a: Agent) -> None:
-        """As the agent does on a lost peer or a node waiting to join: fail the attempt, charge it, rendezvous again.
-
-        Events about nodes outside this agent's round (left over from an earlier one) are skipped.
-        """
+        """As the agent does on a lost peer or a node waiting to join: publish FAILED, charge the round (a newcomer:
+        uncharged), rendezvous again. Events that arrive meanwhile are stale, as in the agent's RENDEZVOUS state
+        (runner.states.waiting.unless_stopped consumes them)."""
         while True:
             ev = await a.events.get()
-            members = a.result.nodes if a.result is not None else ()
-            if isinstance(ev, PeerLost) and ev.node not in members:
-                continue
             if not isinstance(ev, (PeerLost, MembershipChanged)):
                 continue
-            while not a.events.empty():
-                a.events.get_nowait()
             with contextlib.suppress(RendezvousError):
                 await a.rdzv.publish(status(a, "FAILED"))
                 await a.rdzv.charge_restart(MAX_RESTARTS, charged=isinstance(ev, PeerLost))
             a.attempt += 1
-            a.result = await a.rdzv.next_round(a.attempt)
+            a.result = await unless_stopped(a, a.rdzv.next_round(a.attempt))
             a.formed_at = time.monotonic()
             self.dirty = True
             with contextlib.suppress(RendezvousError):
@@ -334,7 +331,8 @@ class Worker:
 
 def worker_main(cfg_json: str) -> None:
     """A worker process (started by the benchmark itself)."""
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(LOG_LEVEL),
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # stdout carries the answers
     gc.collect()
     gc.freeze()
     gc.disable()  # as bench/rdzv_protocol.py: one process holding many agents' objects is no node's cost
@@ -355,6 +353,8 @@ class Proc:
     async def read(self) -> None:
         assert self.proc.stdout is not None
         while line := await self.proc.stdout.readline():
+            if not line.startswith(b"{"):
+                continue  # not an answer (the worker logs to stderr; a library might print)
             msg = json.loads(line)
             if msg["kind"] == "progress":
                 self.rounds = {int(r): v for r, v in msg["rounds"].items()}
@@ -504,8 +504,9 @@ def append_csv(path: Path, rows: list[dict[str, Any]], fields: list[str]) -> Non
 async def until_formed(procs: list[Proc], live: int, after: int, timeout: float = PHASE_TIMEOUT_S) -> tuple[int, float]:
     """(round, when) once every one of the `live` agents is in one round later than `after`."""
     deadline = time.monotonic() + timeout
+    together: dict[int, list[float]] = {}
     while time.monotonic() < deadline:
-        together: dict[int, list[float]] = {}
+        together = {}
         for p in procs:
             for r, (count, at, _world) in p.rounds.items():
                 entry = together.setdefault(r, [0, 0.0])
@@ -515,7 +516,8 @@ async def until_formed(procs: list[Proc], live: int, after: int, timeout: float 
             if r > after and count >= live:
                 return r, at
         await asyncio.sleep(0.05)
-    msg = f"no round after {after} with all {live} live agents within {timeout:g} s"
+    seen = {r: int(v[0]) for r, v in sorted(together.items())}
+    msg = f"no round after {after} with all {live} live agents within {timeout:g} s (agents per round: {seen})"
     raise TimeoutError(msg)
 
 
@@ -672,6 +674,10 @@ def plot(rows: list[dict[str, str]], png: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ main
+def interrupted(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -687,6 +693,7 @@ def main() -> None:
     parser.add_argument("--churn-csv", default="bench/rdzv_scale_churn.csv")
     parser.add_argument("--fit", action="store_true", help="fit and plot the CSV; run nothing")
     parser.add_argument("--png", default="docs/rdzv_scale.png")
+    parser.add_argument("--logs", help="keep the agent processes' logs in this folder (default: deleted)")
     args = parser.parse_args()
     if args.worker:
         worker_main(args.worker)
@@ -700,8 +707,10 @@ def main() -> None:
     if why:
         sys.exit(f"rdzv_scale needs simulated hosts for its etcd members: {why}")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    signal.signal(signal.SIGTERM, interrupted)  # as Ctrl-C: every `with` closes (hosts, etcd, agent processes)
     with tempfile.TemporaryDirectory(prefix="rdzv-scale-") as tmp:
-        base = Path(tmp)
+        base = Path(args.logs or tmp)
+        base.mkdir(parents=True, exist_ok=True)
         if args.churn:
             with etcd_cluster(args.members, base) as etcd:
                 rows = asyncio.run(churn(etcd, args.churn, args.procs, args.ttl, args.window, base, args.members))
