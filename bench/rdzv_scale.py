@@ -414,8 +414,9 @@ def split(names: list[str], k: int) -> list[list[str]]:
     return [names[i::k] for i in range(k)]
 
 
-def node_names(n: int, prefix: str = "n") -> list[str]:
-    return [f"{prefix}{i:05d}" for i in range(n)]
+def node_names(n: int, prefix: str = "gpu") -> list[str]:
+    """Hostname-like node ids (32 to a rack): 'gpu-r012-n07'. Their length is what a round's result carries."""
+    return [f"{prefix}-r{i // 32:03d}-n{i % 32:02d}" for i in range(n)]
 
 
 # ------------------------------------------------------------------------------------------------ a size
@@ -488,7 +489,8 @@ FIELDS = ["members", "nodes", "procs", "ttl_s", "cold_s", "cold_etcd_cpu_s", "co
           "round_streams_per_node", "round_in_kib_per_node", "round_out_kib_per_node", "round_raft_kib_per_node",
           "round_events_per_node", "round_fsyncs", "agents_cpu_round_s", "agents_cpu_cold_s", "machine_busy_round",
           "db_mib", "steady_req_per_node_s", "steady_events_per_node_s", "steady_etcd_cpu_per_s",
-          "steady_cpu_us_per_node_s", "steady_in_b_per_node_s", "steady_out_b_per_node_s", "steady_fsyncs_per_s"]
+          "steady_cpu_us_per_node_s", "steady_in_b_per_node_s", "steady_out_b_per_node_s", "steady_fsyncs_per_s",
+          "torch_c10d_s"]
 
 
 def append_csv(path: Path, rows: list[dict[str, Any]], fields: list[str]) -> None:
@@ -693,6 +695,9 @@ def main() -> None:
     parser.add_argument("--churn-csv", default="bench/rdzv_scale_churn.csv")
     parser.add_argument("--fit", action="store_true", help="fit and plot the CSV; run nothing")
     parser.add_argument("--png", default="docs/rdzv_scale.png")
+    parser.add_argument("--torch-max", type=int, default=0,
+                        help="also time torch's DynamicRendezvousHandler (c10d, one TCPStore, threads in this "
+                             "process: bench/rdzv_protocol.py) at the sizes up to this one")
     parser.add_argument("--logs", help="keep the agent processes' logs in this folder (default: deleted)")
     args = parser.parse_args()
     if args.worker:
@@ -721,6 +726,9 @@ def main() -> None:
             for k in sweep:
                 with etcd_cluster(args.members, base / f"{n}-{k}") as etcd:
                     row = asyncio.run(measure_size(etcd, n, k, args.ttl, args.steady, base, args.members))
+                if n <= args.torch_max:
+                    from rdzv_protocol import torch_round  # bench/rdzv_protocol.py (imports torch)
+                    row["torch_c10d_s"] = round(torch_round(n, f"scale-{n}"), 2)
                 append_csv(Path(args.csv), [row], FIELDS)
                 print(f"{args.members} member(s) {n:>5} nodes {k} procs: cold {row['cold_s']} s, round "
                       f"{row['round_s']} s, etcd cpu/round {row['round_etcd_cpu_s']} s ({row['round_cpu_members']}), "

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rdzv_helpers import WAIT_S, Node, close_all, lifecycle, make_spec, open_nodes, rounds, run
 
 from runner.events import PeerLost
-from runner.rendezvous.etcd.keys import JobKeys, decode_closed, encode_closed
+from runner.rendezvous.etcd.keys import JobKeys, decode_closed, dump, encode_closed
 from runner.rendezvous.etcd.watch import Watch
 from runner.testing.etcd_server import EtcdServer
 
@@ -146,3 +146,15 @@ def test_a_restart_round_forms_when_the_live_states_outgrow_a_default_grpc_reply
         assert {r.round for r in again} == {1}
         await close_all(nodes)
     run(body)
+
+
+def test_the_news_copy_of_a_large_round_is_compressed_and_an_older_plain_copy_still_decodes() -> None:
+    """Every member receives the copy: N copies of N ids per round. Hostname-like ids shrink several times; a copy
+    written by an older runner (ids in plain lines, no marker) decodes as before; a damaged one is refused."""
+    nodes = [f"gpu-r{i // 32:03d}-n{i % 32:02d}.cluster.example.com" for i in range(4096)]
+    record = {"master_addr": "10.0.0.1", "master_port": 29500, "nproc": 8, "rev": 7, "nodes": nodes}
+    plain = dump({k: v for k, v in record.items() if k != "nodes"}) + b"\n" + "\n".join(nodes).encode()
+    packed = encode_closed(record)
+    assert len(packed) * 5 < len(plain), (len(packed), len(plain))
+    assert decode_closed(packed) == decode_closed(plain) == {**record, "nodes": tuple(nodes)}
+    assert decode_closed(packed[:-10]) is None  # truncated
