@@ -78,6 +78,7 @@ METRIC = re.compile(r"^(\w+)(\{[^}]*\})? (\S+)$")
 MAX_RESTARTS = 1_000_000
 PROGRESS_EVERY_S = 0.1
 PHASE_TIMEOUT_S = float(os.environ.get("RDZV_SCALE_TIMEOUT_S", "240"))
+BY_METHOD = bool(os.environ.get("RDZV_SCALE_BY_METHOD"))  # print each phase's unary calls by method and code
 LOG_LEVEL = logging.INFO if os.environ.get("RDZV_SCALE_VERBOSE") else logging.ERROR
 
 
@@ -86,8 +87,8 @@ def scrape(endpoint: str) -> dict[str, float]:
     """One member's counters this benchmark reads (summed over labels)."""
     with urllib.request.urlopen(f"http://{endpoint}/metrics", timeout=10) as resp:
         text = resp.read().decode()
-    out = {"requests": 0.0, "streams": 0.0, "bytes_in": 0.0, "bytes_out": 0.0, "peer_bytes": 0.0, "events": 0.0,
-           "fsyncs": 0.0, "db_bytes": 0.0, "cpu_metric": 0.0}
+    out = {"requests": 0.0, "unary": 0.0, "keepalives": 0.0, "streams": 0.0, "bytes_in": 0.0, "bytes_out": 0.0,
+           "peer_bytes": 0.0, "events": 0.0, "fsyncs": 0.0, "db_bytes": 0.0, "cpu_metric": 0.0}
     names = {"grpc_server_msg_received_total": "requests", "etcd_network_client_grpc_received_bytes_total": "bytes_in",
              "etcd_network_client_grpc_sent_bytes_total": "bytes_out", "etcd_network_peer_sent_bytes_total":
              "peer_bytes", "etcd_debugging_mvcc_events_total": "events",
@@ -100,8 +101,17 @@ def scrape(endpoint: str) -> dict[str, float]:
         name, labels, value = m.group(1), m.group(2) or "", float(m.group(3))
         if name in names:
             out[names[name]] += value
-        elif name == "grpc_server_started_total" and "stream" in labels:
+        if name == "grpc_server_started_total" and "stream" in labels:
             out["streams"] += value
+        elif name == "grpc_server_handled_total" and 'grpc_type="unary"' in labels:
+            out["unary"] += value
+            if BY_METHOD:
+                method = re.search(r'grpc_method="(\w+)"', labels)
+                code = re.search(r'grpc_code="(\w+)"', labels)
+                key = f"{method.group(1) if method else '?'}/{code.group(1) if code else '?'}"
+                out[key] = out.get(key, 0.0) + value
+        elif name == "grpc_server_msg_received_total" and 'grpc_method="LeaseKeepAlive"' in labels:
+            out["keepalives"] += value
     return out
 
 
@@ -147,14 +157,14 @@ class EtcdSide:
     def snap(self) -> Snapshot:
         """Now."""
         per = [scrape(e) for e in self.endpoints]
-        total = {k: sum(p[k] for p in per) for k in per[0]}
+        total = {k: sum(p.get(k, 0.0) for p in per) for k in set().union(*per)}
         return Snapshot(time.monotonic(), total, [cpu_seconds(p) for p in self.pids], machine_busy(),
                         max(p["db_bytes"] for p in per))
 
 
 def priced(a: Snapshot, b: Snapshot) -> dict[str, Any]:
     """What etcd spent between two snapshots."""
-    d = {k: b.counters[k] - a.counters[k] for k in a.counters}
+    d = {k: b.counters[k] - a.counters.get(k, 0.0) for k in b.counters}
     busy = (b.machine[0] - a.machine[0]) / max(1.0, b.machine[1] - a.machine[1])
     member_cpu = [y - x for x, y in zip(a.member_cpu, b.member_cpu, strict=True)]
     return {"cpu": sum(member_cpu), "member_cpu": member_cpu, "machine_busy": busy, **d}
@@ -342,8 +352,8 @@ def worker_main(cfg_json: str) -> None:
 class Proc:
     """The benchmark's handle on one worker process."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, label: str) -> None:
-        self.proc, self.label = proc, label
+    def __init__(self, proc: asyncio.subprocess.Process, label: str, log: Path) -> None:
+        self.proc, self.label, self.log = proc, label, log
         self.answers: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.rounds: dict[int, list[float]] = {}
         self.opened = 0
@@ -373,7 +383,8 @@ class Proc:
     async def answer(self) -> dict[str, Any]:
         msg = await asyncio.wait_for(self.answers.get(), PHASE_TIMEOUT_S)
         if msg["kind"] == "exited":
-            why = f"worker {self.label} exited (see its log)"
+            tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-15:])
+            why = f"worker {self.label} exited with {await self.proc.wait()}; its log ends:\n{tail}"
             raise RuntimeError(why)
         return msg
 
@@ -384,12 +395,12 @@ class Proc:
 
 async def spawn(cfg: dict[str, Any], label: str, log_dir: Path) -> Proc:
     """A worker process for `cfg["names"]`, once it is ready."""
-    log = (log_dir / f"worker-{label}.log").open("ab")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--worker", json.dumps(cfg), stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=log, limit=1 << 22)
-    log.close()
-    p = Proc(proc, label)
+    path = log_dir / f"worker-{label}.log"
+    with path.open("ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--worker", json.dumps(cfg), stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=log, limit=1 << 22)
+    p = Proc(proc, label, path)
     p.reader = asyncio.get_running_loop().create_task(p.read())
     await p.answer()  # ready
     return p
@@ -459,6 +470,9 @@ async def measure_size(etcd: EtcdSide, n: int, k: int, ttl: float, steady: float
     finally:
         await reap(procs)
     cold, one, ss = priced(s0, s1), priced(s1, s2), priced(s3, s4)
+    if BY_METHOD:
+        for label, phase in (("cold", cold), ("round", one), ("steady", ss)):
+            print(f"  {label}: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phase.items()) if "/" in k and v))
     secs = s4.at - s3.at
     return {
         "members": members, "nodes": n, "procs": k, "ttl_s": ttl,
@@ -468,6 +482,8 @@ async def measure_size(etcd: EtcdSide, n: int, k: int, ttl: float, steady: float
         "round_cpu_members": "/".join(f"{c:.2f}" for c in one["member_cpu"]),
         "round_cpu_ms_per_node": per(one["cpu"] * 1000, n, 3),
         "round_req_per_node": per(one["requests"], n), "round_streams_per_node": per(one["streams"], n),
+        "round_unary_per_node": per(one["unary"], n),
+        "round_keepalives_per_node": per(one["keepalives"], n),
         "round_in_kib_per_node": per(one["bytes_in"] / 1024, n), "round_out_kib_per_node": per(one["bytes_out"] / 1024, n),
         "round_raft_kib_per_node": per(one["peer_bytes"] / 1024, n),
         "round_events_per_node": per(one["events"], n), "round_fsyncs": int(one["fsyncs"]),
@@ -481,16 +497,19 @@ async def measure_size(etcd: EtcdSide, n: int, k: int, ttl: float, steady: float
         "steady_in_b_per_node_s": per(ss["bytes_in"], n * secs, 1),
         "steady_out_b_per_node_s": per(ss["bytes_out"], n * secs, 1),
         "steady_fsyncs_per_s": per(ss["fsyncs"], secs, 1),
+        "steady_db_kib_per_s": per((s4.db_bytes - s3.db_bytes) / 1024, secs, 1),
+        "steady_unary_per_node_s": per(ss["unary"], n * secs, 4),
     }
 
 
 FIELDS = ["members", "nodes", "procs", "ttl_s", "cold_s", "cold_etcd_cpu_s", "cold_req_per_node", "round_s",
           "round_etcd_cpu_s", "round_cpu_members", "round_cpu_ms_per_node", "round_req_per_node",
-          "round_streams_per_node", "round_in_kib_per_node", "round_out_kib_per_node", "round_raft_kib_per_node",
+          "round_unary_per_node", "round_keepalives_per_node", "round_streams_per_node", "round_in_kib_per_node",
+          "round_out_kib_per_node", "round_raft_kib_per_node",
           "round_events_per_node", "round_fsyncs", "agents_cpu_round_s", "agents_cpu_cold_s", "machine_busy_round",
           "db_mib", "steady_req_per_node_s", "steady_events_per_node_s", "steady_etcd_cpu_per_s",
           "steady_cpu_us_per_node_s", "steady_in_b_per_node_s", "steady_out_b_per_node_s", "steady_fsyncs_per_s",
-          "torch_c10d_s"]
+          "steady_db_kib_per_s", "steady_unary_per_node_s", "torch_c10d_s"]
 
 
 def append_csv(path: Path, rows: list[dict[str, Any]], fields: list[str]) -> None:
@@ -594,10 +613,12 @@ CHURN_FIELDS = ["members", "nodes", "ttl_s", "event", "round", "rounds_formed", 
 
 # ------------------------------------------------------------------------------------------------ the fit
 FITTED = [("round_etcd_cpu_s", "etcd CPU per round (s)"), ("round_req_per_node", "requests per node per round"),
+          ("round_unary_per_node", "unary calls per node per round"),
           ("round_events_per_node", "watch events per node per round"),
           ("round_out_kib_per_node", "KiB out per node per round"), ("round_s", "time to form a round (s)"),
           ("steady_req_per_node_s", "requests per node per s (steady)"),
-          ("steady_etcd_cpu_per_s", "etcd CPU per s (steady)"), ("db_mib", "db size (MiB)")]
+          ("steady_etcd_cpu_per_s", "etcd CPU per s (steady)"), ("db_mib", "db size (MiB)"),
+          ("steady_db_kib_per_s", "db growth (KiB/s, steady, no compaction)")]
 
 
 def fit(xs: list[float], ys: list[float], at: float = TARGET_N) -> tuple[float, float, float, float, float]:

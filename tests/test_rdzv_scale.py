@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from rdzv_helpers import WAIT_S, Node, close_all, lifecycle, make_spec, open_nodes, rounds, run
 
 from runner.events import PeerLost
+from runner.rendezvous.etcd.client import Unavailable
 from runner.rendezvous.etcd.keys import JobKeys, decode_closed, dump, encode_closed
 from runner.rendezvous.etcd.watch import Watch
 from runner.testing.etcd_server import EtcdServer
@@ -158,3 +159,37 @@ def test_the_news_copy_of_a_large_round_is_compressed_and_an_older_plain_copy_st
     assert len(packed) * 5 < len(plain), (len(packed), len(plain))
     assert decode_closed(packed) == decode_closed(plain) == {**record, "nodes": tuple(nodes)}
     assert decode_closed(packed[:-10]) is None  # truncated
+
+
+def test_a_watch_stream_that_ends_before_its_first_write_is_a_reconnect_not_a_crash() -> None:
+    """At 4096 nodes etcd may end a new Watch stream before its create requests are written (grpc.aio raises
+    InvalidStateError: "RPC already finished"). Registering the watch must fail as a broken connection (the
+    session reconnects and registers again), not with an error that ends the agent's rendezvous."""
+    class Finished:
+        cancelled = False
+
+        async def write(self, _request: object) -> None:
+            raise asyncio.InvalidStateError("RPC already finished.")
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    stream = Finished()
+
+    class Conn:
+        timeout = 1.0
+
+        def watch_stream(self) -> Finished:
+            return stream
+
+    class Session:
+        generation = 1
+
+        async def call(self, op: Any) -> Any:
+            return await op(Conn())
+
+    async def body() -> None:
+        with pytest.raises(Unavailable, match="watch stream ended"):
+            await Watch(Session(), [(b"/t/a", None)], 1).start()  # type: ignore[arg-type]
+    run(body)
+    assert stream.cancelled

@@ -125,6 +125,10 @@ class Watch:
             call.cancel()
             msg = "watch not created in time"
             raise Unavailable(msg) from exc
+        except (grpc.aio.UsageError, asyncio.InvalidStateError) as exc:  # the stream ended before a write (etcd
+            call.cancel()  # busy at thousands of nodes: seen at 4096, docs/scale.md): reconnect, as for a break
+            msg = f"watch stream ended before its watchers were created: {exc}"
+            raise Unavailable(msg) from exc
         except asyncio.CancelledError:
             call.cancel()
             if not channel_closed_under_us():
