@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import grpc  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from rdzv_helpers import WAIT_S, Node, close_all, lifecycle, make_spec, open_nodes, rounds, run
 
 from runner.events import PeerLost
-from runner.rendezvous.etcd.client import Unavailable
+from runner.rendezvous.etcd.client import Unavailable, translate
 from runner.rendezvous.etcd.keys import JobKeys, decode_closed, dump, encode_closed
 from runner.rendezvous.etcd.watch import Watch
 from runner.testing.etcd_server import EtcdServer
@@ -193,3 +194,14 @@ def test_a_watch_stream_that_ends_before_its_first_write_is_a_reconnect_not_a_cr
             await Watch(Session(), [(b"/t/a", None)], 1).start()  # type: ignore[arg-type]
     run(body)
     assert stream.cancelled
+
+
+def test_an_etcd_too_busy_to_apply_is_retried_not_a_refusal() -> None:
+    """etcd answers "too many requests" (code UNKNOWN) while its apply lags its commits by more than 5000 entries, as
+    when 8192 agents join at once: the call is retried (Unavailable), not failed as a refused request."""
+    busy = grpc.aio.AioRpcError(grpc.StatusCode.UNKNOWN, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                details="etcdserver: too many requests")
+    assert isinstance(translate(busy), Unavailable)
+    refused = grpc.aio.AioRpcError(grpc.StatusCode.PERMISSION_DENIED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   details="etcdserver: permission denied")
+    assert not isinstance(translate(refused), Unavailable)

@@ -82,6 +82,12 @@ RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_E
                          grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
+# What etcd 3.5 answers, with code UNKNOWN, while it applies its log behind what it committed (more than 5000
+# entries): thousands of nodes writing at once (8192 agents joining here, docs/scale.md). A busy etcd, not a refusal:
+# retried with backoff as a lost connection is.
+BUSY_SIGNS = ("etcdserver: too many requests",)
+
+
 class Unavailable(Exception):
     """The connection failed in a way a reconnect may cure (internal to the retry loop)."""
 
@@ -128,7 +134,7 @@ def untrusted_server(error: str) -> bool:
 def translate(exc: grpc.aio.AioRpcError) -> Exception:
     """The exception to raise for a failed RPC: Unavailable (retry), LeaseNotFound, or a RendezvousError."""
     code, details = exc.code(), exc.details() or ""
-    if code in RETRY_CODES:
+    if code in RETRY_CODES or any(sign in details for sign in BUSY_SIGNS):
         return Unavailable(f"{code.name}: {details}".rstrip(": "))
     if code == grpc.StatusCode.NOT_FOUND and "lease" in details:
         return LeaseNotFound(f"etcd: {details}")
