@@ -49,6 +49,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -542,12 +543,10 @@ async def until_formed(procs: list[Proc], live: int, after: int, timeout: float 
     raise TimeoutError(msg)
 
 
-async def churn(etcd: EtcdSide, n: int, k: int, ttl: float, window: int, log_dir: Path,
-                members: int) -> list[dict[str, Any]]:
-    """1% die at once, 1% join late, one replaced per second for `window` s: time to a new round, etcd's load."""
-    d = max(1, math.ceil(n / 100))
-    cfg = {"job": f"churn-{n}", "endpoints": etcd.endpoints, "nmin": n - d - window - 1, "nmax": n, "ttl": ttl,
-           "last_call": 1.0}
+async def churn_procs(cfg: dict[str, Any], n: int, d: int, window: int, k: int,
+                      log_dir: Path) -> tuple[list[Proc], Proc, list[Proc], Proc, Proc]:
+    """The churn's agent processes: k for the agents that stay, one for the d that die at once, one per agent that
+    dies during the window (killed one by one), one for the d late ones, one for the window's newcomers."""
     names = node_names(n)
     steady, doomed, singles = names[: n - d - window], names[n - d - window: n - window], names[n - window:]
     procs = [await spawn({**cfg, "names": s}, f"churn-{i}", log_dir) for i, s in enumerate(split(steady, k))]
@@ -555,6 +554,16 @@ async def churn(etcd: EtcdSide, n: int, k: int, ttl: float, window: int, log_dir
     alone = [await spawn({**cfg, "names": [s]}, f"churn-single-{i}", log_dir) for i, s in enumerate(singles)]
     late = await spawn({**cfg, "names": node_names(d, "late")}, "churn-late", log_dir)
     spares = await spawn({**cfg, "names": node_names(window, "spare")}, "churn-spares", log_dir)
+    return procs, victims, alone, late, spares
+
+
+async def churn(etcd: EtcdSide, n: int, k: int, ttl: float, window: int, log_dir: Path,
+                members: int) -> list[dict[str, Any]]:
+    """1% die at once, 1% join late, one replaced per second for `window` s: time to a new round, etcd's load."""
+    d = max(1, math.ceil(n / 100))
+    cfg = {"job": f"churn-{n}", "endpoints": etcd.endpoints, "nmin": n - d - window - 1, "nmax": n, "ttl": ttl,
+           "last_call": 1.0}
+    procs, victims, alone, late, spares = await churn_procs(cfg, n, d, window, k, log_dir)
     every = [*procs, victims, *alone, late, spares]
     living = list(every)  # a killed process's last progress is no live agent's
     rows: list[dict[str, Any]] = []
@@ -569,10 +578,15 @@ async def churn(etcd: EtcdSide, n: int, k: int, ttl: float, window: int, log_dir
 
         async def event(what: str, act: Any, live_after: int) -> None:
             nonlocal rnd
-            s0, t0 = etcd.snap(), time.monotonic()
+            s0, t0, before = etcd.snap(), time.monotonic(), rnd
             await act()
-            before = rnd
-            rnd, at = await until_formed(living, live_after, rnd)
+            try:
+                rnd, at = await until_formed(living, live_after, rnd)
+            except TimeoutError as exc:
+                rows.append({"members": members, "nodes": n, "ttl_s": ttl, "event": what, "formed_s": "",
+                             "note": str(exc)})
+                print(f"  churn {what}: {exc}", flush=True)
+                raise
             s1 = etcd.snap()
             c = priced(s0, s1)
             rows.append({"members": members, "nodes": n, "ttl_s": ttl, "event": what, "round": rnd,
@@ -602,13 +616,15 @@ async def churn(etcd: EtcdSide, n: int, k: int, ttl: float, window: int, log_dir
                 await asyncio.sleep(1.0)
         await event(f"one agent replaced per second for {window} s", replace, live)
         await ask_all([*procs, late, spares], do="close")
+    except TimeoutError:
+        pass  # recorded: the rows so far and the event whose round did not form
     finally:
         await reap(every)
     return rows
 
 
-CHURN_FIELDS = ["members", "nodes", "ttl_s", "event", "round", "rounds_formed", "formed_s", "etcd_cpu_s", "requests", "events",
-                "req_per_node"]
+CHURN_FIELDS = ["members", "nodes", "ttl_s", "event", "round", "rounds_formed", "formed_s", "etcd_cpu_s", "requests",
+                "events", "req_per_node", "note"]
 
 
 # ------------------------------------------------------------------------------------------------ the fit
@@ -680,12 +696,14 @@ def plot(rows: list[dict[str, str]], png: Path) -> None:
         groups.setdefault(f"{r['members']} member(s), {r['procs']} procs", []).append(r)
     for ax, (col, title) in zip(axes.flat, panels, strict=True):
         for label, members in sorted(groups.items()):
-            group = sorted(members, key=lambda r: int(r["nodes"]))
-            xs, ys = [int(r["nodes"]) for r in group], [float(r[col]) for r in group]
-            line, = ax.plot(xs, ys, marker="o", label=label)
-            if len(xs) >= 3:
+            xs, ys = [int(r["nodes"]) for r in members], [float(r[col]) for r in members]
+            sizes = sorted(set(xs))
+            medians = [statistics.median(y for x, y in zip(xs, ys, strict=True) if x == n) for n in sizes]
+            line, = ax.plot(sizes, medians, marker="o", label=f"{label} (median; every run a dot)")
+            ax.scatter(xs, ys, s=12, color=line.get_color())
+            if len(sizes) >= 3:
                 _b, _se, y0, lo, hi = fit([float(x) for x in xs], ys)
-                ax.plot([xs[-1], TARGET_N], [ys[-1], y0], ls="--", color=line.get_color())
+                ax.plot([sizes[-1], TARGET_N], [medians[-1], y0], ls="--", color=line.get_color())
                 ax.errorbar([TARGET_N], [y0], yerr=[[y0 - lo], [hi - y0]], color=line.get_color(), capsize=3)
         ax.set(xscale="log", yscale="log", xlabel="nodes", title=title)
         ax.legend(fontsize=7)
