@@ -177,6 +177,7 @@ class Agent:
     """One simulated node: the runner's rendezvous, its event queue, the round it is in."""
 
     rdzv: EtcdRendezvous
+    name: str
     events: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     attempt: int = 0
     result: RendezvousResult | None = None
@@ -211,7 +212,7 @@ class Worker:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         spec = job_spec(cfg)
-        self.agents = [Agent(EtcdRendezvous(spec, name, advertise_addr="127.0.0.1")) for name in cfg["names"]]
+        self.agents = [Agent(EtcdRendezvous(spec, name, advertise_addr="127.0.0.1"), name) for name in cfg["names"]]
         self.opened: list[Agent] = []  # agents[:len(opened)], in order
         self.dirty = False
 
@@ -237,7 +238,15 @@ class Worker:
     async def follow(self, a: Agent) -> None:
         """As the agent does on a lost peer or a node waiting to join: publish FAILED, charge the round (a newcomer:
         uncharged), rendezvous again. Events that arrive meanwhile are stale, as in the agent's RENDEZVOUS state
-        (runner.states.waiting.unless_stopped consumes them)."""
+        (runner.states.waiting.unless_stopped consumes them). A rendezvous that fails ends this agent (as it ends
+        the agent's run): said on stderr."""
+        try:
+            await self._follow(a)
+        except RendezvousError as e:
+            print(f"agent {a.name} gave up: {e.message}", file=sys.stderr, flush=True)
+            raise
+
+    async def _follow(self, a: Agent) -> None:
         while True:
             ev = await a.events.get()
             if not isinstance(ev, (PeerLost, MembershipChanged)):

@@ -205,3 +205,37 @@ def test_an_etcd_too_busy_to_apply_is_retried_not_a_refusal() -> None:
     refused = grpc.aio.AioRpcError(grpc.StatusCode.PERMISSION_DENIED, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                    details="etcdserver: permission denied")
     assert not isinstance(translate(refused), Unavailable)
+
+
+def test_a_watch_whose_stream_never_connects_is_given_up_within_the_call_timeout() -> None:
+    """A write on a new Watch stream waits for its connection; 4096 agents reconnecting at once left some waiting
+    60 s (the whole connect timeout) with no error. Registering gives up after the connection's call timeout (a
+    reconnect), as a create request that is never confirmed does."""
+    class NeverConnected:
+        cancelled = False
+
+        async def write(self, _request: object) -> None:
+            await asyncio.Event().wait()
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    stream = NeverConnected()
+
+    class Conn:
+        timeout = 0.2
+
+        def watch_stream(self) -> NeverConnected:
+            return stream
+
+    class Session:
+        generation = 1
+
+        async def call(self, op: Any) -> Any:
+            return await op(Conn())
+
+    async def body() -> None:
+        with pytest.raises(Unavailable, match="not created in time"):
+            await asyncio.wait_for(Watch(Session(), [(b"/t/a", None)], 1).start(), 5)  # type: ignore[arg-type]
+    run(body)
+    assert stream.cancelled

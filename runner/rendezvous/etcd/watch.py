@@ -110,9 +110,11 @@ class Watch:
         reg, call = self._reg, conn.watch_stream()
         self._creating, self._ids = deque(range(len(self._ranges))), {}
         try:
-            for index in range(len(self._ranges)):
-                await call.write(rpc.WatchRequest(create_request=self._create(index)))
-            async with asyncio.timeout(conn.timeout):  # no task per read, as wait_for would make
+            # the writes too: a write waits for the stream's connection, which a busy etcd may not accept for long
+            # (4096 agents reconnecting at once: docs/scale.md); no task per read, as wait_for would make
+            async with asyncio.timeout(conn.timeout):
+                for index in range(len(self._ranges)):
+                    await call.write(rpc.WatchRequest(create_request=self._create(index)))
                 while self._creating:
                     reply = await call.read()
                     _check_created(reply)
