@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from runner.testing.etcd_cluster import EtcdCluster
+from runner.testing.etcd_cluster import EtcdCluster, etcd_on_hosts
 from runner.testing.etcd_server import EtcdServer, etcd_server
 from runner.testing.hosts import Lab, why_not
 
@@ -192,17 +191,6 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         pytest.skip(why)
     with Lab(tmp_path / "shared") as made:
         yield made
-
-
-@contextlib.contextmanager
-def etcd_on_hosts(lab: Lab, names: list[str]) -> Iterator[EtcdCluster]:
-    """An etcd of one member per name, each on a new host of that name; killed afterwards."""
-    server = EtcdCluster([lab.add(name) for name in names])
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture

@@ -5,51 +5,21 @@ Watch.add / per-range resume across an etcd restart."""
 from __future__ import annotations
 
 import asyncio
-import re
-import urllib.request
 from typing import Any
 
+import grpc  # type: ignore[import-untyped]
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from rdzv_helpers import WAIT_S, Node, close_all, make_spec, open_nodes, rounds, run
+from rdzv_helpers import WAIT_S, Node, close_all, lifecycle, make_spec, open_nodes, rounds, run
 
 from runner.events import PeerLost
-from runner.rendezvous.etcd.keys import JobKeys, decode_closed, encode_closed
+from runner.rendezvous.etcd.client import Unavailable, translate
+from runner.rendezvous.etcd.keys import JobKeys, decode_closed, dump, encode_closed
 from runner.rendezvous.etcd.watch import Watch
 from runner.testing.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.integration
-
-
-def counters(etcd: EtcdServer) -> dict[str, float]:
-    """etcd's own counts: watch events sent, unary RPCs answered, watchers created (summed over labels)."""
-    with urllib.request.urlopen(f"http://{etcd.endpoint}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out = {"events": 0.0, "unary": 0.0, "watches": 0.0}
-    for name, labels, value in re.findall(r"^(\w+)(\{[^}]*\})? (\S+)$", text, re.MULTILINE):
-        if name == "etcd_debugging_mvcc_events_total":
-            out["events"] += float(value)
-        elif name == "grpc_server_handled_total" and 'grpc_type="unary"' in labels:
-            out["unary"] += float(value)
-        elif name == "grpc_server_msg_received_total" and 'grpc_method="Watch"' in labels:
-            out["watches"] += float(value)
-    return out
-
-
-async def lifecycle(etcd: EtcdServer, n: int, name: str) -> dict[str, float]:
-    """n nodes: open, one round, every node publishes two states (as agents do), close; etcd's counts per node."""
-    before = counters(etcd)
-    nodes = await open_nodes(make_spec(etcd.endpoint, nmin=n, nmax=n, name=name, last_call=0.0),
-                             [f"n{i:02d}" for i in range(n)])
-    await rounds(nodes)
-    for state in ("RUNNING", "RUNNING"):
-        await asyncio.gather(*(x.rdzv.publish({"state": state, "attempt": 0}) for x in nodes))
-    at_round = counters(etcd)
-    await close_all(nodes)
-    after = counters(etcd)
-    return {"events": (after["events"] - before["events"]) / n, "unary": (at_round["unary"] - before["unary"]) / n,
-            "watches": (at_round["watches"] - before["watches"]) / n}
 
 
 def test_watch_events_and_rpcs_per_node_do_not_grow_with_nodes(etcd: EtcdServer) -> None:
@@ -58,7 +28,7 @@ def test_watch_events_and_rpcs_per_node_do_not_grow_with_nodes(etcd: EtcdServer)
     (Each node watching every member's state made the events per node grow with the nodes.)
     """
     async def body() -> list[dict[str, float]]:
-        return [await lifecycle(etcd, n, f"scale{n}") for n in (4, 32)]
+        return [await lifecycle([etcd.endpoint], n, f"scale{n}") for n in (4, 32)]
     small, large = run(body)
     # etcd's metric names are its own (etcd_debugging_* may change in any release): a name that is gone would count
     # 0 and pass every bound below, so each count must have been seen.
@@ -164,3 +134,108 @@ def test_the_result_news_copy_round_trips_any_node_ids(nodes: list[str], head: d
 def test_any_bytes_decode_to_a_record_or_none(raw: bytes) -> None:
     decoded = decode_closed(raw)
     assert decoded is None or isinstance(decoded["nodes"], tuple)
+
+
+def test_a_restart_round_forms_when_the_live_states_outgrow_a_default_grpc_reply(etcd: EtcdServer) -> None:
+    """The leader of a restart round reads every node's live state in one reply. Five states of 1 MiB (4096 real
+    ones of about 1 KiB each) outgrow gRPC's default 4 MiB reply limit: the round must still form."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint, nmin=5, nmax=5, last_call=0.0, lease_ttl=10.0)
+        nodes = await open_nodes(spec, [f"big{i}" for i in range(5)])
+        await rounds(nodes)
+        await asyncio.gather(*(n.rdzv.publish({"state": "RUNNING", "pad": "x" * (1 << 20)}) for n in nodes))
+        again = await rounds(nodes, attempt=1)
+        assert {r.round for r in again} == {1}
+        await close_all(nodes)
+    run(body)
+
+
+def test_the_news_copy_of_a_large_round_is_compressed_and_an_older_plain_copy_still_decodes() -> None:
+    """Every member receives the copy: N copies of N ids per round. Hostname-like ids shrink several times; a copy
+    written by an older runner (ids in plain lines, no marker) decodes as before; a damaged one is refused."""
+    nodes = [f"gpu-r{i // 32:03d}-n{i % 32:02d}.cluster.example.com" for i in range(4096)]
+    record = {"master_addr": "10.0.0.1", "master_port": 29500, "nproc": 8, "rev": 7, "nodes": nodes}
+    plain = dump({k: v for k, v in record.items() if k != "nodes"}) + b"\n" + "\n".join(nodes).encode()
+    packed = encode_closed(record)
+    assert len(packed) * 5 < len(plain), (len(packed), len(plain))
+    assert decode_closed(packed) == decode_closed(plain) == {**record, "nodes": tuple(nodes)}
+    assert decode_closed(packed[:-10]) is None  # truncated
+
+
+def test_a_watch_stream_that_ends_before_its_first_write_is_a_reconnect_not_a_crash() -> None:
+    """At 4096 nodes etcd may end a new Watch stream before its create requests are written (grpc.aio raises
+    InvalidStateError: "RPC already finished"). Registering the watch must fail as a broken connection (the
+    session reconnects and registers again), not with an error that ends the agent's rendezvous."""
+    class Finished:
+        cancelled = False
+
+        async def write(self, _request: object) -> None:
+            raise asyncio.InvalidStateError("RPC already finished.")
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    stream = Finished()
+
+    class Conn:
+        timeout = 1.0
+
+        def watch_stream(self) -> Finished:
+            return stream
+
+    class Session:
+        generation = 1
+
+        async def call(self, op: Any) -> Any:
+            return await op(Conn())
+
+    async def body() -> None:
+        with pytest.raises(Unavailable, match="watch stream ended"):
+            await Watch(Session(), [(b"/t/a", None)], 1).start()  # type: ignore[arg-type]
+    run(body)
+    assert stream.cancelled
+
+
+def test_an_etcd_too_busy_to_apply_is_retried_not_a_refusal() -> None:
+    """etcd answers "too many requests" (code UNKNOWN) while its apply lags its commits by more than 5000 entries, as
+    when 8192 agents join at once: the call is retried (Unavailable), not failed as a refused request."""
+    busy = grpc.aio.AioRpcError(grpc.StatusCode.UNKNOWN, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                details="etcdserver: too many requests")
+    assert isinstance(translate(busy), Unavailable)
+    refused = grpc.aio.AioRpcError(grpc.StatusCode.PERMISSION_DENIED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   details="etcdserver: permission denied")
+    assert not isinstance(translate(refused), Unavailable)
+
+
+def test_a_watch_whose_stream_never_connects_is_given_up_within_the_call_timeout() -> None:
+    """A write on a new Watch stream waits for its connection; 4096 agents reconnecting at once left some waiting
+    60 s (the whole connect timeout) with no error. Registering gives up after the connection's call timeout (a
+    reconnect), as a create request that is never confirmed does."""
+    class NeverConnected:
+        cancelled = False
+
+        async def write(self, _request: object) -> None:
+            await asyncio.Event().wait()
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    stream = NeverConnected()
+
+    class Conn:
+        timeout = 0.2
+
+        def watch_stream(self) -> NeverConnected:
+            return stream
+
+    class Session:
+        generation = 1
+
+        async def call(self, op: Any) -> Any:
+            return await op(Conn())
+
+    async def body() -> None:
+        with pytest.raises(Unavailable, match="not created in time"):
+            await asyncio.wait_for(Watch(Session(), [(b"/t/a", None)], 1).start(), 5)  # type: ignore[arg-type]
+    run(body)
+    assert stream.cancelled

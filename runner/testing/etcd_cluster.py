@@ -13,13 +13,14 @@ import contextlib
 import json
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from runner.testing.etcd_server import etcd_binary
 
 if TYPE_CHECKING:
-    from runner.testing.hosts import Host
+    from runner.testing.hosts import Host, Lab
 
 CLIENT_PORT = 2379
 PEER_PORT = 2380
@@ -181,3 +182,14 @@ class EtcdCluster:
         for m in self.members:
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 self.kill(m)
+
+
+@contextlib.contextmanager
+def etcd_on_hosts(lab: Lab, names: list[str]) -> Iterator[EtcdCluster]:
+    """An etcd of one member per name, each on a new host of that name; killed afterwards."""
+    server = EtcdCluster([lab.add(name) for name in names])
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()

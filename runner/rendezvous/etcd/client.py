@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -67,13 +68,25 @@ RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "LeaseLeasesRequest": (), "LeaseLeasesResponse": ("leases",),
 }
 
+# The largest reply a node accepts. gRPC's default (4 MiB) is less than what a round's leader reads at scale: every
+# node's live state (about 1 KiB each: 4 MiB at 4096 nodes) and join record in one reply (docs/scale.md). etcd
+# sends replies of any size; what it holds is bounded by its own quota (--quota-backend-bytes, 2 GiB by default).
+MAX_REPLY_BYTES = 256 << 20
+
 # Per channel: no gRPC-level retries (EtcdSession.call retries, reconnecting) and no proxy lookup (etcd endpoints
 # are reached directly); both cost per call or per channel, and a node opens one channel.
-CHANNEL_OPTIONS = (("grpc.enable_retries", 0), ("grpc.enable_http_proxy", 0))
+CHANNEL_OPTIONS = (("grpc.enable_retries", 0), ("grpc.enable_http_proxy", 0),
+                   ("grpc.max_receive_message_length", MAX_REPLY_BYTES))
 
 # gRPC status codes after which a reconnect may help (etcd restarting, leader change, token expired).
 RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
                          grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+# What etcd 3.5 answers, with code UNKNOWN, while it applies its log behind what it committed (more than 5000
+# entries): thousands of nodes writing at once (8192 agents joining here, docs/scale.md). A busy etcd, not a refusal:
+# retried with backoff as a lost connection is.
+BUSY_SIGNS = ("etcdserver: too many requests",)
 
 
 class Unavailable(Exception):
@@ -122,7 +135,7 @@ def untrusted_server(error: str) -> bool:
 def translate(exc: grpc.aio.AioRpcError) -> Exception:
     """The exception to raise for a failed RPC: Unavailable (retry), LeaseNotFound, or a RendezvousError."""
     code, details = exc.code(), exc.details() or ""
-    if code in RETRY_CODES:
+    if code in RETRY_CODES or any(sign in details for sign in BUSY_SIGNS):
         return Unavailable(f"{code.name}: {details}".rstrip(": "))
     if code == grpc.StatusCode.NOT_FOUND and "lease" in details:
         return LeaseNotFound(f"etcd: {details}")
@@ -406,7 +419,10 @@ class EtcdSession:
         self.identity = ClusterIdentity()
         self._client: Connection | None = None
         self._gen = 0
-        self._next_endpoint = 0
+        # Each session starts at a random endpoint and fails over in order from there, so a job's nodes spread over
+        # the members (as etcd's own client balances) instead of all serving from the first one listed: with 4096
+        # nodes that member did three quarters of a round's etcd work (docs/scale.md).
+        self._next_endpoint = random.randrange(len(self._endpoints)) if self._endpoints else 0  # noqa: S311
         self._lock = asyncio.Lock()
         self.answered_at = 0.0  # monotonic time of etcd's last answer to a call of this session (the fence reads it)
 
@@ -429,7 +445,7 @@ class EtcdSession:
         return self._client is not None
 
     async def connect(self) -> None:
-        """Connect to the first endpoint that answers, retrying with backoff up to connect_timeout."""
+        """Connect to the first endpoint that answers (trying from a random one on), up to connect_timeout."""
         async with self._lock:
             await self._dial()
 

@@ -117,6 +117,9 @@ class HostedEtcd:
             # The data only matters while this agent lives: a crash of etcd keeps the page cache, and a crash of
             # the machine takes the hosting node with it. No fsync keeps rounds fast on slow disks.
             "--unsafe-no-fsync",
+            # Every node's status put (one per 5 s) keeps a revision: uncompacted, 256 nodes fill etcd's 2 GiB
+            # quota in about 8 hours (docs/scale.md). Ten minutes of history covers any watch that resumes.
+            "--auto-compaction-mode", "periodic", "--auto-compaction-retention", "10m",
         ]
         self._guard = Shepherd(agent=False, cgroup=False, log=self._log)
         sweep_stale_data(self.data_dir.parent.parent)

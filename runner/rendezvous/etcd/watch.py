@@ -110,9 +110,10 @@ class Watch:
         reg, call = self._reg, conn.watch_stream()
         self._creating, self._ids = deque(range(len(self._ranges))), {}
         try:
-            # the writes too: on a connection etcd's restart broke, a write can wait for ever (seen: a leader's
-            # watch, resumed on such a connection, held its rendezvous for the whole connect timeout)
-            async with asyncio.timeout(conn.timeout):  # no task per read, as wait_for would make
+            # the writes too: a write waits for the stream's connection, which a connection etcd's restart broke may
+            # never give (a leader's resumed watch held its rendezvous for the whole connect timeout) and a busy etcd
+            # may not accept for long (4096 agents reconnecting at once: docs/scale.md); no task per read
+            async with asyncio.timeout(conn.timeout):
                 for index in range(len(self._ranges)):
                     await call.write(rpc.WatchRequest(create_request=self._create(index)))
                 while self._creating:
@@ -126,6 +127,10 @@ class Watch:
         except TimeoutError as exc:
             call.cancel()
             msg = "watch not created in time"
+            raise Unavailable(msg) from exc
+        except (grpc.aio.UsageError, asyncio.InvalidStateError) as exc:  # the stream ended before a write (etcd
+            call.cancel()  # busy at thousands of nodes: seen at 4096, docs/scale.md): reconnect, as for a break
+            msg = f"watch stream ended before its watchers were created: {exc}"
             raise Unavailable(msg) from exc
         except asyncio.CancelledError:
             call.cancel()
