@@ -142,7 +142,7 @@ class SlurmLab:
         return dict(line.split(None, 1) for line in done.stdout.splitlines() if line.strip())
 
     def job_field(self, job: str, name: str) -> str:
-        """One field of `scontrol show job` (GroupState, ExitCode, Restarts, NodeList, ...)."""
+        """One field of `scontrol show job` (JobState, ExitCode, Restarts, NodeList, ...)."""
         done = self.command("scontrol", "show", "job", job)
         match = re.search(rf"\b{name}=(\S+)", done.stdout)
         return match.group(1) if match else ""
@@ -159,11 +159,11 @@ class SlurmLab:
     def wait_state(self, job: str, states: tuple[str, ...], timeout: float, folder: Path) -> str:
         """Wait for the job to reach one of `states`; the state (AssertionError with the job's output if not)."""
         try:
-            wait_for(lambda: self.job_field(job, "GroupState") in states, timeout, f"job {job} in {states}")
+            wait_for(lambda: self.job_field(job, "JobState") in states, timeout, f"job {job} in {states}")
         except AssertionError as e:
-            raise AssertionError(f"{e} (it is {self.job_field(job, 'GroupState')}); output:\n{output(folder)}\n"
+            raise AssertionError(f"{e} (it is {self.job_field(job, 'JobState')}); output:\n{output(folder)}\n"
                                  f"{self.logs()}") from None
-        return self.job_field(job, "GroupState")
+        return self.job_field(job, "JobState")
 
     def close(self) -> None:
         """Cancel every job, stop the daemons (slurmds first), reap them."""

@@ -134,7 +134,7 @@ def node_state(env: dict[str, str]) -> str:
 
 
 def job_field(env: dict[str, str], job: str, name: str) -> str:
-    """One field of `scontrol show job` (GroupState, ExitCode, Restarts, ...)."""
+    """One field of `scontrol show job` (JobState, ExitCode, Restarts, ...)."""
     done = subprocess.run([binary("scontrol"), "show", "job", job], env=env, capture_output=True, text=True,
                           check=False)
     match = re.search(rf"\b{name}=(\S+)", done.stdout)
@@ -160,9 +160,9 @@ def output(folder: Path) -> str:
 def test_sbatch_script_runs_the_example_to_completion(slurm: dict[str, str], tmp_path: Path) -> None:
     """hello.yaml through sbatch: one agent via srun, two gloo workers, job COMPLETED with exit 0."""
     job = submit(slurm, ROOT / "examples" / "jobs" / "hello.yaml", tmp_path)
-    wait_for(lambda: job_field(slurm, job, "GroupState") in ("COMPLETED", "FAILED", "CANCELLED"), 180, "the job to end")
+    wait_for(lambda: job_field(slurm, job, "JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 180, "the job to end")
     text = output(tmp_path)
-    assert job_field(slurm, job, "GroupState") == "COMPLETED", text
+    assert job_field(slurm, job, "JobState") == "COMPLETED", text
     assert job_field(slurm, job, "ExitCode") == "0:0"
     assert "runner: agents exited with status 0" in text
     report = tmp_path / "runner-logs" / "hello" / "latest" / "report.json"
@@ -198,6 +198,6 @@ def test_time_limit_signal_reaches_workers_and_requeues(slurm: dict[str, str], t
     assert "runner: agents exited with status 143" in text  # 128 + SIGTERM: stopped, not failed
     assert "requeueing job" in text
     # Right after the requeue the old incarnation may still be COMPLETING; it must then be queued again.
-    wait_for(lambda: job_field(slurm, job, "GroupState") in ("PENDING", "REQUEUED", "RUNNING"), 120, "the job queued again")
+    wait_for(lambda: job_field(slurm, job, "JobState") in ("PENDING", "REQUEUED", "RUNNING"), 120, "the job queued again")
     subprocess.run([binary("scancel"), job], env=slurm, check=True)
-    wait_for(lambda: job_field(slurm, job, "GroupState") in ("CANCELLED", "COMPLETED", "FAILED"), 120, "the cancel")
+    wait_for(lambda: job_field(slurm, job, "JobState") in ("CANCELLED", "COMPLETED", "FAILED"), 120, "the cancel")
