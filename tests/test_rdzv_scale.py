@@ -162,6 +162,25 @@ def test_the_news_copy_of_a_large_round_is_compressed_and_an_older_plain_copy_st
     assert decode_closed(packed[:-10]) is None  # truncated
 
 
+def watch_on(stream: object, timeout: float) -> Watch:
+    """A Watch whose session hands it `stream` (a gRPC watch stream that misbehaves as etcd's did at scale) on a
+    connection with call timeout `timeout`."""
+    class Conn:
+        def __init__(self) -> None:
+            self.timeout = timeout
+
+        def watch_stream(self) -> object:
+            return stream
+
+    class Session:
+        generation = 1
+
+        async def call(self, op: Any) -> Any:
+            return await op(Conn())
+
+    return Watch(Session(), [(b"/t/a", None)], 1)  # type: ignore[arg-type]
+
+
 def test_a_watch_stream_that_ends_before_its_first_write_is_a_reconnect_not_a_crash() -> None:
     """At 4096 nodes etcd may end a new Watch stream before its create requests are written (grpc.aio raises
     InvalidStateError: "RPC already finished"). Registering the watch must fail as a broken connection (the
@@ -177,21 +196,9 @@ def test_a_watch_stream_that_ends_before_its_first_write_is_a_reconnect_not_a_cr
 
     stream = Finished()
 
-    class Conn:
-        timeout = 1.0
-
-        def watch_stream(self) -> Finished:
-            return stream
-
-    class Session:
-        generation = 1
-
-        async def call(self, op: Any) -> Any:
-            return await op(Conn())
-
     async def body() -> None:
         with pytest.raises(Unavailable, match="watch stream ended"):
-            await Watch(Session(), [(b"/t/a", None)], 1).start()  # type: ignore[arg-type]
+            await watch_on(stream, 1.0).start()
     run(body)
     assert stream.cancelled
 
@@ -222,20 +229,8 @@ def test_a_watch_whose_stream_never_connects_is_given_up_within_the_call_timeout
 
     stream = NeverConnected()
 
-    class Conn:
-        timeout = 0.2
-
-        def watch_stream(self) -> NeverConnected:
-            return stream
-
-    class Session:
-        generation = 1
-
-        async def call(self, op: Any) -> Any:
-            return await op(Conn())
-
     async def body() -> None:
         with pytest.raises(Unavailable, match="not created in time"):
-            await asyncio.wait_for(Watch(Session(), [(b"/t/a", None)], 1).start(), 5)  # type: ignore[arg-type]
+            await asyncio.wait_for(watch_on(stream, 0.2).start(), 5)
     run(body)
     assert stream.cancelled
