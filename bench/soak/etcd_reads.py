@@ -36,7 +36,7 @@ class EtcdReader:
         if self.trust:
             env["ETCDCTL_USER"] = f"root:{self.trust[1]}"  # the environment, not the command line (ps shows that)
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=READ_TIMEOUT_S, check=False,
+            done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=READ_TIMEOUT_S, check=False,
                                   env=env)
         except (OSError, subprocess.TimeoutExpired):
             return None

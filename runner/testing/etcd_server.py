@@ -158,14 +158,18 @@ class EtcdServer:
             return False
 
     def etcdctl(self, *args: str, check: bool = True, user: str | None = None) -> subprocess.CompletedProcess[str]:
-        """Run etcdctl against this server."""
+        """Run etcdctl against this server; its output as text.
+
+        A value that is not UTF-8 (a round's compressed news copy) shows with replacement characters.
+        """
         argv = [etcd_binary("etcdctl"), f"--endpoints={self.scheme}://{self.endpoint}", "--dial-timeout=2s"]
         if self.certs:
             argv += [f"--cacert={self.certs.ca}", f"--cert={self.certs.client_cert}", f"--key={self.certs.client_key}"]
         if user:
             argv.append(f"--user={user}")
         env = {**os.environ, "ETCDCTL_API": "3"}
-        return subprocess.run([*argv, *args], capture_output=True, text=True, check=check, env=env, timeout=30)
+        return subprocess.run([*argv, *args], capture_output=True, text=True, errors="replace", check=check, env=env,
+                              timeout=30)
 
     def enable_auth(self, password: str) -> None:
         """Create user root with `password` and turn auth on."""
