@@ -18,7 +18,6 @@ Fast (a few seconds in all): no runner agent, no torch.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from soak_helpers import soak_args
 
 from bench.soak.bounds import CLASSES, PREFIX
 from bench.soak.infra import ChaosEtcd
@@ -56,14 +56,6 @@ sys.stdin.readline()
 """
 
 
-def soak_args(**over: object) -> argparse.Namespace:
-    args = argparse.Namespace(seed=1, duration=30.0, hosted=False, nodes=3, failure_every=4.0, steps=100,
-                              job_window=30.0, classes="", standby=True, first_job=1, keep=False, replica_groups=False)
-    for k, v in over.items():
-        setattr(args, k, v)
-    return args
-
-
 def wait_until(what: str, check: Callable[[], object], within: float = WAIT_S) -> None:
     """Poll `check` until it is true; fail naming `what` after `within` s."""
     deadline = time.monotonic() + within
@@ -83,7 +75,7 @@ def state(pid: int) -> str:
 def soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Soak]:
     """A soak (external etcd: none yet) and its first job, with its folders; its temp folder removed after."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    s = Soak(soak_args())
+    s = Soak(soak_args(hosted=False))
     d = tmp_path / "job1"
     job = Job(1, "chaos-1-1", os.urandom(8).hex(), d, d / "logs", d / "job.yaml", ["n0", "n1", "n2"], "")
     job.out.mkdir(parents=True)
@@ -239,15 +231,22 @@ def test_a_paused_worker_gone_before_its_sigcont_did_not_apply_and_says_why(soak
 # ---------------------------------------------------------------------------- kill_worker: a zombie is not gone
 
 
-def test_a_killed_worker_its_agent_never_waits_for_breaks_nothing_survives(soak: Soak, procs):
-    """A killed worker is a zombie until its parent, the agent, waits for it: nothing_survives held as soon as it was
-    one, whatever the agent did. Now it holds once the agent reaped it."""
+def killed_worker_a_zombie(soak: Soak, procs):
+    """An agent whose worker kill_worker killed, the worker a zombie not yet counted gone; (agent, its
+    nothing_survives expectation)."""
     job = soak.jobs[0]
     agent, worker = agent_with_worker(soak, procs)
     assert soak.inject(job, "kill_worker", [0.0, 0.0, 0.0, 0.0])
     e = expectation(job, "nothing_survives")
     wait_until("the worker a zombie", lambda: state(worker.pid) == "Z")
     assert e.check() is False
+    return agent, e
+
+
+def test_a_killed_worker_its_agent_never_waits_for_breaks_nothing_survives(soak: Soak, procs):
+    """A killed worker is a zombie until its parent, the agent, waits for it: nothing_survives held as soon as it was
+    one, whatever the agent did. Now it holds once the agent reaped it."""
+    agent, e = killed_worker_a_zombie(soak, procs)
     v = due(soak, e)
     assert v.invariant == "nothing_survives"
     assert "a zombie its parent has not waited for" in v.detail
@@ -261,12 +260,7 @@ def test_a_killed_worker_its_agent_never_waits_for_breaks_nothing_survives(soak:
 def test_a_killed_worker_whose_agent_is_gone_too_is_gone(soak: Soak, procs):
     """The agent ended without waiting for it: the zombie went to whoever adopts orphans (the soak, their subreaper,
     reaps it), so it counts as gone."""
-    job = soak.jobs[0]
-    agent, worker = agent_with_worker(soak, procs)
-    assert soak.inject(job, "kill_worker", [0.0, 0.0, 0.0, 0.0])
-    e = expectation(job, "nothing_survives")
-    wait_until("the worker a zombie", lambda: state(worker.pid) == "Z")
-    assert e.check() is False
+    agent, e = killed_worker_a_zombie(soak, procs)
     agent.proc.kill()
     agent.proc.wait(10)
     wait_until("the killed worker counted gone", e.check)

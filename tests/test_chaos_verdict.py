@@ -4,7 +4,6 @@ agents, etcd or torch: these run in a second, beside tests/test_chaos.py's real 
 
 from __future__ import annotations
 
-import argparse
 import ast
 import contextlib
 import io
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from soak_helpers import soak_args
 
 from bench.soak.bounds import ALL_CLASSES
 from bench.soak.model import Agent, Job, Violation
@@ -26,14 +26,6 @@ from bench.soak.replicas import DETECT_S, Down, ReplicaSoak
 from bench.soak.schedule import Deck
 from bench.soak.soak import Soak
 from bench.soak.verdict import MIN_HELD, Tally, skipped_from_output
-
-
-def soak_args(**over: object) -> argparse.Namespace:
-    args = argparse.Namespace(seed=1, duration=30.0, hosted=True, nodes=3, failure_every=4.0, steps=100,
-                              job_window=30.0, classes="", standby=True, first_job=1, keep=False, replica_groups=False)
-    for k, v in over.items():
-        setattr(args, k, v)
-    return args
 
 
 @pytest.fixture

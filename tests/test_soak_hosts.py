@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, wait_for
-from test_chaos_verdict import soak_args
+from soak_helpers import soak_args
 
 from bench.soak.hosts import HostSoak
 from bench.soak.model import Agent, Job, Violation

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_chaos_verdict import soak_args
+from soak_helpers import soak_args
 
 from bench.soak.bounds import ETCD_CRASHED, LEASE_TTL_S, PREFIX
 from bench.soak.infra import ChaosEtcd
