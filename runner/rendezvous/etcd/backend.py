@@ -102,26 +102,17 @@ class EtcdRendezvous:
     @property
     def session(self) -> EtcdSession:
         """The open session."""
-        if self._session is None:
-            msg = "EtcdRendezvous.open() was not called"
-            raise RendezvousError(msg)
-        return self._session
+        return opened(self._session)
 
     @property
     def joiner(self) -> RoundJoiner:
         """This node's way into the rounds (once open)."""
-        if self._joiner is None:
-            msg = "EtcdRendezvous.open() was not called"
-            raise RendezvousError(msg)
-        return self._joiner
+        return opened(self._joiner)
 
     @property
     def lease(self) -> LeaseKeeper:
         """This node's lease."""
-        if self._lease is None:
-            msg = "EtcdRendezvous.open() was not called"
-            raise RendezvousError(msg)
-        return self._lease
+        return opened(self._lease)
 
     async def open(self, events: asyncio.Queue[Event]) -> None:
         """Connect, grant the lease, check the spec and that the job is still open."""
@@ -443,3 +434,11 @@ async def resolved(host: str, log: FilteringBoundLogger, timeout: float = 2.0) -
         log.warning("fence_peer_unresolved", host=host, error=str(e) or type(e).__name__)
         return host
     return str(infos[0][4][0]) if infos else host
+
+
+def opened(part: T | None) -> T:
+    """A part open() makes (session, lease, joiner); RendezvousError before open()."""
+    if part is None:
+        msg = "EtcdRendezvous.open() was not called"
+        raise RendezvousError(msg)
+    return part
