@@ -66,3 +66,24 @@ def test_a_peers_report_reads_the_same_with_or_without_its_cause(node: str, caus
         assert reported_line(reason) == f"node {node} {PEER_REPORTED}"
         assert peer_reported(Failure(kind=FailureKind.PEER, reason=reason, attempt=0))
     assert not peer_reported(Failure(kind=FailureKind.PEER, reason=f"node {node} lost: lease expired", attempt=0))
+
+
+@given(st.text(max_size=400), st.text(max_size=400))
+def test_a_failed_node_publishes_its_own_cause_or_the_peer_it_lost(why: str, cause: str) -> None:
+    """FAILED publishes one bounded line: its own root cause (`cause`), or, a waiter, the peer it failed of (`lost`,
+    which the peers name instead of it); nothing while not FAILED."""
+    from runner.agent.services import CAUSE_CHARS, root_cause
+    from runner.core.machine import GroupState
+    from runner.events import PeerLost
+    from runner.outcomes import FailureKind
+    from runner.workers.failures import Failure
+
+    own = Failure(kind=FailureKind.WORKER, reason=f"rank 1 exited with code 1: {cause}", attempt=0)
+    published = root_cause(own, GroupState.FAILED)
+    assert set(published) == {"cause"} and isinstance(published["cause"], str)
+    assert len(published["cause"]) <= CAUSE_CHARS and "\n" not in published["cause"]
+    waiter = Failure(kind=FailureKind.PEER, reason="node c lost", attempt=0, peer=PeerLost("c", why or "x", cause))
+    lost = root_cause(waiter, GroupState.FAILED)["lost"]
+    assert isinstance(lost, dict) and lost["node"] == "c"
+    assert all(isinstance(v, str) and len(v) <= CAUSE_CHARS and "\n" not in v for v in lost.values())
+    assert root_cause(own, GroupState.RUNNING) == root_cause(None, GroupState.FAILED) == {}

@@ -153,6 +153,28 @@ def test_failed_state_reports_peer_lost(etcd: EtcdServer) -> None:
     run(body)
 
 
+@pytest.mark.parametrize(("lost", "expected"), [
+    ({"node": "c", "why": "node ended (stopped)"}, ("c", "node ended (stopped)", "")),
+    ({"node": "c", "why": "reported FAILED", "cause": "rank 4 exited with code 1"},
+     ("c", "reported FAILED", "rank 4 exited with code 1")),
+    ({"node": "a", "why": "lease expired or node left"}, ("b", "reported FAILED", "")),  # a is alive: b's failure
+    ({"node": "stranger", "why": "x"}, ("b", "reported FAILED", "")),  # not a member: b's own word only
+    ({"node": "c", "why": 7}, ("b", "reported FAILED", "")),
+], ids=["stopped", "chain", "self", "stranger", "malformed"])
+def test_a_waiters_failed_state_names_the_peer_it_lost(etcd: EtcdServer, lost: dict[str, object],
+                                                       expected: tuple[str, str, str]) -> None:
+    """b failed because it lost c: a, watching b, may see b's FAILED before the round's `lost` key; b's state names c
+    (`lost`), so a's PeerLost names the culprit c with c's loss (a stopped node is preempted), never the waiter b."""
+    async def body() -> None:
+        nodes = await open_nodes(make_spec(etcd.endpoint, nmin=3, nmax=3), ["a", "b", "c"])
+        await rounds(nodes)
+        await nodes[1].rdzv.publish({"state": "FAILED", "attempt": 0, "lost": lost})
+        got = await nodes[0].event(PeerLost)
+        assert (got.node, got.why, got.cause) == expected
+        await close_all(nodes, "failed")
+    run(body)
+
+
 def test_spec_mismatch_names_the_fields(etcd: EtcdServer) -> None:
     """A node with another nproc_per_node is refused and told which field differs."""
     async def body() -> None:

@@ -74,7 +74,7 @@ def node_status(ctx: Context, state: GroupState) -> dict[str, object]:
         "workers": workers,
         "outcome": ctx.outcome.value if ctx.outcome is not None else None,
         **({"unhealthy": ctx.run.unhealthy} if ctx.run.unhealthy is not None else {}),  # out of the round: why
-        **({"cause": cause} if (cause := own_cause(ctx, state)) else {}),  # FAILED: the root cause, for the peers
+        **root_cause(ctx.run.failure, state),  # FAILED: the root cause, for the peers
         **ctx.recovery.status(),  # launch and the last recovery: running_s, ready_s (docs/time_to_recover.md)
     }
 
@@ -82,12 +82,24 @@ def node_status(ctx: Context, state: GroupState) -> dict[str, object]:
 CAUSE_CHARS = 300  # a published root cause, at most (one line: the rank, its exception, where it was raised)
 
 
-def own_cause(ctx: Context, state: GroupState) -> str:
-    """While FAILED, this node's own root cause (not a peer's loss, which the peers know already); '' otherwise."""
-    failure = ctx.run.failure
-    if state is not GroupState.FAILED or failure is None or failure.kind is FailureKind.PEER:
-        return ""
-    line = failure.reason.splitlines()[0] if failure.reason else ""
+def root_cause(failure: Failure | None, state: GroupState) -> dict[str, object]:
+    """While FAILED, the root cause for the peers: this node's own (`cause`), or the lost peer it failed of (`lost`).
+
+    A node that failed of a peer's loss is a waiter, never the culprit: a member that sees its FAILED state before
+    the loss itself (the round's `lost` key) names the lost peer from `lost`, not the waiter (monitor.py).
+    """
+    if state is not GroupState.FAILED or failure is None:
+        return {}
+    if failure.kind is FailureKind.PEER:
+        peer = failure.peer
+        return {} if peer is None else {"lost": {"node": peer.node, "why": one_line(peer.why),
+                                                 **({"cause": one_line(peer.cause)} if peer.cause else {})}}
+    return {"cause": one_line(failure.reason)} if failure.reason else {}
+
+
+def one_line(text: str) -> str:
+    """`text`'s first line, at most CAUSE_CHARS."""
+    line = text.splitlines()[0] if text else ""
     return line if len(line) <= CAUSE_CHARS else line[: CAUSE_CHARS - 1] + "…"
 
 

@@ -136,7 +136,7 @@ async def on_peer_lost(ctx: Context, event: PeerLost) -> Step:
     culprit, as on the node that found it (every node analysed the same records).
     """
     reason = f"node {event.node} lost: {event.why}" + (f": {event.cause}" if event.cause else "")
-    failure = Failure(kind=FailureKind.PEER, reason=reason, attempt=ctx.run.attempt)
+    failure = Failure(kind=FailureKind.PEER, reason=reason, attempt=ctx.run.attempt, peer=event)
     if event.why == PEER_REPORTED and ctx.recorder is not None and ctx.recorder.asked():
         found = await ctx.recorder.settled()  # bounded by the query's own bounds
         workers = ctx.run.group.workers.values() if ctx.run.group is not None else ()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from runner.events import PEER_REPORTED, TimerExpired
+from runner.events import PEER_REPORTED, PeerLost, TimerExpired
 from runner.hangs import Culprit, Verdict, mismatch_words
 from runner.outcomes import FailureClass, FailureKind
 from runner.workers.launch_plan import error_file
@@ -64,6 +64,7 @@ class Failure:
     hang: Verdict | None = None  # a hang's culprit, from every rank's flight recorder (docs/hangs.md)
     detected: str = ""  # a hang: what the watchdog saw (the rank it timed out), when the culprit is another
     culprit_note: str = ""  # a hang whose culprit could not be named: why
+    peer: PeerLost | None = None  # a peer's loss: which node, why, its cause (published, so the peers name it too)
 
     @property
     def failure_class(self) -> FailureClass:

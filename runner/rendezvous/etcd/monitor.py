@@ -3,7 +3,8 @@
 The round's members form a ring in group-rank order, and each watches the live state of the next one only (the
 state key is on that node's lease, so it vanishes with the node):
 - the watched node's state vanishes without a clean final state, or says FAILED for this round -> PeerLost here,
-  and the watcher writes the round's `lost` key once (a transaction: the first finder wins);
+  and the watcher writes the round's `lost` key once (a transaction: the first finder wins); a FAILED state that
+  names the peer it failed of (`lost`) is a waiter's: the PeerLost names that peer, the culprit;
 - the round's `lost` key (in JobKeys.news, watched by every member) -> PeerLost for the node it names;
 - the round's `next` key names a node that opened the next round without being a member, while this round is
   below max nodes -> MembershipChanged (a newcomer opens the next round: it finds this one closed);
@@ -167,8 +168,22 @@ class RoundMonitor:
         if isinstance(state, dict):
             self._state = state
             if state.get("state") == "FAILED" and state.get("round") == self._res.round:
-                self._found(node, PEER_REPORTED, cause_of(state))
+                self._found(*self._culprit(node, state))
         return False
+
+    def _culprit(self, node: str, state: dict[str, Any]) -> tuple[str, str, str]:
+        """(node, why, cause) of a member's FAILED state: the peer it failed of, if it says so, else the member itself.
+
+        A member that failed because it lost a peer is a waiter: the loss is named after the lost peer, as on the
+        member that found it (with that peer's class: a stopped node is preempted, not lost).
+        """
+        lost = state.get("lost")
+        if isinstance(lost, dict):
+            culprit, why = lost.get("node"), lost.get("why")
+            mine = culprit == self._res.node  # this node, alive, is no news to itself: the member's failure is
+            if isinstance(culprit, str) and culprit in self._res.nodes and not mine and isinstance(why, str) and why:
+                return culprit, cause_of({"cause": why}), cause_of(lost)
+        return node, PEER_REPORTED, cause_of(state)
 
     def _on_news(self, key: bytes, value: Any) -> None:
         """An annex key was written (other rounds', and this round's leader and result, are no news here)."""
