@@ -101,3 +101,18 @@ def test_no_two_folders_import_each_other():
 def test_the_top_level_keeps_at_most_ten_modules():
     top = sorted(p.name for p in ROOT.glob("*.py"))
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+MAX_METHODS = 20  # issue 32: a class over this many methods says in its docstring why it is one concern
+
+
+def test_a_class_over_twenty_methods_says_why_it_is_one_concern() -> None:
+    """Every class of runner/ with more than MAX_METHODS methods explains itself ("One concern ...")."""
+    silent = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                methods = [x for x in node.body if isinstance(x, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                if len(methods) > MAX_METHODS and "One concern" not in (ast.get_docstring(node) or ""):
+                    silent.append(f"{path.relative_to(ROOT.parent)}:{node.name} ({len(methods)} methods)")
+    assert not silent, silent

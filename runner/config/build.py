@@ -58,7 +58,11 @@ UNHANDLEABLE = {  # signals shutdown.signals_to_handle refuses (and `runner conv
 
 
 class Builder:
-    """Builds one JobSpec from `doc.data`, collecting problems instead of raising."""
+    """Builds one JobSpec from `doc.data`, collecting problems instead of raising.
+
+    One concern over 20 methods: one method per spec section or field kind (durations, sizes, paths), all adding to
+    the one list of problems that a SpecError reports at once.
+    """
 
     def __init__(self, doc: Document, base_dir: str, *, devices_here: bool = True) -> None:
         """`doc` is schema-valid; relative paths resolve against `base_dir` (absolute).

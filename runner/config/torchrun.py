@@ -37,7 +37,11 @@ STREAMS = {0: "none", 1: "stdout", 2: "stderr", 3: "all"}
 
 
 class Conversion:
-    """One command line being converted: the spec built so far and the notes."""
+    """One command line being converted: the spec built so far and the notes.
+
+    One concern over 20 methods: each method converts one group of torchrun flags into its spec section, and all
+    share the notes and the spec under construction (split, each would pass both around).
+    """
 
     def __init__(self, parsed: Parsed, environ: Mapping[str, str], cwd: str | None) -> None:
         self.p = parsed

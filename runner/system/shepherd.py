@@ -56,6 +56,9 @@ class ShepherdLostError(RuntimeError):
 class Shepherd:
     """Tag, cgroup and guard process of one job; started on first use (the first worker), closed at the job's end.
 
+    One concern over 20 methods: proving and containing the job's processes. Tags, cgroups and the guard are three
+    means to that one end, opened and closed together (a tag without the guard could outlive the agent).
+
     `agent=True` (the runner's own agent) also makes this process the child subreaper and, at close, kills the
     orphans that reparented to it. Leave it False where this process has children of its own (tests).
     """

@@ -109,6 +109,9 @@ class _Channel:
 class FileTimerServer:
     """Receives FileTimerClient requests on per-worker FIFOs and reports expired scopes; see the module docstring.
 
+    One concern over 20 methods: the timer table and the FIFOs that feed it (reading, accepting, arming, expiring
+    and compacting the same table of live scopes); none of them is used apart.
+
     owner(pid) -> local rank when pid is one of this runner's workers (or a descendant), else None.
     check_interval: expiries are coalesced: two expiry wake-ups are at least this far apart, so a burst
     of expiries is handled together and a scope is reported at most this late (plus stack capture).

@@ -80,6 +80,9 @@ def signal_number(sig: int | str) -> signal.Signals:
 class WorkerGroup:
     """The workers of one node. Exits are reported as WorkerExited events on `events`.
 
+    One concern over 20 methods: the processes of one attempt on one node, from spawn to reaped (start, root
+    cause among exits, stop and kill, reap); each needs the same table of workers and their pidfds.
+
     `unkillable` lists the processes a stop left behind because SIGKILL did not take effect within `kill_timeout`
     seconds (uninterruptible sleep, a frozen cgroup): pid, state, wchan and command line of each.
     """

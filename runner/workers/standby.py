@@ -179,7 +179,11 @@ class Server:
 
 
 class StandbyPool:
-    """The fork server and its standbys on this node: `fill()` once, `take()` per worker started, `close()` at end."""
+    """The fork server and its standbys on this node: `fill()` once, `take()` per worker started, `close()` at end.
+
+    One concern over 20 methods: the life of the fork server's processes (start, hand over, lose, reap), each
+    method one step of that life, sharing the server's pipe and its table of standbys.
+    """
 
     def __init__(
         self,

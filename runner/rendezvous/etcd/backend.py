@@ -73,7 +73,12 @@ class DataLost(Exception):
 
 
 class EtcdRendezvous:
-    """Rendezvous through etcd v3. No I/O until open()."""
+    """Rendezvous through etcd v3. No I/O until open().
+
+    One concern over 20 methods: the Rendezvous protocol's face over one etcd session. The protocol's parts are
+    units of their own (joining.py, admission.py, budget.py, monitor.py, lease.py); what is left here is opening
+    and closing them in order and routing each protocol call to its unit.
+    """
 
     def __init__(self, spec: JobSpec, node: str, *, advertise_addr: str,
                  log: FilteringBoundLogger | None = None, keys: JobKeys | None = None) -> None:

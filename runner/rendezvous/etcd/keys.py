@@ -49,7 +49,11 @@ def check_node_id(node: str) -> None:
 
 @dataclass(frozen=True)
 class JobKeys:
-    """Key builders for `{prefix}/{job}/...`; every key is bytes."""
+    """Key builders for `{prefix}/{job}/...`; every key is bytes.
+
+    One concern over 20 methods: the job's key layout, one method per key (docs/rendezvous.md's table), so that no
+    other module spells a key.
+    """
 
     prefix: str
     job: str

@@ -50,7 +50,11 @@ def cause_of(record: dict[str, Any]) -> str:
 
 
 class RoundMonitor:
-    """Watches one running round; events go to the agent's queue, each at most once."""
+    """Watches one running round; events go to the agent's queue, each at most once.
+
+    One concern over 20 methods: one watch and what each of its keys means (the ring's next member, the round's
+    news, the control key), sharing the set of events already reported.
+    """
 
     def __init__(self, session: EtcdSession, keys: JobKeys, result: RendezvousResult, max_nodes: int,
                  events: asyncio.Queue[AgentEvent] | None, log: FilteringBoundLogger | None = None, *,
