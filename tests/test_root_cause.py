@@ -140,3 +140,43 @@ def test_every_node_names_the_root_cause_raised_on_another_node(request: pytest.
     theirs = a.report()["failures"][0]["reason"]
     assert theirs.startswith("node b lost: reported FAILED: ") and mine in theirs, theirs
     assert "ValueError: bad batch 7" in a.output()  # the FAILED line and the summary on a's console
+
+
+COLLECTIVE_RAISER = """\
+import os
+import traceback
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+if dist.get_rank() == 1:
+    raise ValueError("bad batch 7")
+try:
+    dist.all_reduce(t)  # rank 0 waits here for rank 1: its exit closes the connection (Connection closed by peer)
+except RuntimeError:
+    traceback.print_exc()
+    os._exit(1)  # at once, without the interpreter's teardown: before node b has said anything
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("repeat", range(3))
+def test_a_rank_that_died_of_another_nodes_crash_is_never_the_culprit(request: pytest.FixtureRequest,
+                                                                      repeat: int) -> None:
+    """Two hosts in one gloo world; rank 1 (node b) raises while rank 0 (node a) waits for it in all_reduce, so
+    rank 0 dies at once of the closed connection, often before b has said anything. Node a names b's crash (b's
+    FAILED state's cause), not its own rank's collateral `Connection closed by peer`, however the race goes."""
+    from multinode_helpers import Cluster, spec_text
+
+    nodes: Cluster = request.getfixturevalue("cluster")
+    script = nodes.tmp / "collective_raiser.py"
+    script.write_text(COLLECTIVE_RAISER)
+    nodes.write(spec_text(nodes.endpoint, script=script, restart="max_restarts: 0"))
+    a, b = nodes.start("a"), nodes.start("b")
+    codes = nodes.wait_all(120)
+    assert codes == {"a": 1, "b": 1}, a.output()[-3000:] + b.output()[-3000:]
+    mine = b.report()["failures"][0]["reason"]
+    assert "rank 1 exited with code 1: ValueError: bad batch 7" in mine, mine
+    theirs = a.report()["failures"][0]
+    assert theirs["reason"].startswith("node b lost: reported FAILED: ") and mine in theirs["reason"], theirs

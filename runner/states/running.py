@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from runner.core.context import Context
 
 SETTLE_S = 2.0  # a rank that failed of a closed connection: how long its peers may take to fail of their own
+PEER_SETTLE_S = 3.0  # and, on several nodes, how long the other nodes may take to say they failed (or be lost)
 C10D_WAIT_S = 2.0  # c10d's mismatch check raises on every rank at once: how long the other ranks' words are awaited
 
 
@@ -146,6 +147,37 @@ async def on_peer_lost(ctx: Context, event: PeerLost) -> Step:
     return Step(Trigger.peer_lost, failure.reason)
 
 
+async def peer_news(ctx: Context) -> PeerLost | None:
+    """Another node's failure, when one is heard of within PEER_SETTLE_S (None at once on a single node).
+
+    A rank that died of a closed connection (collateral) in a world of several nodes died, most often, of a rank of
+    another node: that node's FAILED state (its own root cause) or its lost lease comes within moments, and names
+    the culprit. The events taken off the queue meanwhile go back, in order, ahead of those that came later; a stop
+    ends the wait.
+    """
+    result = ctx.run.result
+    if result is None or result.group_world_size < 2:
+        return None
+    loop = asyncio.get_running_loop()
+    deadline, held, found = loop.time() + PEER_SETTLE_S, list[Event](), None
+    while found is None and (left := deadline - loop.time()) > 0:
+        try:
+            event = await asyncio.wait_for(ctx.events.get(), left)
+        except TimeoutError:
+            break
+        if isinstance(event, PeerLost):
+            found = event
+        else:
+            held.append(event)
+            if isinstance(event, StopRequested):
+                break
+    while not ctx.events.empty():
+        held.append(ctx.events.get_nowait())
+    for event in held:
+        ctx.events.put_nowait(event)
+    return found
+
+
 def on_hang(ctx: Context, event: TimerExpired | HangQuery) -> Step | None:
     """A watchdog expiry fails the attempt, its root cause the hang's culprit; another node's hang: answer it."""
     if isinstance(event, HangQuery):
@@ -187,6 +219,9 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
             failure = with_mismatch(failure, found)
         elif ctx.recorder is not None and collective_timeout(failure):  # a hang that a peer gave up on: its culprit
             failure = with_hang(failure, await ctx.recorder.named(workers, timed_out=(event.rank,)))
+        elif ctx.run.group.collateral(worker) and (lost := await peer_news(ctx)) is not None:
+            ctx.log.info("collateral_failure", rank=event.rank, exit_code=event.exit_code, root_cause=lost.node)
+            return await on_peer_lost(ctx, lost)  # the rank died of another node's failure: that node is the culprit
         ctx.run.failure = failure
         return Step(Trigger.worker_failed, ctx.run.failure.reason)
     if not ctx.run.group.running():
