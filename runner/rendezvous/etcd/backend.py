@@ -87,7 +87,7 @@ class EtcdRendezvous:
         self._monitor: RoundMonitor | None = None
         self._stop_sink: Callable[[StopRequested], None] | None = None  # None: onto the events queue
         self._result: RendezvousResult | None = None
-        self._state: dict[str, Any] = {}
+        self._state: dict[str, object] = {}
         self._admitted = False  # open() passed the spec and closed-job checks: this node belongs to the job
         self._joiner: RoundJoiner | None = None  # once open(): this node's way into the rounds
         self._epoch = b""  # the job's epoch token this node was admitted under
@@ -319,7 +319,7 @@ class EtcdRendezvous:
             return {}
         return ledger_of(kvs)
 
-    async def publish(self, state: dict[str, Any]) -> None:
+    async def publish(self, state: dict[str, object]) -> None:
         """Put this node's live state (plus node, round, time) on the lease; bounded by the connect timeout.
 
         Before open() (the agent ended in INIT: no etcd binary, a refused spec) there is nothing to publish to: the
@@ -330,7 +330,7 @@ class EtcdRendezvous:
             return
         await self._bounded("publish", self._publish(state))
 
-    async def _publish(self, state: dict[str, Any]) -> None:
+    async def _publish(self, state: dict[str, object]) -> None:
         record = self._state_record(state)
         if not self._admitted or self._lost is not None:
             return  # refused, never connected, or etcd lost the job (re-admission publishes again)
@@ -340,7 +340,7 @@ class EtcdRendezvous:
             if self._lost is None:
                 raise
 
-    def _state_record(self, state: dict[str, Any]) -> dict[str, Any]:
+    def _state_record(self, state: dict[str, object]) -> dict[str, object]:
         """`state` plus node, round, time; remembered as this node's last state."""
         r = self._result.round if self._result else None
         self._state = {**state, "node": self._node, "round": r, "time": time.time()}

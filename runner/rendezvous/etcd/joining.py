@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runner.config.spec import JobSpec
 from runner.rendezvous.base import RendezvousResult
@@ -33,7 +33,7 @@ class RoundJoiner:
     """Joins rounds for one node (one agent process): the round it tries next, and its own join records."""
 
     def __init__(self, session: EtcdSession, lease: LeaseKeeper, keys: JobKeys, spec: JobSpec, node: str, *,
-                 addr: str, state_record: Callable[[dict[str, Any]], dict[str, Any]],
+                 addr: str, state_record: Callable[[dict[str, object]], dict[str, object]],
                  log: FilteringBoundLogger) -> None:
         """`state_record`: this node's live state record, its last state updated with the fields given."""
         self._s, self._lease, self._keys, self._spec = session, lease, keys, spec

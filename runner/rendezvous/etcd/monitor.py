@@ -18,12 +18,14 @@ events per round instead of one per member (states of every member, published on
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
 from runner.errors import RendezvousError
 from runner.events import PEER_REPORTED, HangQuery, MembershipChanged, PeerLost, StopRequested
+from runner.json_types import JSONObject
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.client import EtcdSession, absent, cancel_task, key_range, put_op
 from runner.rendezvous.etcd.keys import JobKeys, dump, load
@@ -37,10 +39,11 @@ if TYPE_CHECKING:
     from runner.events import Event as AgentEvent
 
 RETRY_S = 1.0
+E = TypeVar("E", HangQuery, MembershipChanged, PeerLost, StopRequested)  # what a monitor reports
 CAUSE_CHARS = 300  # a peer's published root cause, at most (what etcd holds is input: bounded here)
 
 
-def cause_of(record: dict[str, Any]) -> str:
+def cause_of(record: Mapping[str, object]) -> str:
     """The root cause a peer published (its FAILED state's, or a `lost` key's `cause`): one bounded line, or ''."""
     cause = record.get("cause")
     if not isinstance(cause, str):
@@ -61,7 +64,7 @@ class RoundMonitor:
         self.stops: Callable[[StopRequested], None] | None = None  # where `runner stop` goes (None: the queue)
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
         self._watched = result.group_rank  # ring position of the member watched (itself: nobody)
-        self._state: dict[str, Any] = {}  # the watched member's last live state
+        self._state: JSONObject = {}  # the watched member's last live state
         self._finding: tuple[str, str, str] | None = None  # a loss found here whose `lost` key is still to be written
         self._reported: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -134,7 +137,7 @@ class RoundMonitor:
         if self.watched is not None:
             await watch.add(self._k.state(self.watched), None, revision + 1)
 
-    async def _ended(self, node: str) -> dict[str, Any] | None:
+    async def _ended(self, node: str) -> JSONObject | None:
         """None while `node` has a live state; else its final state ({} when it left none)."""
         k = self._k
         _, (state, final) = await self._s.call(lambda c: c.snapshot([key_range(k.state(node)),
@@ -157,7 +160,7 @@ class RoundMonitor:
             self._on_news(ev.key, load(ev.value))
         return False
 
-    async def _on_watched(self, node: str, state: Any) -> bool:
+    async def _on_watched(self, node: str, state: object) -> bool:
         """The watched member's live state changed (None: it vanished); True when it ended cleanly (moved on)."""
         if state is None:
             last = self._state
@@ -171,7 +174,7 @@ class RoundMonitor:
                 self._found(*self._culprit(node, state))
         return False
 
-    def _culprit(self, node: str, state: dict[str, Any]) -> tuple[str, str, str]:
+    def _culprit(self, node: str, state: JSONObject) -> tuple[str, str, str]:
         """(node, why, cause) of a member's FAILED state: the peer it failed of, if it says so, else the member itself.
 
         A member that failed because it lost a peer is a waiter: the loss is named after the lost peer, as on the
@@ -185,7 +188,7 @@ class RoundMonitor:
                 return culprit, cause_of({"cause": why}), cause_of(lost)
         return node, PEER_REPORTED, cause_of(state)
 
-    def _on_news(self, key: bytes, value: Any) -> None:
+    def _on_news(self, key: bytes, value: object) -> None:
         """An annex key was written (other rounds', and this round's leader and result, are no news here)."""
         r = self._res.round
         if key == self._k.lost(r) and isinstance(value, dict):
@@ -195,7 +198,7 @@ class RoundMonitor:
         elif key == self._k.opened(r):
             self._on_opened(value)
 
-    async def _gone(self, node: str, last: dict[str, Any]) -> bool:
+    async def _gone(self, node: str, last: JSONObject) -> bool:
         """The watched member's state vanished, `last` its last state; True when it ended cleanly (moved on)."""
         outcome = last.get("outcome")
         if outcome == "succeeded":
@@ -235,13 +238,13 @@ class RoundMonitor:
         await self._s.call(lambda c: c.txn([absent(key)], [put_op(key, value)]))
         self._finding = None
 
-    def _on_opened(self, opener: Any) -> None:
+    def _on_opened(self, opener: object) -> None:
         if not isinstance(opener, str) or opener == self._res.node or opener in self._res.nodes:
             return  # a member moving on to the next round: its own failure or stop is the news
         if self._res.group_world_size < self._max:
             self._emit(("waiting", opener), MembershipChanged((opener,)))
 
-    def _on_control(self, control: Any) -> None:
+    def _on_control(self, control: object) -> None:
         if isinstance(control, dict) and control.get("state") == "stopping":
             stop = StopRequested(signum=0, graceful=bool(control.get("graceful", True)))
             self._emit(("stop", ""), stop, self.stops)
@@ -250,7 +253,7 @@ class RoundMonitor:
         if node != self._res.node and node in self._res.nodes:
             self._emit(("lost", node), PeerLost(node, why, cause))
 
-    def _emit(self, tag: tuple[str, str], event: Any, sink: Callable[[Any], None] | None = None) -> None:
+    def _emit(self, tag: tuple[str, str], event: E, sink: Callable[[E], None] | None = None) -> None:
         """`event` once per tag, to `sink` if given, else onto the events queue."""
         deliver = sink or (self._events.put_nowait if self._events is not None else None)
         if tag in self._reported or deliver is None:
