@@ -16,6 +16,7 @@ from typing import Any
 from runner.config.limits import MAX_ARG_BYTES, MAX_INT, MIN_INT
 from runner.config.yaml_source import Document, Path, shown
 from runner.errors import SpecProblem
+from runner.json_types import JSON
 
 _UNSAFE = re.compile("[\x00\ud800-\udfff]")
 _MAX_CHARS = MAX_ARG_BYTES - 1  # a string of at most this many characters may still be too many bytes
@@ -24,7 +25,7 @@ _MAX_CHARS = MAX_ARG_BYTES - 1  # a string of at most this many characters may s
 def value_problems(doc: Document) -> list[SpecProblem]:
     """Every value that breaks a rule above, located in `doc`."""
     problems: list[SpecProblem] = []
-    stack: list[tuple[Path, Any]] = [((), doc.data)]
+    stack: list[tuple[Path, JSON]] = [((), doc.data)]
     while stack:
         path, value = stack.pop()
         if isinstance(value, dict):
