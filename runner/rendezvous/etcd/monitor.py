@@ -18,7 +18,6 @@ events per round instead of one per member (states of every member, published on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, TypeVar
 
 import structlog
@@ -29,6 +28,7 @@ from runner.json_types import JSONObject
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.client import EtcdSession, absent, cancel_task, key_range, put_op
 from runner.rendezvous.etcd.keys import JobKeys, dump, load
+from runner.rendezvous.etcd.lost import LostRecord, cause_of, parse_lost
 from runner.rendezvous.etcd.watch import PUT, Event, Watch
 
 if TYPE_CHECKING:
@@ -40,16 +40,6 @@ if TYPE_CHECKING:
 
 RETRY_S = 1.0
 E = TypeVar("E", HangQuery, MembershipChanged, PeerLost, StopRequested)  # what a monitor reports
-CAUSE_CHARS = 300  # a peer's published root cause, at most (what etcd holds is input: bounded here)
-
-
-def cause_of(record: Mapping[str, object]) -> str:
-    """The root cause a peer published (its FAILED state's, or a `lost` key's `cause`): one bounded line, or ''."""
-    cause = record.get("cause")
-    if not isinstance(cause, str):
-        return ""
-    line = cause.splitlines()[0] if cause else ""
-    return line[:CAUSE_CHARS]
 
 
 class RoundMonitor:
@@ -180,19 +170,18 @@ class RoundMonitor:
         A member that failed because it lost a peer is a waiter: the loss is named after the lost peer, as on the
         member that found it (with that peer's class: a stopped node is preempted, not lost).
         """
-        lost = state.get("lost")
-        if isinstance(lost, dict):
-            culprit, why = lost.get("node"), lost.get("why")
-            mine = culprit == self._res.node  # this node, alive, is no news to itself: the member's failure is
-            if isinstance(culprit, str) and culprit in self._res.nodes and not mine and isinstance(why, str) and why:
-                return culprit, cause_of({"cause": why}), cause_of(lost)
+        lost = parse_lost(state.get("lost"))
+        if lost is not None and lost.why:
+            mine = lost.node == self._res.node  # this node, alive, is no news to itself: the member's failure is
+            if lost.node in self._res.nodes and not mine:
+                return lost.node, lost.why, lost.cause
         return node, PEER_REPORTED, cause_of(state)
 
     def _on_news(self, key: bytes, value: object) -> None:
         """An annex key was written (other rounds', and this round's leader and result, are no news here)."""
         r = self._res.round
-        if key == self._k.lost(r) and isinstance(value, dict):
-            self._lost(str(value.get("node")), str(value.get("why", "lost")), cause_of(value))
+        if key == self._k.lost(r) and (lost := parse_lost(value, why="lost")) is not None:
+            self._lost(lost.node, lost.why, lost.cause)
         elif key == self._k.hang(r) and isinstance(value, dict) and value.get("by") != self._res.node:
             self._emit(("hang", ""), HangQuery(str(value.get("by"))[:200]))
         elif key == self._k.opened(r):
@@ -234,7 +223,7 @@ class RoundMonitor:
             return
         node, why, cause = self._finding
         key = self._k.lost(self._res.round)
-        value = dump({"node": node, "why": why, "by": self._res.node, **({"cause": cause} if cause else {})})
+        value = dump(LostRecord(node, why, self._res.node, cause).record())
         await self._s.call(lambda c: c.txn([absent(key)], [put_op(key, value)]))
         self._finding = None
 
