@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TypeAlias
 
 JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
-"""Any JSON value (what json.loads and yaml.safe_load of a plain document return)."""
+"""A JSON value of whatever kind (what json.loads and yaml.safe_load of a plain document return)."""
 
 JSONObject: TypeAlias = dict[str, JSON]
 """A JSON object."""

@@ -411,9 +411,10 @@ class EtcdRendezvous:
             except (RendezvousError, ValueError) as e:
                 self._log.warning("fence_peer_unknown", node=node, error=str(e))
                 return []
-            if not isinstance(record, dict) or not isinstance(record.get("addr"), str):
+            addr = record.get("addr") if isinstance(record, dict) else None
+            if not isinstance(addr, str):
                 return []
-            host = record["addr"]
+            host = addr
         return [Peer(node, await resolved(host, self._log), result.master_port)]
 
     def _on_fenced(self, reason: str) -> None:

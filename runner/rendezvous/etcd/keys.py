@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from runner.errors import JobClosed, RendezvousError
+from runner.json_types import JSON
 from runner.rendezvous.etcd.messages import KeyValue
 from runner.rendezvous.etcd.round_result import RoundResult, parse_result
 from runner.rendezvous.node_ledger import MAX_NODES, NodeRecord, record_of
@@ -265,9 +265,10 @@ def decode_closed(raw: bytes) -> RoundResult | None:
         return None
     ids = text.split("\n") if text else []
     try:
-        record["nodes"] = ids if "%" not in text else list(map(decode_node, ids))
+        nodes: list[JSON] = list(ids) if "%" not in text else [decode_node(part) for part in ids]
     except UnicodeDecodeError:  # an escaped id that is no UTF-8 text: not a copy runner wrote
         return None
+    record["nodes"] = nodes
     return parse_result(record)
 
 
@@ -276,11 +277,12 @@ def dump(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def load(raw: bytes | None) -> Any:
+def load(raw: bytes | None) -> JSON:
     """Decode a JSON value (None stays None; garbage becomes None)."""
     if not raw:
         return None
     try:
-        return json.loads(raw)
+        value: JSON = json.loads(raw)
     except ValueError:
         return None
+    return value

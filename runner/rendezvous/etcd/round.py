@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from runner.errors import RendezvousError
-from runner.json_types import JSONObject
+from runner.json_types import JSON, JSONObject
 from runner.observe.progress import Progress
 from runner.rendezvous.etcd.client import (
     EtcdSession,
@@ -39,7 +39,7 @@ from runner.rendezvous.etcd.client import (
 from runner.rendezvous.etcd.keys import JobKeys, decode_closed, dump, encode_closed, load
 from runner.rendezvous.etcd.lease import LeaseKeeper
 from runner.rendezvous.etcd.messages import KeyValue, RangeRequest
-from runner.rendezvous.etcd.round_result import RoundResult, result_of
+from runner.rendezvous.etcd.round_result import RoundResult, parse_result, result_of
 from runner.rendezvous.etcd.watch import DELETE, PUT, Event, Watch
 from runner.rendezvous.ranks import assign_ranks
 
@@ -211,7 +211,7 @@ class RoundWaiter:
                     continue  # the leader key vanished between two reads: look again
             if leader == self._node:
                 return await self._lead()
-            self._role, self._following = "follower", leader
+            self._role, self._following = "follower", leader if isinstance(leader, str) else None
             with Progress(self._log, "rendezvous", self.waiting):
                 done = await self._follow(rev, leader)
             if done is not None:
@@ -223,7 +223,7 @@ class RoundWaiter:
         watch, self._watch = self._watch, None
         return watch
 
-    async def _claim(self) -> tuple[int, object]:
+    async def _claim(self) -> tuple[int, JSON]:
         """Become the round's leader unless someone is: (revision, leader's node id, None if none any more)."""
         key = self._leader
 
@@ -275,8 +275,8 @@ class RoundWaiter:
         if result:
             return result_of(load(result[0].value), r)
         k.check_open(control[0].value if control else None)
-        previous = load(before[0].value) if before and r > 0 else None
-        roster = self._roster = Roster(previous["nodes"] if isinstance(previous, dict) else ())
+        previous = parse_result(load(before[0].value)) if before and r > 0 else None
+        roster = self._roster = Roster(previous.nodes if previous is not None else ())
         ranges = [(self._nodes_prefix, prefix_end(self._nodes_prefix)), (self._result, None), (k.control, None)]
         if roster.watches_states:  # liveness of the previous round's nodes (other states are not decoded)
             ranges.append((k.states, prefix_end(k.states)))
