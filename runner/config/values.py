@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 from runner.config.limits import MAX_ARG_BYTES, MAX_INT, MIN_INT
 from runner.config.yaml_source import Document, Path, shown
@@ -43,7 +42,7 @@ def value_problems(doc: Document) -> list[SpecProblem]:
     return problems
 
 
-def _scalar_problem(value: Any, *, in_env: bool) -> tuple[str, str] | None:
+def _scalar_problem(value: object, *, in_env: bool) -> tuple[str, str] | None:
     if isinstance(value, str):
         return _string_problem(value)
     if in_env or isinstance(value, bool):

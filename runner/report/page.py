@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 import time
-from typing import Any
 
+from runner.json_types import JSONObject
 from runner.report.ledger_page import ledger_section
 from runner.report.story import NodeStory, Story
 
@@ -246,7 +246,7 @@ def hang_lines(hang: object) -> list[str]:
     return [f'<div class="hang">{esc(k)}: {esc(v)}</div>' for k, v in items if v]
 
 
-def failure_block(node: NodeStory, f: dict[str, Any]) -> str:
+def failure_block(node: NodeStory, f: JSONObject) -> str:
     """One failure."""
     head = f"node {node.node} · attempt {f.get('attempt')} · {f.get('kind', '?')}: {f.get('reason', '')}"
     parts = [f'<details class="failure" data-attempt="{esc(f.get("attempt"))}" open><summary>{esc(head)}</summary>']
