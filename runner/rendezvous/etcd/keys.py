@@ -14,7 +14,7 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 from runner.errors import JobClosed, RendezvousError
 from runner.json_types import JSON
 from runner.rendezvous.etcd.messages import KeyValue
-from runner.rendezvous.etcd.round_result import RoundResult, parse_result
+from runner.rendezvous.etcd.round_result import RoundResult, result_with
 from runner.rendezvous.node_ledger import MAX_NODES, NodeRecord, record_of
 
 MAX_RECORD_BYTES = 64 << 10  # a node ledger record larger than this is damaged
@@ -265,11 +265,10 @@ def decode_closed(raw: bytes) -> RoundResult | None:
         return None
     ids = text.split("\n") if text else []
     try:
-        nodes: list[JSON] = list(ids) if "%" not in text else [decode_node(part) for part in ids]
+        nodes = tuple(ids) if "%" not in text else tuple(map(decode_node, ids))
     except UnicodeDecodeError:  # an escaped id that is no UTF-8 text: not a copy runner wrote
         return None
-    record["nodes"] = nodes
-    return parse_result(record)
+    return result_with(record, nodes)
 
 
 def dump(value: object) -> bytes:

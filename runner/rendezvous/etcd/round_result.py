@@ -8,6 +8,7 @@ that says so, never a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runner.errors import RendezvousError
@@ -48,18 +49,23 @@ def parse_result(value: object) -> RoundResult | None:
     """The RoundResult a decoded JSON value holds, or None when it is not one (never raises)."""
     if not isinstance(value, dict):
         return None
-    nodes, addr = value.get("nodes"), value.get("master_addr")
-    port, nproc, rev = _integer(value.get("master_port")), _integer(value.get("nproc")), _integer(value.get("rev", 0))
-    closed_at = value.get("closed_at", 0.0)
+    nodes = value.get("nodes")
     if not isinstance(nodes, (list, tuple)) or len(nodes) > MAX_RESULT_NODES:
         return None
-    if not all(isinstance(node, str) for node in nodes) or not isinstance(addr, str):
+    if not all(isinstance(node, str) for node in nodes):
         return None
-    if port is None or nproc is None or rev is None:
+    return result_with(value, tuple(nodes))
+
+
+def result_with(head: Mapping[str, object], nodes: tuple[str, ...]) -> RoundResult | None:
+    """The RoundResult of a record's other fields and `nodes` (read as text already), or None (never raises)."""
+    addr, closed_at = head.get("master_addr"), head.get("closed_at", 0.0)
+    port, nproc, rev = _integer(head.get("master_port")), _integer(head.get("nproc")), _integer(head.get("rev", 0))
+    if not isinstance(addr, str) or port is None or nproc is None or rev is None or len(nodes) > MAX_RESULT_NODES:
         return None
     if isinstance(closed_at, bool) or not isinstance(closed_at, (int, float)):
         return None
-    return RoundResult(tuple(nodes), addr, port, nproc, float(closed_at), rev)
+    return RoundResult(nodes, addr, port, nproc, float(closed_at), rev)
 
 
 def result_of(value: object, round_: int) -> RoundResult:
