@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from runner.config.spec import Entrypoint, JobSpec, Logs, Nodes
+from runner.errors import RendezvousError
 from runner.rendezvous.etcd.keys import JobKeys
 from runner.rendezvous.etcd.round import build_result, pending
 from runner.rendezvous.ranks import assign_ranks, leader_of
@@ -36,8 +39,14 @@ class TestRoundRules:
         """The result keeps max nodes and takes the master address/port from group rank 0's record."""
         joined = {n: {"addr": f"10.0.0.{i}", "port": 1000 + i, "nproc": 2} for i, n in enumerate("cab")}
         record = build_result(joined, previous=["b"], max_nodes=2)
-        assert record["nodes"] == ["b", "a"]
-        assert (record["master_addr"], record["master_port"]) == ("10.0.0.2", 1002)
+        assert record.nodes == ("b", "a")
+        assert (record.master_addr, record.master_port, record.nproc) == ("10.0.0.2", 1002, 2)
+
+    def test_build_result_refuses_a_master_join_record_runner_did_not_write(self) -> None:
+        """Group rank 0's join record without an address, port and process count is refused with the node named."""
+        for bad in (b"[]", b"not json", b'{"addr": "10.0.0.1", "port": "80", "nproc": 1}', {"addr": 1}):
+            with pytest.raises(RendezvousError, match="node 'a'"):
+                build_result({"a": bad}, previous=[], max_nodes=1)
 
 
 class TestSpecCheck:

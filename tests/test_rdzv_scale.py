@@ -16,6 +16,7 @@ from rdzv_helpers import WAIT_S, Node, close_all, lifecycle, make_spec, open_nod
 from runner.events import PeerLost
 from runner.rendezvous.etcd.client import Unavailable, translate
 from runner.rendezvous.etcd.keys import JobKeys, decode_closed, dump, encode_closed
+from runner.rendezvous.etcd.round_result import RoundResult
 from runner.rendezvous.etcd.watch import Watch
 from runner.testing.etcd_server import EtcdServer
 
@@ -123,17 +124,16 @@ def test_watch_add_replays_a_range_and_resumes_each_range_after_etcd_restarts(et
 
 
 @given(st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=40),
-       st.dictionaries(st.sampled_from(["master_addr", "master_port", "nproc", "rev"]), st.integers(0, 9)))
-def test_the_result_news_copy_round_trips_any_node_ids(nodes: list[str], head: dict[str, int]) -> None:
-    record = {**head, "nodes": nodes}
-    decoded = decode_closed(encode_closed(record))
-    assert decoded == {**head, "nodes": tuple(nodes)}
+       st.integers(0, 65535), st.integers(1, 9), st.integers(0, 1 << 40))
+def test_the_result_news_copy_round_trips_any_node_ids(nodes: list[str], port: int, nproc: int, rev: int) -> None:
+    result = RoundResult(tuple(nodes), "10.0.0.1", port, nproc, 1.5, rev)
+    assert decode_closed(encode_closed(result)) == result
 
 
-@given(st.binary(max_size=200))
-def test_any_bytes_decode_to_a_record_or_none(raw: bytes) -> None:
+@given(st.binary(max_size=200) | st.binary(max_size=30).map(lambda b: b"{}\n" + "".join(f"%{x:02x}" for x in b).encode()))
+def test_any_bytes_decode_to_a_result_or_none(raw: bytes) -> None:
     decoded = decode_closed(raw)
-    assert decoded is None or isinstance(decoded["nodes"], tuple)
+    assert decoded is None or isinstance(decoded, RoundResult)
 
 
 def test_a_restart_round_forms_when_the_live_states_outgrow_a_default_grpc_reply(etcd: EtcdServer) -> None:
@@ -154,11 +154,12 @@ def test_the_news_copy_of_a_large_round_is_compressed_and_an_older_plain_copy_st
     """Every member receives the copy: N copies of N ids per round. Hostname-like ids shrink several times; a copy
     written by an older runner (ids in plain lines, no marker) decodes as before; a damaged one is refused."""
     nodes = [f"gpu-r{i // 32:03d}-n{i % 32:02d}.cluster.example.com" for i in range(4096)]
-    record = {"master_addr": "10.0.0.1", "master_port": 29500, "nproc": 8, "rev": 7, "nodes": nodes}
-    plain = dump({k: v for k, v in record.items() if k != "nodes"}) + b"\n" + "\n".join(nodes).encode()
-    packed = encode_closed(record)
+    result = RoundResult(tuple(nodes), "10.0.0.1", 29500, 8, 0.0, 7)
+    head = {"master_addr": "10.0.0.1", "master_port": 29500, "nproc": 8, "rev": 7}  # an older copy: no closed_at
+    plain = dump(head) + b"\n" + "\n".join(nodes).encode()
+    packed = encode_closed(result)
     assert len(packed) * 5 < len(plain), (len(packed), len(plain))
-    assert decode_closed(packed) == decode_closed(plain) == {**record, "nodes": tuple(nodes)}
+    assert decode_closed(packed) == decode_closed(plain) == result
     assert decode_closed(packed[:-10]) is None  # truncated
 
 

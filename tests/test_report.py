@@ -198,3 +198,28 @@ def test_report_merges_every_node_of_an_etcd_job(request: pytest.FixtureRequest,
     assert "node b" in cause and "rank 1 exited with code 3" in cause, cause
     explicit = runner(tmp_path, "report", str(a.run_dir()), str(b.run_dir()), "-o", str(tmp_path / "two.html"))
     assert explicit.returncode == 0 and "rank 1 exited with code 3" in (tmp_path / "two.html").read_text()
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=30,
+)
+# report.json parts shaped like what the page reads, with any value possibly of another type
+RECORDS = st.dictionaries(st.sampled_from(["attempt", "kind", "reason", "steps", "ledger", "failures", "group",
+                                           "outcome", "ettr", "launch"]), JSONISH, max_size=6)
+
+
+@given(st.lists(RECORDS, max_size=4), st.lists(RECORDS, max_size=3), RECORDS)
+@settings(max_examples=60)
+def test_the_page_reads_any_report_json_without_raising(failures: list, groups: list, report: dict) -> None:
+    """report.json and failure.json are read as they come: any JSON in their fields gives a page, never a traceback."""
+    from runner.report.ledger_page import ledger_section
+    from runner.report.page import groups_table
+    from runner.report.story import NodeStory, Story
+
+    node = NodeStory(node="n0", job="j", run_dir="/x", failures=failures, report=report, start=1.0, end=2.0)
+    story = Story([node], groups)
+    story.root_cause()
+    assert "</table>" in groups_table(story)
+    assert isinstance(ledger_section(story), str)

@@ -20,7 +20,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runner.agent.assembly import Run, assemble_run
 from runner.agent.backends import group_rendezvous
@@ -149,7 +149,7 @@ class Supervisor:
     """
 
     def __init__(self, spec: JobSpec, node: str, run_dir: Path, log: structlog.typing.FilteringBoundLogger,
-                 identity: dict[str, Any], advertise_addr: str = "127.0.0.1") -> None:
+                 identity: dict[str, object], advertise_addr: str = "127.0.0.1") -> None:
         assert spec.replica_groups is not None
         self.spec, self.node, self.run_dir, self.log, self.identity = spec, node, run_dir, log, identity
         self.addr = advertise_addr  # several nodes: where the other nodes reach this one (its lighthouse, stores)

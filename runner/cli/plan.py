@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runner.cli.command import Command, add_spec_argument, load
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 PORT_PLACEHOLDER = 0  # the real MASTER_PORT is picked fresh at every rendezvous round
 
 
-def plan_view(spec: JobSpec, node: str = "node0") -> dict[str, Any]:
+def plan_view(spec: JobSpec, node: str = "node0") -> dict[str, object]:
     """The resolved spec plus, for each node of a job of nodes.min nodes, each rank's argv, cwd and env.
 
     With replica groups: each group's ranks instead (its own world, store and torchft variables).
@@ -29,7 +29,7 @@ def plan_view(spec: JobSpec, node: str = "node0") -> dict[str, Any]:
 NOTE = "MASTER_PORT 0 (and TORCHFT_MANAGER_PORT 0) stand for the free ports picked at each attempt"
 
 
-def groups_view(spec: JobSpec, node: str) -> list[dict[str, Any]]:
+def groups_view(spec: JobSpec, node: str) -> list[dict[str, object]]:
     """Every replica group's ranks: RANK/WORLD_SIZE within the group, the torchft variables on top."""
     import dataclasses
 
@@ -52,7 +52,7 @@ def groups_view(spec: JobSpec, node: str) -> list[dict[str, Any]]:
     return views
 
 
-def nodes_view(spec: JobSpec, node: str) -> list[dict[str, Any]]:
+def nodes_view(spec: JobSpec, node: str) -> list[dict[str, object]]:
     """Each node's ranks, for a job of nodes.min nodes."""
     nodes = []
     for group_rank in range(spec.nodes.min):
@@ -63,7 +63,7 @@ def nodes_view(spec: JobSpec, node: str) -> list[dict[str, Any]]:
 
 
 def ranks_view(spec: JobSpec, node: str, group_rank: int, nodes: int, extra_env: dict[str, str] | None, *,
-               run_dir: str = "<run dir>") -> list[dict[str, Any]]:
+               run_dir: str = "<run dir>") -> list[dict[str, object]]:
     """One node's ranks (argv, cwd, env with secrets redacted, logs) for attempt 0."""
     # Imported here: every `runner` command imports this module (the list of commands), few need these.
     from runner.config.redact import redact, redact_argv

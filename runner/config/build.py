@@ -81,7 +81,7 @@ class Builder:
 
     def build(self) -> JobSpec:
         """The JobSpec (check `problems` before trusting it)."""
-        data: dict[str, Any] = self.doc.data
+        data: dict[str, Any] = self.doc.data if isinstance(self.doc.data, dict) else {}  # parse_yaml refuses others
         cwd = self.path(data.get("cwd", ".")) or self.base_dir
         nproc_raw = data.get("nproc_per_node", 1)
         nproc = self.nproc_per_node(nproc_raw)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import cast
 
 from runner.config.limits import MAX_ARG_BYTES, MAX_WORLD_SIZE
 from runner.config.spec import Health, JobSpec, ReplicaGroups, Watchdog
 from runner.config.yaml_source import Document, Path
 from runner.errors import SpecProblem
+from runner.json_types import JSON
 
 Found = tuple[Path | tuple[Path, ...], str, str]  # where (or candidates, first written wins), message, fix
 Check = Callable[[JobSpec], Iterator[Found]]
@@ -213,7 +214,7 @@ def _written(doc: Document, path: Path) -> bool:
 
     The data, not doc.values: salvage checks a copy of the data with the wrong parts dropped (salvage.py).
     """
-    value: Any = doc.data
+    value: JSON = doc.data
     for part in path:
         if not isinstance(value, dict) or part not in value:
             return False

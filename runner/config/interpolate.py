@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from runner.config.limits import MAX_EXPANDED_CHARS
 from runner.config.yaml_source import Document, Path, resolve_plain
 from runner.errors import SpecProblem
+from runner.json_types import JSON
 
 _TOKEN = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
 
@@ -85,7 +85,7 @@ class _Expander:
     def __init__(self, doc: Document, environ: Mapping[str, str], problems: list[SpecProblem]) -> None:
         self.doc, self.environ, self.problems, self.budget = doc, environ, problems, Budget()
 
-    def walk(self, value: Any, path: Path) -> Any:
+    def walk(self, value: JSON, path: Path) -> JSON:
         """`value` with every string expanded (new containers)."""
         if isinstance(value, dict):
             return {k: self.walk(v, (*path, k)) for k, v in value.items()}
@@ -103,7 +103,7 @@ class _Expander:
             return value
         return self.reread(expanded, path) if path in self.doc.plain else expanded
 
-    def reread(self, expanded: str, path: Path) -> Any:
+    def reread(self, expanded: str, path: Path) -> JSON:
         """An unquoted value after substitution, read again as YAML would (`${N:-2}` -> 2)."""
         self.doc.plain[path] = expanded
         try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
-from typing import Any
 
 _MAX_SUGGEST = 100  # longer words are no typo of a field name; difflib's cost grows with the length
 
@@ -41,7 +40,7 @@ def type_fix(names: Iterable[str]) -> str:
     return ""
 
 
-def describe(value: Any) -> str:  # noqa: PLR0911 - one return per kind of value
+def describe(value: object) -> str:  # noqa: PLR0911 - one return per kind of value
     """A found value in words: "the string 'abc'", 'the integer 3', 'a list', 'null'."""
     if value is None:
         return "null"

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from runner.config.spec import JobSpec
 
 MASK = "***"
+K = TypeVar("K")  # a mapping's key type, kept by redact_mapping
 
 # A name is secret when its upper-cased form CONTAINS one of these words. Deliberately broad: a false positive
 # (KEYBOARD_LAYOUT, AUTHOR) only hides a harmless value; a false negative would leak a secret.
@@ -149,7 +150,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     return shown
 
 
-def redact_data(data: Any) -> Any:
+def redact_data(data: object) -> object:
     """A JSON-like value with every string redacted by value; a mapping's secret-named string entries masked whole.
 
     Lists of strings are treated as command lines (`redact_argv`). Use it on anything written or published that
@@ -158,8 +159,7 @@ def redact_data(data: Any) -> Any:
     if isinstance(data, str):
         return redact_value(data)
     if isinstance(data, Mapping):
-        return {k: redact(k, v) if isinstance(k, str) and isinstance(v, str) else redact_data(v)
-                for k, v in data.items()}
+        return redact_mapping(data)
     if isinstance(data, list | tuple):
         if all(isinstance(x, str) for x in data):
             return redact_argv(data)
@@ -167,7 +167,12 @@ def redact_data(data: Any) -> Any:
     return data
 
 
-def _redact_spec_part(data: Any) -> Any:
+def redact_mapping(data: Mapping[K, object]) -> dict[K, object]:
+    """A mapping as redact_data has it: secret-named string entries masked whole, every other value redacted."""
+    return {k: redact(k, v) if isinstance(k, str) and isinstance(v, str) else redact_data(v) for k, v in data.items()}
+
+
+def _redact_spec_part(data: object) -> object:
     """Spec fields are redacted by value only: their names (tls.key, auth.password_env) are not secrets."""
     if isinstance(data, str):
         return redact_value(data)
@@ -178,7 +183,7 @@ def _redact_spec_part(data: Any) -> Any:
     return data
 
 
-def spec_for_disk(spec: JobSpec) -> dict[str, Any]:
+def spec_for_disk(spec: JobSpec) -> dict[str, object]:
     """The resolved spec as written to <run dir>/spec.json or shown by `runner plan`: secrets masked.
 
     `env` by name and value (`redact`); every other string (entrypoint args, endpoints...) by value.
@@ -190,7 +195,6 @@ def spec_for_disk(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def redact_event(_logger: object, _method: str, event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
+def redact_event(_logger: object, _method: str, event_dict: MutableMapping[str, Any]) -> dict[str, object]:
     """A structlog processor: the event with secrets masked (`redact_data`), for the console and agent.jsonl."""
-    redacted: dict[str, Any] = redact_data(dict(event_dict))
-    return redacted
+    return redact_mapping(event_dict)

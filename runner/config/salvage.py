@@ -8,13 +8,12 @@ wrong value says nothing about the value the user wrote).
 
 from __future__ import annotations
 
-from typing import Any
-
 from runner.config.build import Builder
 from runner.config.checks import semantic_problems
 from runner.config.schema_check import invalid_parts
 from runner.config.yaml_source import Document, Path, dotted
 from runner.errors import SpecProblem
+from runner.json_types import JSON, JSONObject
 
 _ROUNDS = 4  # each round validates the whole document again; real specs need one or two, else we give up
 _PLACEHOLDERS = {"name": "job", "entrypoint": "train.py"}  # required keys: anything valid will do
@@ -32,7 +31,7 @@ def salvage_problems(doc: Document, wrong: set[Path], base_dir: str) -> list[Spe
     return [problem for problem in found if not any(_related(problem.path, name) for name in gone)]
 
 
-def _passing_part(data: Any, drop: set[Path]) -> tuple[dict[str, Any] | None, set[Path]]:
+def _passing_part(data: JSON, drop: set[Path]) -> tuple[JSONObject | None, set[Path]]:
     """`data` less `drop` and less what fails the schema after that; (None, ...) when nothing sensible is left."""
     dropped: set[Path] = set()
     for _ in range(_ROUNDS):
@@ -53,7 +52,7 @@ def _passing_part(data: Any, drop: set[Path]) -> tuple[dict[str, Any] | None, se
     return None, dropped
 
 
-def _whole_list(data: Any, path: Path) -> Path:
+def _whole_list(data: JSON, path: Path) -> Path:
     """`path`, or the path of the list that holds it (dropping one item would renumber the others)."""
     value = data
     for end, part in enumerate(path):
@@ -65,7 +64,7 @@ def _whole_list(data: Any, path: Path) -> Path:
     return path
 
 
-def _without(data: Any, drop: set[Path]) -> Any:
+def _without(data: JSON, drop: set[Path]) -> JSON:
     """A copy of `data` without the values at `drop` (only the containers on the way are copied)."""
     if () in drop:
         return None

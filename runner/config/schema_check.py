@@ -11,13 +11,16 @@ import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path as FilePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.config.limits import MAX_PROBLEMS
 from runner.config.problems import describe, did_you_mean, join_or, type_fix, type_noun
 from runner.config.schema_compiled import Check, compile_schema
 from runner.config.yaml_source import Document, Path, dotted, shown
 from runner.errors import SpecProblem
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator, ValidationError
 
 # Package data, so an installed wheel has it too; schemas/job.schema.json is the same file for editors
 # (tests/test_config_schema.py checks they are byte-identical).
@@ -54,14 +57,14 @@ def _compiled() -> Check | None:
     return compile_schema(load_schema())
 
 
-def passes(data: Any) -> bool:
+def passes(data: object) -> bool:
     """True if jsonschema would find no problem in `data`, without importing it; False: ask jsonschema."""
     check = _compiled()
     return check is not None and check(data)
 
 
 @functools.cache
-def _validator() -> Any:
+def _validator() -> Draft202012Validator:
     from jsonschema import Draft202012Validator
 
     return Draft202012Validator(load_schema())
@@ -113,7 +116,7 @@ class _Error:
 
     kind: str  # the failing keyword: "type", "enum", "anyOf", ...
     path: Path  # into the instance
-    instance: Any
+    instance: object
     value: Any  # the keyword's value in the schema
     schema: dict[str, Any]  # the subschema holding the keyword
     context: tuple[_Error, ...]  # for anyOf/oneOf: the branches' errors
@@ -122,7 +125,7 @@ class _Error:
     on_key: bool  # raised by propertyNames: `instance` is a key of the mapping at `path`
 
     @classmethod
-    def of(cls, error: Any) -> _Error:
+    def of(cls, error: ValidationError) -> _Error:
         """Copy what we need out of a jsonschema.ValidationError."""
         schema_path = list(error.relative_schema_path)
         return cls(
@@ -165,7 +168,7 @@ def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def _accepts_type(schema: dict[str, Any], instance: Any) -> bool:
+def _accepts_type(schema: dict[str, Any], instance: object) -> bool:
     schema = _resolve(schema)
     if "anyOf" in schema or "oneOf" in schema:
         branches = schema.get("anyOf") or schema.get("oneOf") or []
@@ -179,12 +182,12 @@ def _accepts_type(schema: dict[str, Any], instance: Any) -> bool:
     return any(_is_type(instance, t) for t in ([types] if isinstance(types, str) else types))
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     """The JSON type of a value ('number' for ints and floats alike)."""
     return next(name for name in ("boolean", "number", "string", "array", "object", "null") if _is_type(value, name))
 
 
-def _is_type(instance: Any, name: str) -> bool:
+def _is_type(instance: object, name: str) -> bool:
     if isinstance(instance, bool):
         return name == "boolean"
     checks: dict[str, type | tuple[type, ...]] = {
@@ -214,7 +217,7 @@ def _fix_of_refs(branches: list[dict[str, Any]]) -> str:
 def _unknown_keys(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
     allowed = list(error.schema.get("properties", {}))
     problems = []
-    for key in error.instance:
+    for key in error.instance if isinstance(error.instance, dict) else ():  # additionalProperties: a mapping
         if key in allowed:
             continue
         message, fix = _FORBIDDEN.get((dotted(path), key), (f"unknown key '{shown(key)}'", did_you_mean(key, allowed)))
@@ -226,9 +229,9 @@ def _unknown_keys(error: _Error, doc: Document, path: Path) -> list[SpecProblem]
 
 
 def _required(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
-    problems = []
+    problems, instance = [], error.instance if isinstance(error.instance, dict) else {}  # required: a mapping
     for key in error.value:
-        if key not in error.instance:
+        if key not in instance:
             where = dotted((*path, key))
             fix = _REQUIRED_FIXES.get(where, f"add '{key}:' ({error.schema['properties'][key]['description']})")
             problems.append(doc.problem(path, f"missing required key '{key}'", fix))
@@ -273,7 +276,7 @@ def _pattern(error: _Error, doc: Document, path: Path) -> list[SpecProblem]:
 
 def _pattern_key(error: _Error, doc: Document, path: Path) -> SpecProblem:
     hint = error.schema.get("x-hint", f"a key matching {error.schema.get('pattern')}")
-    line, column = doc.where((*path, error.instance), key=True)
+    line, column = doc.where((*path, str(error.instance)), key=True)  # propertyNames: `instance` is a key
     message = f"key '{shown(str(error.instance))}' is not {hint}"
     return SpecProblem(dotted(path), message, error.schema.get("x-fix", ""), line, column)
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sized
-from typing import Any
+from typing import TypeGuard
 
-Check = Callable[[Any], bool]
+Check = Callable[[object], bool]
+Keyword = Callable[["_Compiler", object, dict[str, object]], Check]
 
 # Keywords that assert nothing (annotations), and the containers of subschemas reached only through $ref.
 _IGNORED = frozenset(
@@ -36,7 +37,7 @@ class UnsupportedSchemaError(Exception):
     """The schema uses something this module does not implement: leave every document to jsonschema."""
 
 
-def compile_schema(schema: Any) -> Check | None:
+def compile_schema(schema: object) -> Check | None:
     """A function answering whether jsonschema finds no error in a document, or None if `schema` is not supported."""
     try:
         check = _Compiler(schema).compile(schema)
@@ -45,24 +46,23 @@ def compile_schema(schema: Any) -> Check | None:
     return lambda data: is_plain(data) and check(data)
 
 
-def is_plain(data: Any) -> bool:
+def is_plain(data: object) -> bool:
     """True if `data` holds only dicts with text keys, lists, text, numbers, booleans and None (those exact types)."""
     todo = [data]
     while todo:
         value = todo.pop()
-        kind = type(value)
-        if kind is dict:
+        if type(value) is dict:
             if any(type(key) is not str for key in value):
                 return False
             todo.extend(value.values())
-        elif kind is list:
+        elif type(value) is list:
             todo.extend(value)
-        elif kind not in _PLAIN_SCALARS:
+        elif type(value) not in _PLAIN_SCALARS:
             return False
     return True
 
 
-def is_type(value: Any, name: str) -> bool:
+def is_type(value: object, name: str) -> bool:
     """The draft 2020-12 type rules as jsonschema applies them, for plain data."""
     if name == "integer":
         return type(value) is int or (type(value) is float and value.is_integer())
@@ -77,7 +77,7 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 _TYPE_NAMES = frozenset({*_TYPES, "integer", "number"})
 
 
-def equal(one: Any, two: Any) -> bool:
+def equal(one: object, two: object) -> bool:
     """Equality as jsonschema has it (enum, const): 1 == 1.0, but true is neither 1 nor 1.0; in lists and dicts too."""
     if one is two:
         return True
@@ -92,29 +92,29 @@ def equal(one: Any, two: Any) -> bool:
     return bool(one == two)
 
 
-def _always(_: Any) -> bool:
+def _always(_: object) -> bool:
     return True
 
 
-def _never(_: Any) -> bool:
+def _never(_: object) -> bool:
     return False
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return type(value) in (int, float)
 
 
 class _Compiler:
     """Compiles one schema; `$defs` entries are compiled once, on first reference (recursion allowed)."""
 
-    def __init__(self, root: Any) -> None:
+    def __init__(self, root: object) -> None:
         defs = root.get("$defs", {}) if isinstance(root, dict) else {}
         if not isinstance(defs, dict):
             raise UnsupportedSchemaError("$defs")
-        self.defs: dict[str, Any] = defs
+        self.defs: dict[str, object] = defs
         self.compiled: dict[str, Check] = {}
 
-    def compile(self, schema: Any) -> Check:
+    def compile(self, schema: object) -> Check:
         """The check of one (sub)schema: every keyword's check must hold."""
         if schema is True:
             return _always
@@ -137,7 +137,7 @@ class _Compiler:
         every = tuple(checks)
         return lambda value: all(check(value) for check in every)
 
-    def ref(self, ref: Any) -> Check:
+    def ref(self, ref: object) -> Check:
         """`#/$defs/NAME`, looked up when used so that a definition may refer to itself."""
         name = ref.removeprefix(_DEFS) if isinstance(ref, str) and ref.startswith(_DEFS) else None
         if name is None or any(c in name for c in "/~%") or name not in self.defs:
@@ -147,32 +147,32 @@ class _Compiler:
             self.compiled[name] = self.compile(self.defs[name])
         table = self.compiled
 
-        def deferred(value: Any) -> bool:  # looked up at each call: the entry may still be the placeholder now
+        def deferred(value: object) -> bool:  # looked up at each call: the entry may still be the placeholder now
             return table[name](value)
 
         return deferred
 
-    def many(self, schemas: Any) -> list[Check]:
+    def many(self, schemas: object) -> list[Check]:
         """The checks of a non-empty list of subschemas (anyOf, allOf, oneOf)."""
         if not isinstance(schemas, list) or not schemas:
             raise UnsupportedSchemaError(repr(schemas))
         return [self.compile(sub) for sub in schemas]
 
 
-def _count(value: Any) -> int:
+def _count(value: object) -> int:
     if type(value) is not int or value < 0:
         raise UnsupportedSchemaError(repr(value))
     return value
 
 
-def _limit(value: Any) -> int | float:
+def _limit(value: object) -> int | float:
     if not _number(value):
         raise UnsupportedSchemaError(repr(value))
     limit: int | float = value
     return limit
 
 
-def _pattern(value: Any) -> re.Pattern[str]:
+def _pattern(value: object) -> re.Pattern[str]:
     if not isinstance(value, str):
         raise UnsupportedSchemaError(repr(value))
     try:
@@ -181,57 +181,57 @@ def _pattern(value: Any) -> re.Pattern[str]:
         raise UnsupportedSchemaError(value) from e
 
 
-def _type(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _type(_: _Compiler, value: object, __: dict[str, object]) -> Check:
     names = [value] if isinstance(value, str) else value
     if not isinstance(names, list) or not all(isinstance(n, str) and n in _TYPE_NAMES for n in names):
         raise UnsupportedSchemaError(f"type {value!r}")
     return lambda instance: any(is_type(instance, name) for name in names)
 
 
-def _enum(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _enum(_: _Compiler, value: object, __: dict[str, object]) -> Check:
     if not isinstance(value, list):
         raise UnsupportedSchemaError(f"enum {value!r}")
     return lambda instance: any(equal(item, instance) for item in value)
 
 
-def _const(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _const(_: _Compiler, value: object, __: dict[str, object]) -> Check:
     return lambda instance: equal(instance, value)
 
 
-def _minimum(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _minimum(_: _Compiler, value: object, __: dict[str, object]) -> Check:
     limit = _limit(value)
     return lambda instance: not _number(instance) or not instance < limit
 
 
-def _maximum(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _maximum(_: _Compiler, value: object, __: dict[str, object]) -> Check:
     limit = _limit(value)
     return lambda instance: not _number(instance) or not instance > limit
 
 
-def _exclusive_minimum(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _exclusive_minimum(_: _Compiler, value: object, __: dict[str, object]) -> Check:
     limit = _limit(value)
     return lambda instance: not _number(instance) or not instance <= limit
 
 
-def _exclusive_maximum(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _exclusive_maximum(_: _Compiler, value: object, __: dict[str, object]) -> Check:
     limit = _limit(value)
     return lambda instance: not _number(instance) or not instance >= limit
 
 
-def _pattern_keyword(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _pattern_keyword(_: _Compiler, value: object, __: dict[str, object]) -> Check:
     search = _pattern(value).search
     return lambda instance: not isinstance(instance, str) or search(instance) is not None
 
 
-def _items(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _items(compiler: _Compiler, value: object, __: dict[str, object]) -> Check:
     each = compiler.compile(value)  # prefixItems is not supported, so `items` applies to every item
     return lambda instance: not isinstance(instance, list) or all(each(item) for item in instance)
 
 
-def _size(kind: type[Sized], *, at_least: bool) -> Callable[[_Compiler, Any, dict[str, Any]], Check]:
+def _size(kind: type[Sized], *, at_least: bool) -> Keyword:
     """A bound on len() of a `kind`: minLength / maxLength, minItems / maxItems, minProperties / maxProperties."""
 
-    def keyword(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+    def keyword(_: _Compiler, value: object, __: dict[str, object]) -> Check:
         size = _count(value)
         if at_least:
             return lambda instance: not isinstance(instance, kind) or len(instance) >= size
@@ -240,18 +240,18 @@ def _size(kind: type[Sized], *, at_least: bool) -> Callable[[_Compiler, Any, dic
     return keyword
 
 
-def _required(_: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _required(_: _Compiler, value: object, __: dict[str, object]) -> Check:
     if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
         raise UnsupportedSchemaError(f"required {value!r}")
     return lambda instance: not isinstance(instance, dict) or all(name in instance for name in value)
 
 
-def _properties(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _properties(compiler: _Compiler, value: object, __: dict[str, object]) -> Check:
     if not isinstance(value, dict):
         raise UnsupportedSchemaError(f"properties {value!r}")
     checks = {name: compiler.compile(sub) for name, sub in value.items()}
 
-    def check(instance: Any) -> bool:
+    def check(instance: object) -> bool:
         if not isinstance(instance, dict):
             return True
         return all(name not in instance or sub(instance[name]) for name, sub in checks.items())
@@ -259,12 +259,12 @@ def _properties(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
     return check
 
 
-def _pattern_properties(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _pattern_properties(compiler: _Compiler, value: object, __: dict[str, object]) -> Check:
     if not isinstance(value, dict):
         raise UnsupportedSchemaError(f"patternProperties {value!r}")
     checks = [(_pattern(pattern).search, compiler.compile(sub)) for pattern, sub in value.items()]
 
-    def check(instance: Any) -> bool:
+    def check(instance: object) -> bool:
         if not isinstance(instance, dict):
             return True
         return all(sub(item) for search, sub in checks for key, item in instance.items() if search(key))
@@ -272,7 +272,7 @@ def _pattern_properties(compiler: _Compiler, value: Any, __: dict[str, Any]) -> 
     return check
 
 
-def _additional_properties(compiler: _Compiler, value: Any, schema: dict[str, Any]) -> Check:
+def _additional_properties(compiler: _Compiler, value: object, schema: dict[str, object]) -> Check:
     known = schema.get("properties", {})
     patterns = schema.get("patternProperties", {})
     if not isinstance(known, dict) or not isinstance(patterns, dict):
@@ -283,7 +283,7 @@ def _additional_properties(compiler: _Compiler, value: Any, schema: dict[str, An
     search = _pattern(joined).search if joined else None
     each = compiler.compile(value)
 
-    def check(instance: Any) -> bool:
+    def check(instance: object) -> bool:
         if not isinstance(instance, dict):
             return True
         return all(
@@ -295,36 +295,36 @@ def _additional_properties(compiler: _Compiler, value: Any, schema: dict[str, An
     return check
 
 
-def _property_names(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _property_names(compiler: _Compiler, value: object, __: dict[str, object]) -> Check:
     each = compiler.compile(value)
     return lambda instance: not isinstance(instance, dict) or all(each(key) for key in instance)
 
 
-def _any_of(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _any_of(compiler: _Compiler, value: object, __: dict[str, object]) -> Check:
     branches = compiler.many(value)
     return lambda instance: any(branch(instance) for branch in branches)
 
 
-def _all_of(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _all_of(compiler: _Compiler, value: object, __: dict[str, object]) -> Check:
     branches = compiler.many(value)
     return lambda instance: all(branch(instance) for branch in branches)
 
 
-def _one_of(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _one_of(compiler: _Compiler, value: object, __: dict[str, object]) -> Check:
     branches = compiler.many(value)
     return lambda instance: sum(1 for branch in branches if branch(instance)) == 1
 
 
-def _not(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _not(compiler: _Compiler, value: object, __: dict[str, object]) -> Check:
     inner = compiler.compile(value)
     return lambda instance: not inner(instance)
 
 
-def _ref(compiler: _Compiler, value: Any, __: dict[str, Any]) -> Check:
+def _ref(compiler: _Compiler, value: object, __: dict[str, object]) -> Check:
     return compiler.ref(value)
 
 
-_KEYWORDS: dict[str, Callable[[_Compiler, Any, dict[str, Any]], Check]] = {
+_KEYWORDS: dict[str, Keyword] = {
     "type": _type,
     "enum": _enum,
     "const": _const,

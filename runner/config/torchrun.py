@@ -17,7 +17,6 @@ import signal
 from collections.abc import Mapping, Sequence
 from pathlib import PurePath
 from string import Template
-from typing import Any
 
 import yaml
 
@@ -48,16 +47,18 @@ class Conversion:
         self.environ = environ
         self.cwd = cwd
         self.notes: list[str] = []
-        self.spec: dict[str, Any] = {"version": 1}
+        self.spec: dict[str, object] = {"version": 1}
         self.by_script = True  # the name is the script's or module's (not an --rdzv-id): it gets a digest
 
     def note(self, text: str) -> None:
         """Record something that has no exact equivalent."""
         self.notes.append(text)
 
-    def section(self, name: str) -> dict[str, Any]:
+    def section(self, name: str) -> dict[str, object]:
         """spec[name], created on first use."""
-        out: dict[str, Any] = self.spec.setdefault(name, {})
+        out = self.spec.get(name)
+        if not isinstance(out, dict):
+            out = self.spec[name] = {}
         return out
 
     def absolute(self, path: str) -> str:
@@ -135,12 +136,13 @@ class Conversion:
         if not self.by_script:
             return
         identity = {k: v for k, v in self.spec.items() if k != "name"}
-        if self.spec.get("rendezvous", {}).get("backend") == "etcd":
+        rdzv, logs = self.spec.get("rendezvous"), identity.get("logs", {})
+        if isinstance(rdzv, dict) and rdzv.get("backend") == "etcd":
             identity.pop("cwd", None)
-            identity["logs"] = {k: v for k, v in identity.get("logs", {}).items() if k != "dir"}
+            identity["logs"] = {k: v for k, v in logs.items() if k != "dir"} if isinstance(logs, dict) else logs
         blob = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
         digest = hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:NAME_DIGEST]
-        self.spec["name"] = f"{self.spec['name'][: 62 - NAME_DIGEST]}-{digest}"
+        self.spec["name"] = f"{str(self.spec['name'])[: 62 - NAME_DIGEST]}-{digest}"
 
     def rendezvous(self, low: int, high: int) -> None:
         """Local for one node (what torchrun's run() makes c10d on localhost), else etcd."""
@@ -307,7 +309,7 @@ class Conversion:
 
     def logs(self) -> None:
         """--log-dir, --redirects/--tee (console streams per rank), --local-ranks-filter, duplicate filters."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         if self.p.text("log_dir"):
             out["dir"] = self.absolute(self.p.text("log_dir"))
         streams = self.console_streams()
@@ -316,11 +318,11 @@ class Conversion:
         if self.p.text("local_ranks_filter"):
             raw = self.p.text("local_ranks_filter")
             try:
-                out["console_local_ranks"] = sorted({int(r) for r in raw.split(",")})
+                local_ranks = out["console_local_ranks"] = sorted({int(r) for r in raw.split(",")})
             except ValueError:
                 raise ConvertError(f"--local-ranks-filter {raw}: torchrun needs a comma-separated list of integers",
                                    "e.g. --local-ranks-filter=0,1,2") from None
-            if min(out["console_local_ranks"]) < 0:
+            if min(local_ranks) < 0:
                 raise ConvertError(f"--local-ranks-filter {raw}: local ranks start at 0", "e.g. 0,1")
         if self.p.set("redirects") or self.p.set("tee"):
             self.note("--redirects/--tee: only the console differs; the runner always writes both streams of every "
@@ -356,7 +358,7 @@ class Conversion:
         if launch and self.p.switch("no_python") and not use_env:
             raise ConvertError("torch.distributed.launch --no-python needs --use-env (torch refuses it)",
                                "add --use-env, or run a python script")
-        entry: dict[str, Any]
+        entry: dict[str, object]
         if self.p.switch("run_path"):
             entry = {"script": self.absolute(head)}
             self.note("--run-path: " + next(f.note for f in FLAGS if f.dest == "run_path"))
@@ -392,7 +394,7 @@ class Conversion:
                     None, flag.default) and not flag.dest.startswith(("node_rank", "duplicate_")):
                 self.note(f"{flag.name}: {flag.note}")
 
-    def build(self) -> dict[str, Any]:
+    def build(self) -> dict[str, object]:
         """The spec, in the order a reader expects."""
         low, high = self.nodes()
         self.rendezvous(low, high)
@@ -406,11 +408,10 @@ class Conversion:
         self.distinct_name()
         order = ("version", "name", "entrypoint", "cwd", "nodes", "nproc_per_node", "role", "virtual_local_rank",
                  "rendezvous", "restart", "shutdown", "logs", "watchdog")
-        spec: dict[str, Any] = escape({key: self.spec[key] for key in order if key in self.spec})
-        return spec
+        return {key: escape(self.spec[key]) for key in order if key in self.spec}
 
 
-def escape(value: Any) -> Any:
+def escape(value: object) -> object:
     """Every string with `${` written `$${`, so the spec's interpolation gives back what was typed."""
     if isinstance(value, str):
         return value.replace("${", "$${")
@@ -422,7 +423,7 @@ def escape(value: Any) -> Any:
 
 
 def convert(argv: Sequence[str], environ: Mapping[str, str] | None = None,
-            cwd: str | None = None) -> tuple[dict[str, Any], list[str]]:
+            cwd: str | None = None) -> tuple[dict[str, object], list[str]]:
     """(job spec dict, notes).
 
     `environ` gives PET_* and the other variables torchrun reads; `cwd` (torchrun's folder) is recorded as the

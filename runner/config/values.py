@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 from runner.config.limits import MAX_ARG_BYTES, MAX_INT, MIN_INT
 from runner.config.yaml_source import Document, Path, shown
 from runner.errors import SpecProblem
+from runner.json_types import JSON
 
 _UNSAFE = re.compile("[\x00\ud800-\udfff]")
 _MAX_CHARS = MAX_ARG_BYTES - 1  # a string of at most this many characters may still be too many bytes
@@ -24,7 +24,7 @@ _MAX_CHARS = MAX_ARG_BYTES - 1  # a string of at most this many characters may s
 def value_problems(doc: Document) -> list[SpecProblem]:
     """Every value that breaks a rule above, located in `doc`."""
     problems: list[SpecProblem] = []
-    stack: list[tuple[Path, Any]] = [((), doc.data)]
+    stack: list[tuple[Path, JSON]] = [((), doc.data)]
     while stack:
         path, value = stack.pop()
         if isinstance(value, dict):
@@ -42,7 +42,7 @@ def value_problems(doc: Document) -> list[SpecProblem]:
     return problems
 
 
-def _scalar_problem(value: Any, *, in_env: bool) -> tuple[str, str] | None:
+def _scalar_problem(value: object, *, in_env: bool) -> tuple[str, str] | None:
     if isinstance(value, str):
         return _string_problem(value)
     if in_env or isinstance(value, bool):

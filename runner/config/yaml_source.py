@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import yaml
 
 from runner.config.limits import MAX_DEPTH, MAX_VALUES
 from runner.errors import SpecProblem
+from runner.json_types import JSON, JSONObject
 
 Path = tuple[str | int, ...]
 Mark = tuple[int, int]  # 1-based line, column
@@ -43,7 +44,7 @@ _CONSTRUCTOR = yaml.constructor.SafeConstructor()
 class Document:
     """Parsed YAML: the data, where each value and key sits, and the source text of plain scalars."""
 
-    data: Any = None
+    data: JSON = None
     values: dict[Path, Mark] = field(default_factory=dict)
     keys: dict[Path, Mark] = field(default_factory=dict)
     plain: dict[Path, str] = field(default_factory=dict)
@@ -90,7 +91,7 @@ def _mark(node: yaml.Node | yaml.Event) -> Mark:
     return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
 
 
-def resolve_plain(text: str) -> Any:
+def resolve_plain(text: str) -> JSON:
     """The value of an unquoted scalar, as YAML would read it, but with no sexagesimal numbers or dates.
 
     ValueError when it does not convert (an integer too long to be one).
@@ -104,22 +105,23 @@ def tag_name(tag: str) -> str:
     return "!!" + tag.removeprefix(_TAG) if tag.startswith(_TAG) else shown(tag)
 
 
-def _construct(node: yaml.ScalarNode) -> Any:
+def _construct(node: yaml.ScalarNode) -> JSON:
     """The Python value of a scalar; ValueError for a tag we do not take or a value that does not convert."""
     tag, text = node.tag, node.value
     if tag == _STR_TAG or tag in _KEEP_TEXT_TAGS or (":" in text and tag in (_INT_TAG, _FLOAT_TAG)):
-        return text
+        return str(text)
     if tag not in _CONVERTED_TAGS:
         raise ValueError(f"unsupported YAML tag {tag_name(tag)}")
     if tag == _INT_TAG and len(text) > _MAX_INT_CHARS:
         raise ValueError(f"the integer {shown(text)} does not fit in 64 bits")
     short = tag.removeprefix(_TAG)
     try:
-        return _CONSTRUCTOR.construct_object(node, deep=True)
+        value: JSON = _CONSTRUCTOR.construct_object(node, deep=True)  # a scalar of a converted tag
     except (ValueError, KeyError, TypeError, yaml.YAMLError):
         raise ValueError(f"'{shown(text)}' is not a valid !!{short}") from None
     finally:
         _CONSTRUCTOR.constructed_objects.clear()
+    return value
 
 
 class _RefusedError(Exception):
@@ -240,7 +242,7 @@ class _Walker:
         self.problems: list[SpecProblem] = []
         self.budget = MAX_VALUES
 
-    def walk(self, node: yaml.Node, path: Path) -> Any:
+    def walk(self, node: yaml.Node, path: Path) -> JSON:
         self.budget -= 1
         if self.budget < 0:
             raise _too_many(_mark(node))
@@ -260,19 +262,19 @@ class _Walker:
         if node.tag != tag:
             self.problems.append(self.doc.problem(path, f"unsupported YAML tag {tag_name(node.tag)}", "remove the tag"))
 
-    def _scalar(self, node: yaml.ScalarNode, path: Path) -> Any:
+    def _scalar(self, node: yaml.ScalarNode, path: Path) -> JSON:
         if not node.style:  # plain (the C parser says "", the Python one None)
             self.doc.plain[path] = node.value
         try:
             return _construct(node)
         except ValueError as err:
             self.problems.append(self.doc.problem(path, str(err), "remove the tag or quote the value"))
-            return node.value
+            return str(node.value)
 
-    def _mapping(self, node: yaml.MappingNode, path: Path) -> dict[str, Any]:
+    def _mapping(self, node: yaml.MappingNode, path: Path) -> JSONObject:
         self._check_tag(node, _MAP_TAG, path)
-        out: dict[str, Any] = {}
-        merged: dict[str, Any] = {}
+        out: JSONObject = {}
+        merged: JSONObject = {}
         for key_node, value_node in node.value:
             if key_node.tag == _MERGE_TAG:
                 merged = {**self._merge(value_node, path), **merged}
@@ -294,10 +296,10 @@ class _Walker:
             out[key] = self.walk(value_node, sub)
         return {**merged, **out}
 
-    def _merge(self, node: yaml.Node, path: Path) -> dict[str, Any]:
+    def _merge(self, node: yaml.Node, path: Path) -> JSONObject:
         """`<<: *anchor` (or a list of anchors): earlier entries win, explicit keys win over all."""
         sources = node.value if isinstance(node, yaml.SequenceNode) else [node]
-        result: dict[str, Any] = {}
+        result: JSONObject = {}
         for source in reversed(sources):
             if not isinstance(source, yaml.MappingNode):
                 self.problems.append(SpecProblem(dotted(path), "'<<' needs a mapping (or a list of mappings)",

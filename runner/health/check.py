@@ -18,7 +18,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runner.config.durations import format_duration
 from runner.config.redact import redact_value
@@ -113,7 +113,7 @@ async def check(
     """
     limit = health.timeout if timeout is None else timeout
     started, at = time.monotonic(), time.time()
-    jobs: dict[str, Coroutine[Any, Any, list[HealthFailure]]] = {}
+    jobs: dict[str, Coroutine[object, object, list[HealthFailure]]] = {}
     pending_reason: dict[str, HealthFailure] = {}
     for path, need in disk_targets(health, logs_dir).items():
         name = f"disk {path}"
@@ -191,7 +191,7 @@ def check_spec(
     environ: Mapping[str, str] | None = None,
     timeout: float | None = None,
     guard: ProcessGuard | None = None,
-) -> Coroutine[Any, Any, HealthReport]:
+) -> Coroutine[object, object, HealthReport]:
     """`check` for a loaded spec on this node: logs.dir against this directory, the workers' env = agent's + env."""
     agent_env = os.environ if environ is None else environ
     return check(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 MAX_REASON_CHARS = 500  # one reason, as shown on the console, in status and in report.json
 
@@ -38,7 +37,7 @@ class HealthReport:
     failures: tuple[HealthFailure, ...] = ()
     duration_s: float = 0.0
     at: float = 0.0  # when the try began (epoch seconds)
-    extra: dict[str, Any] = field(default_factory=dict)  # what the caller adds: round, attempt, try number
+    extra: dict[str, object] = field(default_factory=dict)  # what the caller adds: round, attempt, try number
 
     @property
     def healthy(self) -> bool:
@@ -49,7 +48,7 @@ class HealthReport:
         """One line per failed check."""
         return [str(f) for f in self.failures]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """For status.json, etcd and report.json."""
         return {
             "healthy": self.healthy,

@@ -11,7 +11,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import IO, Any
+from typing import IO
 
 import structlog
 from structlog.typing import EventDict
@@ -96,7 +96,7 @@ class ConsoleRenderer:
             return text
         return "".join(codes) + text + RESET
 
-    def clock(self, event_dict: Mapping[str, Any]) -> str:
+    def clock(self, event_dict: Mapping[str, object]) -> str:
         """HH:MM:SS, local time, of the event."""
         stamp = event_dict.get("timestamp")
         when = None
@@ -107,7 +107,7 @@ class ConsoleRenderer:
                 when = None
         return (when or self.now()).strftime("%H:%M:%S")
 
-    def header(self, e: Mapping[str, Any]) -> str:
+    def header(self, e: Mapping[str, object]) -> str:
         """Who and where, once: job, node, workers, rendezvous, run dir."""
         self.run_dir = str(e.get("run_dir", ""))
         parts = [f"job {e.get('job', '?')}", f"node {e.get('node', '?')}"]
@@ -123,7 +123,7 @@ class ConsoleRenderer:
         first = self.paint("runner", BOLD, CYAN) + "    " + self.paint(" · ".join(parts), BOLD)
         return first + "\n" + INDENT + self.paint(f"logs {self.run_dir}", DIM)
 
-    def transition(self, e: Mapping[str, Any]) -> str:
+    def transition(self, e: Mapping[str, object]) -> str:
         """`12:00:01  RENDEZVOUS → RUNNING   round 0 · 2 nodes · world 4 · master 10.0.0.5:41231`."""
         src, dst = str(e.get("src", "?")), str(e.get("dst", "?"))
         arrow = f"{src} → {dst}"
@@ -150,7 +150,7 @@ class ConsoleRenderer:
             return f"round {rnd} · {nodes} node{'s' if nodes != '1' else ''} · world {world} · master {master}"
         return reason
 
-    def failure(self, e: Mapping[str, Any]) -> str:
+    def failure(self, e: Mapping[str, object]) -> str:
         """The attempt's root cause under its transition: error, hint, log folder."""
         lines = []
         if e.get("error"):
@@ -166,7 +166,7 @@ class ConsoleRenderer:
             lines.append(INDENT + self.paint("failed ", RED) + str(e.get("reason", "")))
         return "\n".join(lines)
 
-    def generic(self, event: str, level: str, e: Mapping[str, Any]) -> str:
+    def generic(self, event: str, level: str, e: Mapping[str, object]) -> str:
         """Any other event: time, a mark for warnings and errors, the name, its fields as key=value."""
         if event == "backoff":
             return INDENT + self.paint(f"waiting {e.get('delay_s')} s before restart {e.get('restart')}", DIM)
@@ -177,7 +177,7 @@ class ConsoleRenderer:
         return f"{self.paint(self.clock(e), DIM)}{mark} {body}"
 
 
-def wait_text(e: Mapping[str, Any]) -> str:
+def wait_text(e: Mapping[str, object]) -> str:
     """A `waiting` event's fields in one line, e.g. `⋯ rendezvous round 0 · joined 1 of 2 (vm) · 1 more needed`.
 
     Never raises, whatever the fields hold.
@@ -200,7 +200,7 @@ def wait_text(e: Mapping[str, Any]) -> str:
     return "⋯ " + text
 
 
-def rendezvous_text(e: Mapping[str, Any], left: str) -> str:
+def rendezvous_text(e: Mapping[str, object], left: str) -> str:
     """A rendezvous wait: who joined (the leader knows), how many more are needed, the time left."""
     low, high = number(e.get("min")), number(e.get("max"))
     need = "?" if low is None else str(low) if high in (None, low) else f"{low}..{high}"

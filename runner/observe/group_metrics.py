@@ -26,7 +26,7 @@ class GroupMetrics:
         self.port: int | None = None
         self._endpoint: Endpoint | None = None
         self._m: dict[str, Any] = {}
-        self.ledgers: Callable[[], dict[int, dict[str, Any]]] | None = None  # each group's ETTR ledger so far
+        self.ledgers: Callable[[], dict[int, dict[str, object]]] | None = None  # each group's ETTR ledger so far
 
     def start(self, lighthouse_restarts: Callable[[], int]) -> int:
         """Create the series and serve them; the bound port."""
@@ -92,11 +92,11 @@ class GroupMetrics:
         if self._m:
             self._m["failures"].labels(str(k), failure_class).inc()
 
-    def group_ledger(self, k: int) -> dict[str, Any]:
+    def group_ledger(self, k: int) -> dict[str, object]:
         """Group `k`'s ledger so far ({} before the group exists)."""
         return self.ledgers().get(k, {}) if self.ledgers is not None else {}
 
-    def job_ledger(self) -> dict[str, Any]:
+    def job_ledger(self) -> dict[str, object]:
         """The job's ledger so far, from the groups' (the union of their productive spans)."""
         return job_ledger(list(self.ledgers().values()) if self.ledgers is not None else [])
 

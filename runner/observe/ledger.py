@@ -67,7 +67,7 @@ class Interruption:
     """What ended an attempt: a failure (or a membership change), and what was known of the steps then."""
 
     trigger: str
-    failure: dict[str, Any]
+    failure: dict[str, object]
     cause_at: float  # monotonic: learnt_at less the detection time, where knowable
     learnt_at: float
     detection_known: bool
@@ -139,7 +139,7 @@ class Ledger:
             a.caught_up_at = report.at
 
     def failed(self, learnt_at: float, detection_s: float | None, trigger: str,
-               failure: dict[str, Any] | None) -> None:
+               failure: dict[str, object] | None) -> None:
         """The current attempt ended (`trigger`) at `learnt_at`; its cause was `detection_s` before (None: unknown).
 
         A failure while no attempt runs (a round that timed out before the next attempt) adds nothing: the
@@ -154,7 +154,7 @@ class Ledger:
             detection_s is not None, a.last, a.checkpoint, a))
         self.current = None
 
-    def classed(self, failure: dict[str, Any]) -> None:
+    def classed(self, failure: dict[str, object]) -> None:
         """FAILED classed the latest failure on its evidence: keep its final fields."""
         if self.interruptions:
             self.interruptions[-1].failure = kept(failure)
@@ -211,7 +211,7 @@ class Ledger:
             mark("rendezvous" if last is None else "recompute" if last.first is not None else "first_step", end)
         return out
 
-    def report(self, end: float) -> dict[str, Any]:
+    def report(self, end: float) -> dict[str, object]:
         """report.json's `ledger`: ETTR, wall / productive / launch / lost seconds, each failure's phases."""
         spans = self.spans(end)
         wall = max(0.0, end - self.started)
@@ -245,7 +245,7 @@ class Ledger:
         }
 
     @staticmethod
-    def failure_entry(i: Interruption, phases: dict[str, float]) -> dict[str, Any]:
+    def failure_entry(i: Interruption, phases: dict[str, float]) -> dict[str, object]:
         """One failure's record: what it was, its phases, the steps it cost."""
         nxt = i.recovered_by
         resumed = i.checkpoint
@@ -267,13 +267,13 @@ class Ledger:
             "lost_s": rounded(sum(phases.values())),
         }
 
-    def status(self, now: float) -> dict[str, Any]:
+    def status(self, now: float) -> dict[str, object]:
         """status.json's part: the figures so far, without the failures' details."""
         r = self.report(now)
         return {k: r[k] for k in ("basis", "wall_s", "productive_s", "launch_s", "lost_s", "ettr", "failure_count")}
 
 
-def job_ledger(groups: list[dict[str, Any]]) -> dict[str, Any]:
+def job_ledger(groups: list[dict[str, Any]]) -> dict[str, object]:
     """Replica groups: the job's ledger from its groups' (report.json `ledger` of each, with its `group`).
 
     The job progresses while ANY group steps (docs/goodput.md), so its productive time is the union of the groups'
@@ -301,7 +301,7 @@ def job_ledger(groups: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def gauge_values(ledger: Callable[[], dict[str, Any]] | None) -> tuple[float, float]:
+def gauge_values(ledger: Callable[[], dict[str, object]] | None) -> tuple[float, float]:
     """(ETTR, lost seconds) of a ledger's report for the metrics' gauges; NaN where unknown.
 
     The gauges are read on the metrics server's thread: a report that fails mid-update is a NaN for one scrape,
@@ -310,6 +310,7 @@ def gauge_values(ledger: Callable[[], dict[str, Any]] | None) -> tuple[float, fl
     try:
         report = ledger() if ledger is not None else {}
         ettr, lost = report.get("ettr"), report.get("lost_s")
-        return (float(ettr) if ettr is not None else math.nan, float(lost) if lost is not None else math.nan)
+        return (float(ettr) if isinstance(ettr, int | float) else math.nan,
+                float(lost) if isinstance(lost, int | float) else math.nan)
     except Exception:  # a gauge's callback must never fail the scrape
         return math.nan, math.nan

@@ -59,7 +59,7 @@ class AgentMetrics:
         self._m: dict[str, Any] = {}
         self._last = time.monotonic()
         self._rdzv_since: float | None = None
-        self.ledger: Callable[[], dict[str, Any]] | None = None  # the ETTR ledger so far (runner_ettr, lost seconds)
+        self.ledger: Callable[[], dict[str, object]] | None = None  # the ETTR ledger so far (runner_ettr, lost seconds)
 
     def start(self) -> int:
         """Create the metrics and serve them on metrics.host:metrics.port; returns the bound port."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 PHASES = ("running", "ready")  # the label values of runner_time_to_recover_seconds
 FAILURE_FIELDS = ("kind", "class", "failure_class", "reason", "rank", "exit_code", "signal")  # kept from to_dict()
@@ -31,7 +30,7 @@ class Recovery:
     since_wall: float  # the same moment in epoch seconds, for humans
     trigger: str = ""  # what ended the attempt before ("" for the launch): worker_failed, timer_expired, ...
     scope: str = "job"  # "job": every worker restarted; "worker": only the failed one replaced; "launch"
-    failure: dict[str, Any] = field(default_factory=dict)  # kind, class, reason, rank... of the failure
+    failure: dict[str, object] = field(default_factory=dict)  # kind, class, reason, rank... of the failure
     running_at: float | None = None
     ready_at: float | None = None
     waiting: set[int] = field(default_factory=set)  # local ranks not ready yet
@@ -47,9 +46,9 @@ class Recovery:
         """Failure -> every worker of the attempt said it is ready; None while (or if ever) one has not."""
         return None if self.ready_at is None else max(0.0, self.ready_at - self.since)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The JSON form (report.json, status.json): seconds rounded to the millisecond."""
-        out: dict[str, Any] = {"attempt": self.attempt, "scope": self.scope}
+        out: dict[str, object] = {"attempt": self.attempt, "scope": self.scope}
         if self.scope != "launch":
             out["trigger"] = self.trigger
             out["failure_kind"] = self.failure.get("kind")
@@ -93,7 +92,7 @@ class Recoveries:
         """An event was taken off the queue at `at`: if it ends the attempt, that is when the agent learnt of it."""
         self._seen = at
 
-    def failed(self, at: float, trigger: str, failure: dict[str, Any] | None) -> None:
+    def failed(self, at: float, trigger: str, failure: dict[str, object] | None) -> None:
         """The attempt ended (`trigger`); `failure` is the root cause's to_dict(), None for a membership change.
 
         `at` is used unless RUNNING saw the deciding event earlier (`seen`).
@@ -105,7 +104,7 @@ class Recoveries:
                                  failure=kept(failure) if failure is not None else {})
         self._current = None  # the ended attempt's workers will never all be ready
 
-    def classed(self, failure: dict[str, Any]) -> None:
+    def classed(self, failure: dict[str, object]) -> None:
         """FAILED has classed the failure on its evidence (an OOM kill, say): keep its final to_dict()."""
         if self._pending is not None:
             self._pending.failure = kept(failure)
@@ -159,18 +158,26 @@ class Recoveries:
         """The latest recovery (None before the first restart)."""
         return self.restarts[-1] if self.restarts else None
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, object]:
         """Median and max of each phase over the recoveries; `ready_unknown` counts those never ready."""
-        out: dict[str, Any] = {"count": len(self.restarts)}
+        out: dict[str, object] = {"count": len(self.restarts)}
         for phase in PHASES:
-            values = [v for r in self.restarts if (v := getattr(r, f"{phase}_s")) is not None]
+            values = self.phase_values(phase)
             out[phase] = (
                 {"median_s": rounded(median(values)), "max_s": rounded(max(values))} if values else None
             )
-        out["ready_unknown"] = sum(1 for r in self.restarts if r.ready_s is None)
+        out["ready_unknown"] = self.ready_unknown()
         return out
 
-    def report(self) -> dict[str, Any]:
+    def phase_values(self, phase: str) -> list[float]:
+        """The seconds to `phase` of every recovery that reached it."""
+        return [v for r in self.restarts if (v := getattr(r, f"{phase}_s")) is not None]
+
+    def ready_unknown(self) -> int:
+        """How many recoveries were never known ready."""
+        return sum(1 for r in self.restarts if r.ready_s is None)
+
+    def report(self) -> dict[str, object]:
         """report.json's part: the launch, every recovery, and their summary."""
         return {
             "launch": self.launch.to_dict() if self.launch is not None else None,
@@ -178,7 +185,7 @@ class Recoveries:
             "time_to_recover": self.summary(),
         }
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         """status.json's part: the launch and the last recovery."""
         last = self.last
         return {
@@ -190,16 +197,16 @@ class Recoveries:
         """One line for the summary at the end ("" when nothing restarted)."""
         if not self.restarts:
             return ""
-        s = self.summary()
-        parts = [f"{s['count']} recover{'y' if s['count'] == 1 else 'ies'}"]
-        parts += [f"to {phase} median {s[phase]['median_s']:.3f} s, max {s[phase]['max_s']:.3f} s"
-                  for phase in PHASES if s[phase] is not None]
-        if s["ready_unknown"]:
-            parts.append(f"ready unknown for {s['ready_unknown']} (docs/time_to_recover.md)")
+        count, unknown = len(self.restarts), self.ready_unknown()
+        parts = [f"{count} recover{'y' if count == 1 else 'ies'}"]
+        parts += [f"to {phase} median {round(median(values), 3):.3f} s, max {round(max(values), 3):.3f} s"
+                  for phase in PHASES if (values := self.phase_values(phase))]
+        if unknown:
+            parts.append(f"ready unknown for {unknown} (docs/time_to_recover.md)")
         return "time to recover: " + "; ".join(parts)
 
 
-def kept(failure: dict[str, Any]) -> dict[str, Any]:
+def kept(failure: dict[str, object]) -> dict[str, object]:
     """The few fields of a failure's to_dict() a recovery shows (no traceback, no stacks)."""
     return {k: failure[k] for k in FAILURE_FIELDS if failure.get(k) is not None}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -26,7 +26,7 @@ class RendezvousResult:
     master_addr: str
     master_port: int
     nodes: tuple[str, ...] = ()  # node ids in group-rank order
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -87,7 +87,7 @@ class Rendezvous(Protocol):
     async def node_ledger(self) -> dict[str, NodeRecord]:
         """Every node's ledger record ({} when it cannot be read)."""
 
-    async def publish(self, state: dict[str, Any]) -> None:
+    async def publish(self, state: dict[str, object]) -> None:
         """Publish this node's live state (machine state, attempt, worker pids/exit codes) for `runner status`."""
 
     async def close(self, outcome: str, *, alone: bool = False) -> None:

@@ -6,7 +6,7 @@ A fresh free MASTER_PORT every round, unless the spec fixes one (as torchrun's -
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.node_ledger import LocalLedger, Mark, NodeRecord
@@ -34,7 +34,7 @@ class LocalRendezvous:
         self.master_addr = master_addr
         self.restarts = 0
         self.class_restarts: dict[str, int] = {}  # restarts charged per failure class
-        self.state: dict[str, Any] = {}
+        self.state: dict[str, object] = {}
         self._last_port: int | None = None
 
     async def open(self, events: asyncio.Queue[Event]) -> None:
@@ -92,7 +92,7 @@ class LocalRendezvous:
         """From the ledger's file."""
         return self.ledger.read() if self.ledger is not None else {}
 
-    async def publish(self, state: dict[str, Any]) -> None:
+    async def publish(self, state: dict[str, object]) -> None:
         """Keep the latest state (the agent also writes it to <run dir>/status.json)."""
         self.state = state
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from runner.config.redact import has_secret, redact_argv, redact_value
@@ -59,7 +60,7 @@ def shared_tree(spec: JobSpec) -> dict[str, Any]:
         health["commands"] = [{**c, "run": line} for c, line in zip(health["commands"], lines, strict=True)]
     for dotted in NODE_LOCAL_FIELDS:
         *parents, leaf = dotted.split(".")
-        node: Any = tree
+        node: object = tree
         for part in parents:
             node = node.get(part, {}) if isinstance(node, dict) else {}
         if isinstance(node, dict):
@@ -67,7 +68,7 @@ def shared_tree(spec: JobSpec) -> dict[str, Any]:
     return tree
 
 
-def digest_secret_items(job: str, field: str, items: list[Any], *, argv: bool = False) -> list[Any]:
+def digest_secret_items(job: str, field: str, items: list[object], *, argv: bool = False) -> list[object]:
     """`items` with every element redaction would mask (`--token X`'s X, a URL password) replaced by its digest."""
     texts = [str(v) for v in items]
     shown = redact_argv(texts) if argv else [redact_value(v) for v in texts]
@@ -77,7 +78,7 @@ def digest_secret_items(job: str, field: str, items: list[Any], *, argv: bool = 
     ]
 
 
-def tree_digest(tree: dict[str, Any]) -> str:
+def tree_digest(tree: Mapping[str, object]) -> str:
     """Stable short hash of a spec tree."""
     blob = json.dumps(tree, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -88,7 +89,7 @@ def shared_digest(spec: JobSpec) -> str:
     return tree_digest(shared_tree(spec))
 
 
-def diff_paths(ours: Any, theirs: Any, path: str = "") -> list[str]:
+def diff_paths(ours: object, theirs: object, path: str = "") -> list[str]:
     """Dotted paths where two JSON trees differ, sorted."""
     if isinstance(ours, dict) and isinstance(theirs, dict):
         found: list[str] = []

@@ -7,8 +7,9 @@ one (an older runner) shows a line saying so.
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from runner.json_types import JSONObject
 from runner.observe.ledger import LAUNCH_PHASES, PHASES
 
 if TYPE_CHECKING:
@@ -17,10 +18,11 @@ if TYPE_CHECKING:
 
 def ledger_section(story: Story) -> str:
     """One summary row per ledger (node, group, job), then one row per failure with its phases."""
-    ledgers: list[tuple[str, dict[str, Any]]] = [
-        (f"{node.node} (job)" if story.groups else node.node, node.report["ledger"])
-        for node in story.nodes if isinstance(node.report.get("ledger"), dict)]
-    ledgers += [(f"group {g.get('group')}", g["ledger"]) for g in story.groups if isinstance(g.get("ledger"), dict)]
+    ledgers: list[tuple[str, JSONObject]] = [
+        (f"{node.node} (job)" if story.groups else node.node, ledger)
+        for node in story.nodes if isinstance(ledger := node.report.get("ledger"), dict)]
+    ledgers += [(f"group {g.get('group')}", ledger)
+                for g in story.groups if isinstance(ledger := g.get("ledger"), dict)]
     if not ledgers:
         return "<p>No ledger in report.json (a run by an older runner, or one still running).</p>"
     rows = [('<table id="ledger"><tr><th>run</th><th>ETTR</th><th>wall</th><th>productive</th><th>launch</th>'
@@ -31,7 +33,7 @@ def ledger_section(story: Story) -> str:
              f'<td>{esc(d.get("failure_count", "-"))}</td><td>{esc(d.get("basis", "-"))}</td></tr>'
              for name, d in ledgers]
     rows.append("</table>")
-    failures = [(name, f) for name, d in ledgers for f in d.get("failures") or [] if isinstance(f, dict)]
+    failures = [(name, f) for name, d in ledgers for f in listed(d.get("failures")) if isinstance(f, dict)]
     if failures:
         rows.append('<table id="ledger-failures"><tr><th>run</th><th>after</th><th>class</th><th>lost</th>'
                     "<th>phases</th><th>last step</th><th>checkpoint</th><th>resumed from</th>"
@@ -43,6 +45,11 @@ def ledger_section(story: Story) -> str:
                  f'<td>{esc(dash(f.get("steps_lost")))}</td></tr>' for name, f in failures]
         rows.append("</table>")
     return "\n".join(rows)
+
+
+def listed(value: object) -> list[object]:
+    """`value` if it is a list, else none (report.json is read as it comes)."""
+    return list(value) if isinstance(value, list) else []
 
 
 def phases(values: object, names: tuple[str, ...]) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import html
 import time
-from typing import Any
 
+from runner.json_types import JSONObject
 from runner.report.ledger_page import ledger_section
 from runner.report.story import NodeStory, Story
 
@@ -183,9 +183,11 @@ def groups_table(story: Story) -> str:
     rows = [('<table id="groups"><tr><th>group</th><th>outcome</th><th>attempts</th><th>restarts</th>'
              "<th>last committed step</th><th>steps over time</th></tr>")]
     for g in story.groups:
-        samples = [s for s in g.get("steps") or [] if isinstance(s, list) and len(s) == 2]
+        steps = g.get("steps")
+        samples = [(float(s[0]), s[1]) for s in (steps if isinstance(steps, list) else [])
+                   if isinstance(s, list) and len(s) == 2 and isinstance(s[0], int | float)]
         shown = samples[:: max(1, len(samples) // 12)]  # a dozen points: enough to see who stepped on
-        timeline = ", ".join(f"+{float(t) - story.start:.0f}s: {s}" for t, s in shown) or "-"
+        timeline = ", ".join(f"+{t - story.start:.0f}s: {s}" for t, s in shown) or "-"
         rows.append(f'<tr class="group-row"><td>{esc(g.get("group"))}</td><td>{esc(g.get("outcome"))}</td>'
                     f'<td>{esc(g.get("attempts"))}</td><td>{esc(g.get("restarts"))}</td>'
                     f'<td>{esc(g.get("step"))}</td><td>{esc(timeline)}</td></tr>')
@@ -244,7 +246,7 @@ def hang_lines(hang: object) -> list[str]:
     return [f'<div class="hang">{esc(k)}: {esc(v)}</div>' for k, v in items if v]
 
 
-def failure_block(node: NodeStory, f: dict[str, Any]) -> str:
+def failure_block(node: NodeStory, f: JSONObject) -> str:
     """One failure."""
     head = f"node {node.node} · attempt {f.get('attempt')} · {f.get('kind', '?')}: {f.get('reason', '')}"
     parts = [f'<details class="failure" data-attempt="{esc(f.get("attempt"))}" open><summary>{esc(head)}</summary>']

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from runner.json_types import JSONObject
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a JSON-lines file is read up to this size
 MAX_JSON_BYTES = 8 * 1024 * 1024  # report.json, failure.json
@@ -74,7 +76,7 @@ class Restart:
     cause: str
     at: float
     running_again: float | None
-    measured: dict[str, Any] = field(default_factory=dict)  # the agent's own figures (report.json `recoveries`)
+    measured: JSONObject = field(default_factory=dict)  # the agent's own figures (report.json `recoveries`)
 
     @property
     def recovery_s(self) -> float | None:
@@ -96,8 +98,8 @@ class NodeStory:
     run_dir: str
     transitions: list[Transition] = field(default_factory=list)
     workers: list[WorkerLife] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)
-    report: dict[str, Any] = field(default_factory=dict)
+    failures: list[JSONObject] = field(default_factory=list)
+    report: JSONObject = field(default_factory=dict)
     start: float = 0.0
     end: float = 0.0
 
@@ -125,7 +127,7 @@ class NodeStory:
                                self.recovery(t.attempt + 1)))
         return out
 
-    def recovery(self, attempt: int) -> dict[str, Any]:
+    def recovery(self, attempt: int) -> JSONObject:
         """report.json's record of the recovery that started `attempt` ({} when the agent recorded none)."""
         found = self.report.get("recoveries")
         for r in found if isinstance(found, list) else []:
@@ -166,7 +168,7 @@ class Story:
     """Every node of one run of one job."""
 
     nodes: list[NodeStory]
-    groups: list[dict[str, Any]] = field(default_factory=list)  # replica groups: report.json's `groups`
+    groups: list[JSONObject] = field(default_factory=list)  # replica groups: report.json's `groups`
 
     @property
     def job(self) -> str:
@@ -189,13 +191,13 @@ class Story:
         found = {n.outcome for n in self.nodes}
         return next((o for o in order if o in found), min(found) if found else "unknown")
 
-    def root_cause(self) -> tuple[str, dict[str, Any]] | None:
+    def root_cause(self) -> tuple[str, JSONObject] | None:
         """(node, failure) that explains the run: the last attempt's first failure not merely caused by a peer."""
         found = [(n.node, f) for n in self.nodes for f in n.failures]
         if not found:
             return None
-        last = max(int(f.get("attempt", 0)) for _, f in found)
-        candidates = [(node, f) for node, f in found if int(f.get("attempt", 0)) == last]
+        last = max(attempt_of(f) for _, f in found)
+        candidates = [(node, f) for node, f in found if attempt_of(f) == last]
         own = [(node, f) for node, f in candidates if f.get("kind") != "peer"]
         return (own or candidates)[0]
 
@@ -203,7 +205,7 @@ class Story:
 def read_story(run_dirs: list[Path]) -> Story:
     """Read every run dir (one per node) into one Story; a run with replica groups shows each group as a lane."""
     lanes: list[Path] = []
-    groups: list[dict[str, Any]] = []
+    groups: list[JSONObject] = []
     for d in map(Path, run_dirs):
         inner = sorted(d.glob("group_*"), key=lambda g: attempt_number(g.name))
         lanes += [g for g in inner if g.is_dir()] or [d]
@@ -237,14 +239,14 @@ def read_node(run_dir: Path) -> NodeStory:
     return story
 
 
-def worker_lives(events: list[dict[str, Any]], transitions: list[Transition]) -> list[WorkerLife]:
+def worker_lives(events: list[JSONObject], transitions: list[Transition]) -> list[WorkerLife]:
     """Each worker from worker_started to worker_exited (by pid); one the runner stopped ends with its group."""
     lives: dict[int, WorkerLife] = {}
     attempt = 0
     for e in events:
         kind = e.get("event")
-        if kind == "transition" and isinstance(e.get("attempt"), int):
-            attempt = e["attempt"]
+        if kind == "transition" and isinstance(number := e.get("attempt"), int):
+            attempt = number
         when, pid = stamp(e), e.get("pid")
         if when is None or not isinstance(pid, int):
             continue
@@ -252,8 +254,8 @@ def worker_lives(events: list[dict[str, Any]], transitions: list[Transition]) ->
             rank, local = e.get("rank"), e.get("local_rank", e.get("rank"))
             if isinstance(rank, int) and isinstance(local, int):
                 lives[pid] = WorkerLife(rank, local, pid, attempt, when)
-        elif kind == "worker_exited" and pid in lives and isinstance(e.get("exit_code"), int):
-            lives[pid].end, lives[pid].exit_code = when, e["exit_code"]
+        elif kind == "worker_exited" and pid in lives and isinstance(code := e.get("exit_code"), int):
+            lives[pid].end, lives[pid].exit_code = when, code
     for w in lives.values():
         if w.end is None:  # stopped with its group: at the next group restart or the shutdown
             w.end = next((t.time for t in transitions if t.time >= w.start and t.dst in ("RENDEZVOUS", "SHUTDOWN")),
@@ -261,7 +263,7 @@ def worker_lives(events: list[dict[str, Any]], transitions: list[Transition]) ->
     return sorted(lives.values(), key=lambda w: (w.local_rank, w.start))
 
 
-def failures(run_dir: Path, report: dict[str, Any]) -> list[dict[str, Any]]:
+def failures(run_dir: Path, report: JSONObject) -> list[JSONObject]:
     """Every failure: report.json's list, else each attempt_<k>/failure.json."""
     listed = report.get("failures")
     if isinstance(listed, list) and listed:
@@ -274,24 +276,32 @@ def failures(run_dir: Path, report: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+def attempt_of(failure: JSONObject) -> int:
+    """A failure record's attempt (0 when it names none, or not as a number)."""
+    value = failure.get("attempt", 0)
+    return int(value) if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)) else 0
+
+
 def attempt_number(name: str) -> int:
     """3 for 'attempt_3' (-1 for anything else)."""
     tail = name.removeprefix("attempt_")
     return int(tail) if tail.isdigit() else -1
 
 
-def to_transition(e: dict[str, Any]) -> Transition | None:
+def to_transition(e: JSONObject) -> Transition | None:
     """A transition event as a Transition (None when a field is missing or mistyped)."""
-    when = e.get("time") if isinstance(e.get("time"), int | float) else stamp(e)
-    if when is None or not all(isinstance(e.get(k), str) for k in ("src", "dst", "trigger")):
+    time_ = e.get("time")
+    when = time_ if isinstance(time_, int | float) else stamp(e)
+    src, dst, trigger = e.get("src"), e.get("dst"), e.get("trigger")
+    if when is None or not isinstance(src, str) or not isinstance(dst, str) or not isinstance(trigger, str):
         return None
     attempt = e.get("attempt")
-    return Transition(float(when), e["src"], e["dst"], e["trigger"], str(e.get("reason") or ""),
+    return Transition(float(when), src, dst, trigger, str(e.get("reason") or ""),
                       attempt if isinstance(attempt, int) else 0,
                       str(e.get("outcome") or ""))
 
 
-def stamp(e: dict[str, Any]) -> float | None:
+def stamp(e: JSONObject) -> float | None:
     """Epoch seconds of an event's ISO `timestamp`."""
     value = e.get("timestamp")
     if not isinstance(value, str):
@@ -302,7 +312,7 @@ def stamp(e: dict[str, Any]) -> float | None:
         return None
 
 
-def json_lines(path: Path) -> Iterator[dict[str, Any]]:
+def json_lines(path: Path) -> Iterator[JSONObject]:
     """The JSON objects of a JSON-lines file (its first MAX_FILE_BYTES), skipping what does not parse."""
     try:
         with path.open("rb") as f:
@@ -318,7 +328,7 @@ def json_lines(path: Path) -> Iterator[dict[str, Any]]:
             yield item
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
+def read_json(path: Path) -> JSONObject | None:
     """A JSON object file, or None."""
     try:
         with path.open("rb") as f:

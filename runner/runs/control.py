@@ -6,7 +6,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ def read_status(spec: JobSpec) -> dict[str, Any]:
         raise RunnerError(
             f"no status for job '{spec.name}' at {path}", fix="run the job first (or check logs.dir)"
         ) from e
+    if not isinstance(node, dict):
+        raise RunnerError(f"unreadable status at {path}", fix="the run dir was damaged")
     running = node.get("state") != "SHUTDOWN" and is_agent(node)
     status = "running" if running else (node.get("outcome") or "unknown (agent gone)")
     return {"job": spec.name, "status": status, "backend": "local", "nodes": [node], "ledger": local_ledger(spec)}
@@ -69,7 +71,7 @@ def request_stop(spec: JobSpec, graceful: bool) -> str:
 AGENT_FILES = ("agent.jsonl", "transitions.jsonl")  # the agent holds these open in its run dir until it ends
 
 
-def agent_identity() -> dict[str, Any]:
+def agent_identity() -> dict[str, object]:
     """What status.json may record so `runner stop` can tell this agent from a later process with the same pid."""
     st = procs.read_stat(os.getpid())
     return {"agent_pid": os.getpid(), "agent_start_time": st.start_time if st is not None else None}
@@ -80,7 +82,7 @@ def holds_run_file(pid: int, run_dir: str) -> bool:
     return procs.holds_open(pid, {os.path.join(run_dir, name) for name in AGENT_FILES})
 
 
-def _proven(pid: int, node: dict[str, Any]) -> bool:
+def _proven(pid: int, node: Mapping[str, object]) -> bool:
     """`pid` is the agent `node` describes: same start time, or it holds that run's own files open."""
     start = node.get("agent_start_time")
     if isinstance(start, int):
@@ -90,17 +92,17 @@ def _proven(pid: int, node: dict[str, Any]) -> bool:
     return isinstance(run_dir, str) and holds_run_file(pid, run_dir)
 
 
-def is_agent(node: dict[str, Any]) -> bool:
+def is_agent(node: Mapping[str, object]) -> bool:
     """True if the agent a status.json describes still runs (not merely some process with its old pid)."""
     return _with_agent(node, procs.exists)
 
 
-def signal_agent(node: dict[str, Any], sig: int) -> bool:
+def signal_agent(node: Mapping[str, object], sig: int) -> bool:
     """Send `sig` to the agent a status.json describes, through a pidfd, only once proven to be it; False if not."""
     return _with_agent(node, lambda fd: procs.send(fd, sig))
 
 
-def _with_agent(node: dict[str, Any], act: Callable[[int], bool]) -> bool:
+def _with_agent(node: Mapping[str, object], act: Callable[[int], bool]) -> bool:
     """Open a pidfd on node's agent_pid, prove it is that agent, then `act` on the pidfd.
 
     `act` fails if the process ended meanwhile, so what was proven was about the process the pidfd names.

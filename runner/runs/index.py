@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from runner.system.soft_io import describe, note, write_whole
@@ -76,7 +76,7 @@ def index_path(environ: Mapping[str, str] | None = None) -> Path:
     return state_dir(environ) / "runs.jsonl"
 
 
-def start_line(job: str, node: str, run_dir: Path, backend: str, now: float | None = None) -> dict[str, Any]:
+def start_line(job: str, node: str, run_dir: Path, backend: str, now: float | None = None) -> dict[str, object]:
     """The line an agent appends when its run starts."""
     return {
         "v": VERSION, "kind": "start", "job": job, "node": node, "run_dir": str(run_dir),
@@ -86,7 +86,7 @@ def start_line(job: str, node: str, run_dir: Path, backend: str, now: float | No
 
 def end_line(
     node: str, run_dir: Path, outcome: str, exit_code: int, attempts: int, restarts: int, now: float | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The line an agent appends when its run ends."""
     return {
         "v": VERSION, "kind": "end", "node": node, "run_dir": str(run_dir), "outcome": outcome,
@@ -95,7 +95,7 @@ def end_line(
     }
 
 
-def append(line: Mapping[str, Any], path: Path | None = None) -> None:
+def append(line: Mapping[str, object], path: Path | None = None) -> None:
     """Append one line under an exclusive lock, creating the file 0600; compact it when it grew too big.
 
     Raises OSError when the index cannot be written (callers log it and go on).
@@ -142,7 +142,7 @@ def compact(fd: int, path: Path) -> None:
         raise
 
 
-def decode(raw: str) -> dict[str, Any] | None:
+def decode(raw: str) -> dict[str, object] | None:
     """One index line as a dict, or None for anything that is not one of our lines."""
     if len(raw) > MAX_LINE:
         return None
@@ -164,11 +164,12 @@ def parse(lines: Iterable[str]) -> list[Run]:
         item = decode(raw)
         if item is None:
             continue
-        key = (item["run_dir"], item["node"])
+        run_dir, node = str(item["run_dir"]), str(item["node"])  # text: decode checked them
+        key = (run_dir, node)
         if item["kind"] == "start":
             job, started = item.get("job"), item.get("time")
             if isinstance(job, str) and isinstance(started, int | float) and not isinstance(started, bool):
-                runs[key] = Run(job=job, node=item["node"], run_dir=item["run_dir"], started=float(started),
+                runs[key] = Run(job=job, node=node, run_dir=run_dir, started=float(started),
                                 pid=as_int(item.get("pid")) or 0, backend=str(item.get("backend") or ""))
         elif key in runs:
             run = runs[key]

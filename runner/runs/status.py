@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +176,7 @@ def ranks(workers: object) -> str:
     return " · ".join(parts)
 
 
-def table(status: dict[str, Any], now: float | None = None) -> list[str]:
+def table(status: Mapping[str, object], now: float | None = None) -> list[str]:
     """The lines of `runner status --watch`: a title, then one row per node."""
     now = time.time() if now is None else now
     runs = {r.node: r for r in runs_index.runs_of(str(status.get("job")))}
@@ -185,7 +186,7 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
         title += f" · restarts {status.get('restarts')}"
     head = ("NODE", "STATE", "ATTEMPT", "RESTARTS", "FAILURE", "RANKS", "UPTIME", "RECOVERY", "ETTR", "LAST EVENT")
     rows: list[tuple[str, ...]] = [head]
-    for node in status.get("nodes") or []:
+    for node in objects(status.get("nodes")):
         name = str(node.get("node"))
         run = runs.get(name)
         run_dir = str(node.get("run_dir") or (run.run_dir if run else ""))
@@ -199,7 +200,7 @@ def table(status: dict[str, Any], now: float | None = None) -> list[str]:
                      failure_class(node), ranks(node.get("workers")), duration(up),
                      recovery(node.get("recovery")), ettr(node.get("ledger")), (event + ago) if event else "-"))
     lines = [title, *aligned(rows)]
-    for node in status.get("nodes") or []:
+    for node in objects(status.get("nodes")):
         lines += groups_table(node.get("groups"))
     return lines + basis_legend(ledgers_of(status)) + ledger_table(status.get("ledger"), now)
 
@@ -242,7 +243,7 @@ def groups_table(groups: object) -> list[str]:
     return ["", *aligned(rows)]
 
 
-def pids(group: dict[str, Any]) -> str:
+def pids(group: Mapping[str, object]) -> str:
     """The pids of a replica group's running workers (`rank:pid`, comma-separated), '-' when none runs."""
     workers = group.get("workers")
     shown = [f"{w.get('rank')}:{w.get('pid')}" for w in workers if isinstance(w, dict) and w.get("exit_code") is None
@@ -252,7 +253,7 @@ def pids(group: dict[str, Any]) -> str:
     return ",".join(shown) or "-"
 
 
-def failure_class(node: dict[str, Any]) -> str:
+def failure_class(node: Mapping[str, object]) -> str:
     """The class of a node's last failure (docs/failure_classes.md): its `failure`, else its last recovery's.
 
     A node out of the round for its health checks shows that instead, with the first reason (docs/health.md).
@@ -268,7 +269,7 @@ def failure_class(node: dict[str, Any]) -> str:
     return "-"
 
 
-def unhealthy_reasons(node: dict[str, Any]) -> list[str]:
+def unhealthy_reasons(node: Mapping[str, object]) -> list[str]:
     """Why a node stays out of the round for its health checks (its last failed try), [] when it does not."""
     last = node.get("unhealthy")
     failures = last.get("failures") if isinstance(last, dict) else None
@@ -326,36 +327,38 @@ def basis_legend(ledgers: list[object]) -> list[str]:
     return [f"ETTR [{b}]: {BASES[b]} (docs/goodput.md)" for b in ("ready", "running") if b in used]
 
 
-def ledgers_of(status: dict[str, Any]) -> list[object]:
+def ledgers_of(status: Mapping[str, object]) -> list[object]:
     """Every ETTR ledger the status shows: each node's, each replica group's."""
     out: list[object] = []
-    for node in status.get("nodes") or []:
-        if isinstance(node, dict):
-            out.append(node.get("ledger"))
-            out += [g.get("ledger") for g in node.get("groups") or [] if isinstance(g, dict)]
+    for node in objects(status.get("nodes")):
+        out.append(node.get("ledger"))
+        out += [g.get("ledger") for g in objects(node.get("groups"))]
     return out
 
 
-def watch_key(status: dict[str, Any]) -> str:
+def watch_key(status: Mapping[str, object]) -> str:
     """What `runner status --watch` off a terminal prints on a change of: the table less its clocks.
 
     The title's time, UPTIME, the age of the last event and the live totals (ETTR) change every second while
     nothing happens; a state, an attempt, a rank's exit, a recovery, a new last event or a group's step does not.
     """
     nodes = []
-    for node in status.get("nodes") or []:
-        if not isinstance(node, dict):
-            continue
+    for node in objects(status.get("nodes")):
         run_dir = str(node.get("run_dir") or "")
         nodes.append([node.get("node"), node.get("state"), node.get("attempt"), node.get("restarts"),
                       failure_class(node), ranks(node.get("workers")), recovery(node.get("recovery")),
                       last_event(run_dir)[0] if run_dir else "",
                       [[g.get(k) for k in ("group", "state", "attempt", "restarts", "step", "outcome")]
-                       for g in node.get("groups") or [] if isinstance(g, dict)]])
+                       for g in objects(node.get("groups"))]])
     raw = status.get("ledger")
     ledger = raw if isinstance(raw, list) else []
     return json.dumps([status.get("status"), status.get("round"), status.get("world_size"), nodes,
                        [[r.get("node"), r.get("counts")] for r in ledger if isinstance(r, dict)]], default=str)
+
+
+def objects(value: object) -> list[Mapping[str, object]]:
+    """The objects of a list in the status document (anything else in it, or no list, is skipped)."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
 def fmt_clock(now: float) -> str:
@@ -363,6 +366,6 @@ def fmt_clock(now: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(now))
 
 
-def ended(status: dict[str, Any]) -> bool:
+def ended(status: Mapping[str, object]) -> bool:
     """Whether the job is over (nothing left to watch)."""
     return str(status.get("status")) not in LIVE

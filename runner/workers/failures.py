@@ -8,7 +8,6 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from runner.events import PEER_REPORTED, PeerLost, TimerExpired
 from runner.hangs import Culprit, Verdict, mismatch_words
@@ -58,7 +57,7 @@ class Failure:
     stderr_tail: str = ""
     stacks: str = ""  # Python stacks captured before a watchdog kill
     log_dir: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
     classified: FailureClass | None = None  # set from evidence; None: the kind's usual class (default_class)
     evidence: str = ""  # what decided the class beyond the kind (the OOM killer's record, ...)
     hang: Verdict | None = None  # a hang's culprit, from every rank's flight recorder (docs/hangs.md)
@@ -105,7 +104,7 @@ class Failure:
             lines.append(f"  logs: {self.log_dir}")
         return "\n".join(lines)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-able form for the failure file and status."""
         out = {k: v for k, v in self.__dict__.items() if v not in (None, "", {}) and k != "classified"}
         out["kind"] = self.kind.value

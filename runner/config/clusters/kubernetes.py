@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import re
 from pathlib import PurePosixPath
-from typing import Any
 
 import yaml
 
@@ -41,7 +40,7 @@ def labels(spec: JobSpec, role: str) -> dict[str, str]:
             "runner/role": role}
 
 
-def meta(spec: JobSpec, name: str, role: str) -> dict[str, Any]:
+def meta(spec: JobSpec, name: str, role: str) -> dict[str, object]:
     """Metadata of one object."""
     return {"name": name, "namespace": spec.cluster.kubernetes.namespace, "labels": labels(spec, role)}
 
@@ -65,53 +64,54 @@ def first_node(spec: JobSpec) -> str:
     return f"{name}-0.{name}.{spec.cluster.kubernetes.namespace}.svc"
 
 
-def config_map(spec: JobSpec, spec_text: str) -> dict[str, Any]:
+def config_map(spec: JobSpec, spec_text: str) -> dict[str, object]:
     """The job spec file, verbatim."""
     name = dns_name(spec.name)
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(spec, f"{name}-spec", "agent"),
             "data": {"job.yaml": spec_text}}
 
 
-def headless_service(spec: JobSpec, name: str, role: str, port: int | None) -> dict[str, Any]:
+def headless_service(spec: JobSpec, name: str, role: str, port: int | None) -> dict[str, object]:
     """A headless Service: stable DNS names for the pods of `role`."""
-    body: dict[str, Any] = {"clusterIP": "None", "selector": labels(spec, role)}
+    body: dict[str, object] = {"clusterIP": "None", "selector": labels(spec, role)}
     if port is not None:
         body["ports"] = [{"name": "client", "port": port, "targetPort": port}]
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta(spec, name, role), "spec": body}
 
 
-def resources(spec: JobSpec) -> dict[str, Any]:
+def resources(spec: JobSpec) -> dict[str, object]:
     """Requests = limits (CPU, memory) and GPUs per node."""
     k8s, amounts = spec.cluster.kubernetes, {}
     if k8s.cpu:
         amounts["cpu"] = k8s.cpu
     if k8s.memory:
         amounts["memory"] = k8s.memory
-    limits: dict[str, Any] = dict(amounts)
+    limits: dict[str, object] = dict(amounts)
     if spec.cluster.gpus_per_node:
         limits["nvidia.com/gpu"] = spec.cluster.gpus_per_node
     return {"requests": amounts, "limits": limits} if limits else {}
 
 
-def agent_container(spec: JobSpec, spec_path: str) -> dict[str, Any]:
+def agent_container(spec: JobSpec, spec_path: str) -> dict[str, object]:
     """The runner agent: node id from the pod index, advertised at the pod IP."""
     k8s, path = spec.cluster.kubernetes, mount_path(spec, spec_path)
     env = [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
            {"name": FIRST_NODE_ENV, "value": first_node(spec)}]
     if spec.cluster.etcd == "start":
         env.append({"name": ETCD_ENV, "value": etcd_endpoint(spec)})
-    container: dict[str, Any] = {
+    mounts: list[dict[str, object]] = [{"name": "spec", "mountPath": path, "subPath": "job.yaml", "readOnly": True},
+                                       {"name": "dshm", "mountPath": "/dev/shm"}]  # noqa: S108 - a memory volume for NCCL
+    container: dict[str, object] = {
         "name": "runner",
         "image": k8s.image,
         "workingDir": k8s.workdir,
         "command": ["runner", "run", path, "--node", "node$(JOB_COMPLETION_INDEX)", "--advertise-addr", "$(POD_IP)"],
         "env": env,
-        "volumeMounts": [{"name": "spec", "mountPath": path, "subPath": "job.yaml", "readOnly": True},
-                         {"name": "dshm", "mountPath": "/dev/shm"}],  # noqa: S108 - a memory volume for NCCL
+        "volumeMounts": mounts,
     }
     if provides_secret(spec):  # the hosted rendezvous's secret, from the job's Secret (docs/security.md)
         env.append({"name": SECRET_ENV, "value": f"{SECRET_MOUNT}/secret"})
-        container["volumeMounts"].append({"name": "runner-secret", "mountPath": SECRET_MOUNT, "readOnly": True})
+        mounts.append({"name": "runner-secret", "mountPath": SECRET_MOUNT, "readOnly": True})
     if resources(spec):
         container["resources"] = resources(spec)
     if spec.metrics.enabled and spec.metrics.port:
@@ -119,26 +119,26 @@ def agent_container(spec: JobSpec, spec_path: str) -> dict[str, Any]:
     return container
 
 
-def agent_job(spec: JobSpec, spec_path: str) -> dict[str, Any]:
+def agent_job(spec: JobSpec, spec_path: str) -> dict[str, object]:
     """The agents as an Indexed Job: one pod per node; the restart policy runs inside, pods retry infra exits."""
     name, nodes = dns_name(spec.name), spec.nodes.max
-    pod: dict[str, Any] = {
+    volumes: list[dict[str, object]] = [{"name": "spec", "configMap": {"name": f"{name}-spec"}},
+                                        {"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    pod: dict[str, object] = {
         "subdomain": name,
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": math.ceil(spec.shutdown.grace_period) + AGENT_GRACE_MARGIN,
         "containers": [agent_container(spec, spec_path)],
-        "volumes": [{"name": "spec", "configMap": {"name": f"{name}-spec"}},
-                    {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": volumes,
     }
     if provides_secret(spec):  # kubectl create secret generic NAME-runner-secret --from-file=secret=job.secret
-        pod["volumes"].append({"name": "runner-secret", "secret": {"secretName": secret_name(name),
-                                                                   "defaultMode": 0o400}})
+        volumes.append({"name": "runner-secret", "secret": {"secretName": secret_name(name), "defaultMode": 0o400}})
     if spec.cluster.kubernetes.service_account:
         pod["serviceAccountName"] = spec.cluster.kubernetes.service_account
-    template: dict[str, Any] = {"metadata": {"labels": labels(spec, "agent")}, "spec": pod}
+    metadata: dict[str, object] = {"labels": labels(spec, "agent")}
+    template: dict[str, object] = {"metadata": metadata, "spec": pod}
     if spec.metrics.enabled and spec.metrics.port:
-        template["metadata"]["annotations"] = {"prometheus.io/scrape": "true",
-                                               "prometheus.io/port": str(spec.metrics.port)}
+        metadata["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics.port)}
     return {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": meta(spec, name, "agent"),
         "spec": {
@@ -154,7 +154,7 @@ def agent_job(spec: JobSpec, spec_path: str) -> dict[str, Any]:
     }
 
 
-def etcd_statefulset(spec: JobSpec) -> dict[str, Any]:
+def etcd_statefulset(spec: JobSpec) -> dict[str, object]:
     """One etcd member for the rendezvous (state is ephemeral: an emptyDir)."""
     name, port = f"{dns_name(spec.name)}-etcd", spec.cluster.etcd_port
     fqdn = f"$(POD_NAME).{name}.{spec.cluster.kubernetes.namespace}.svc"
@@ -180,7 +180,7 @@ def etcd_statefulset(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def documents(spec: JobSpec, spec_path: str, spec_text: str) -> list[dict[str, Any]]:
+def documents(spec: JobSpec, spec_path: str, spec_text: str) -> list[dict[str, object]]:
     """Every object, in the order `kubectl apply` should create them."""
     if not spec.cluster.kubernetes.image:
         raise problem(spec_path, "cluster.kubernetes.image", "no container image for the runner pods",

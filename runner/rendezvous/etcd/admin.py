@@ -11,7 +11,7 @@ import logging
 import sys
 import time
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -28,15 +28,22 @@ from runner.rendezvous.etcd.client import (
 )
 from runner.rendezvous.etcd.connect import new_session, refuse_without_secret
 from runner.rendezvous.etcd.keys import JobKeys, dump, ledger_of, load
+from runner.rendezvous.etcd.round_result import RoundResult, parse_result
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+    from runner.rendezvous.etcd.messages import KeyValue
 
 
-def quiet_log() -> Any:
+def quiet_log() -> FilteringBoundLogger:
     """A logger for `runner status` / `runner stop`: warnings to stderr, nothing on stdout (--json stays clean)."""
-    return structlog.wrap_logger(structlog.PrintLogger(sys.stderr),
-                                 wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    log: FilteringBoundLogger = structlog.wrap_logger(
+        structlog.PrintLogger(sys.stderr), wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    return log
 
 
-async def write_control(session: EtcdSession, keys: JobKeys, value: dict[str, Any]) -> None:
+async def write_control(session: EtcdSession, keys: JobKeys, value: dict[str, object]) -> None:
     """Set the control key unless a final outcome is already there ('stopping' may be overwritten)."""
     raw = await session.call(lambda c: c.get(keys.control))
     current = load(raw.value) if raw is not None else None
@@ -91,7 +98,7 @@ async def read_keys_status(spec: JobSpec, keys: JobKeys) -> dict[str, Any]:
                 continue
             raw = await session.call(partial(Connection.get, key=keys.result(candidate)))
             if raw is not None:
-                result, result_round = load(raw.value), candidate
+                result, result_round = parse_result(load(raw.value)), candidate
                 break
     finally:
         await session.close()
@@ -100,12 +107,14 @@ async def read_keys_status(spec: JobSpec, keys: JobKeys) -> dict[str, Any]:
     return status
 
 
-def status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[str, Any] | None,
-                control: list[Any], restarts: list[Any], live: list[Any], finals: list[Any]) -> dict[str, Any]:
-    """The status document from the keys read (node ids decoded from their keys)."""
+def status_dict(spec: JobSpec, r: int, result_round: int | None, result: RoundResult | None, control: list[KeyValue],
+                restarts: list[KeyValue], live: list[KeyValue], finals: list[KeyValue]) -> dict[str, Any]:
+    """The status document from the keys read (node ids decoded from their keys; a state that is no object, none)."""
     nodes: dict[str, Any] = {}
     for kv, is_live in [*((kv, False) for kv in finals), *((kv, True) for kv in live)]:
-        state = load(kv.value) or {}
+        state = load(kv.value)
+        if not isinstance(state, dict):
+            state = {}
         name = JobKeys.leaf(kv.key)
         nodes[name] = {
             "node": name, "state": state.get("state"), "outcome": state.get("outcome"),
@@ -124,12 +133,11 @@ def status_dict(spec: JobSpec, r: int, result_round: int | None, result: dict[st
         status = outcomes.pop() if len(outcomes) == 1 and None not in outcomes else "stopped"
     else:
         status = "running" if result_round == r else "rendezvous"
-    group = len(result["nodes"]) if result else 0
     return {"job": spec.name, "status": status, "round": r, "result_round": result_round,
-            "nodes_in_round": list(result["nodes"]) if result else [],
-            "world_size": group * int(result["nproc"]) if result else 0,
-            "master_addr": result["master_addr"] if result else None,
-            "master_port": result["master_port"] if result else None,
+            "nodes_in_round": list(result.nodes) if result else [],
+            "world_size": len(result.nodes) * result.nproc if result else 0,
+            "master_addr": result.master_addr if result else None,
+            "master_port": result.master_port if result else None,
             "restarts": int(restarts[0].value) if restarts else 0, "backend": "etcd",
             "nodes": [nodes[name] for name in sorted(nodes)]}
 

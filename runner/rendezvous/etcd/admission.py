@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from runner.config.spec import JobSpec
 from runner.errors import RendezvousError
@@ -33,7 +32,7 @@ class Admission:
 
 
 @functools.lru_cache(maxsize=4)
-def spec_identity(spec: JobSpec) -> tuple[dict[str, Any], bytes, bytes]:
+def spec_identity(spec: JobSpec) -> tuple[dict[str, object], bytes, bytes]:
     """The spec's shared tree (secrets as digests), its digest and the tree as stored, once per spec (read-only)."""
     tree = shared_tree(spec)
     return tree, tree_digest(tree).encode(), dump(tree)
@@ -83,7 +82,7 @@ async def job_intact(session: EtcdSession, keys: JobKeys, epoch: bytes) -> bool:
     return kv is not None and bytes(kv.value) == epoch
 
 
-def mismatch(spec: JobSpec, tree: dict[str, Any], theirs: object) -> RendezvousError:
+def mismatch(spec: JobSpec, tree: dict[str, object], theirs: object) -> RendezvousError:
     """The refusal of a node whose spec differs from the one the job runs: the differing fields, and the fix."""
     fields = diff_paths(tree, theirs) if isinstance(theirs, dict) else ["(unknown: no spec_json stored)"]
     msg = f"job '{spec.name}' already runs with a different spec; differing fields: {', '.join(fields)}"

@@ -92,7 +92,7 @@ class EtcdRendezvous:
         self._monitor: RoundMonitor | None = None
         self._stop_sink: Callable[[StopRequested], None] | None = None  # None: onto the events queue
         self._result: RendezvousResult | None = None
-        self._state: dict[str, Any] = {}
+        self._state: dict[str, object] = {}
         self._admitted = False  # open() passed the spec and closed-job checks: this node belongs to the job
         self._joiner: RoundJoiner | None = None  # once open(): this node's way into the rounds
         self._epoch = b""  # the job's epoch token this node was admitted under
@@ -324,7 +324,7 @@ class EtcdRendezvous:
             return {}
         return ledger_of(kvs)
 
-    async def publish(self, state: dict[str, Any]) -> None:
+    async def publish(self, state: dict[str, object]) -> None:
         """Put this node's live state (plus node, round, time) on the lease; bounded by the connect timeout.
 
         Before open() (the agent ended in INIT: no etcd binary, a refused spec) there is nothing to publish to: the
@@ -335,7 +335,7 @@ class EtcdRendezvous:
             return
         await self._bounded("publish", self._publish(state))
 
-    async def _publish(self, state: dict[str, Any]) -> None:
+    async def _publish(self, state: dict[str, object]) -> None:
         record = self._state_record(state)
         if not self._admitted or self._lost is not None:
             return  # refused, never connected, or etcd lost the job (re-admission publishes again)
@@ -345,7 +345,7 @@ class EtcdRendezvous:
             if self._lost is None:
                 raise
 
-    def _state_record(self, state: dict[str, Any]) -> dict[str, Any]:
+    def _state_record(self, state: dict[str, object]) -> dict[str, object]:
         """`state` plus node, round, time; remembered as this node's last state."""
         r = self._result.round if self._result else None
         self._state = {**state, "node": self._node, "round": r, "time": time.time()}
@@ -416,9 +416,10 @@ class EtcdRendezvous:
             except (RendezvousError, ValueError) as e:
                 self._log.warning("fence_peer_unknown", node=node, error=str(e))
                 return []
-            if not isinstance(record, dict) or not isinstance(record.get("addr"), str):
+            addr = record.get("addr") if isinstance(record, dict) else None
+            if not isinstance(addr, str):
                 return []
-            host = record["addr"]
+            host = addr
         return [Peer(node, await resolved(host, self._log), result.master_port)]
 
     def _on_fenced(self, reason: str) -> None:

@@ -28,6 +28,7 @@ from aetcd import rpc
 
 from runner.errors import RendezvousError
 from runner.rendezvous.etcd.identity import ClusterIdentity
+from runner.rendezvous.etcd.messages import Compare, KeyValue, RangeRequest, RequestOp
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -222,7 +223,7 @@ class TxnResult:
 
     succeeded: bool
     revision: int
-    kvs: list[list[Any]]  # per op: the range's rpc.KeyValue messages
+    kvs: list[list[KeyValue]]  # per op: the range's KeyValue messages
 
 
 class Connection:
@@ -260,14 +261,15 @@ class Connection:
         self._identity.check(reply.header, floor)
         return reply
 
-    async def range(self, request: Any) -> Any:
+    async def range(self, request: RangeRequest) -> Any:
         """A RangeResponse."""
         return await self._unary(self.kv.Range, request)
 
-    async def get(self, key: bytes) -> Any | None:
+    async def get(self, key: bytes) -> KeyValue | None:
         """The KeyValue at `key`, or None."""
         reply = await self.range(key_range(key))
-        return reply.kvs[0] if reply.kvs else None
+        kv: KeyValue | None = reply.kvs[0] if reply.kvs else None
+        return kv
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
         """Put (on `lease` when non-zero); the revision of the write."""
@@ -279,13 +281,14 @@ class Connection:
         request = rpc.DeleteRangeRequest(key=key, range_end=prefix_end(key) if prefix else b"")
         return int((await self._unary(self.kv.DeleteRange, request)).deleted)
 
-    async def txn(self, compare: Sequence[Any], success: Sequence[Any], failure: Sequence[Any] = ()) -> TxnResult:
+    async def txn(self, compare: Sequence[Compare], success: Sequence[RequestOp],
+                  failure: Sequence[RequestOp] = ()) -> TxnResult:
         """One transaction of rpc.Compare / rpc.RequestOp messages."""
         reply = await self._unary(self.kv.Txn, rpc.TxnRequest(compare=compare, success=success, failure=failure))
         kvs = [list(r.response_range.kvs) if r.HasField("response_range") else [] for r in reply.responses]
         return TxnResult(bool(reply.succeeded), int(reply.header.revision), kvs)
 
-    async def snapshot(self, ranges: Sequence[Any]) -> tuple[int, list[list[Any]]]:
+    async def snapshot(self, ranges: Sequence[RangeRequest]) -> tuple[int, list[list[KeyValue]]]:
         """Read several ranges at ONE revision (a compare-less transaction): (revision, kvs per range)."""
         result = await self.txn([], [range_op(r) for r in ranges])
         return result.revision, result.kvs
@@ -333,7 +336,7 @@ class Connection:
         await self.channel.close()
 
 
-async def cancel_task(task: asyncio.Task[Any]) -> None:
+async def cancel_task(task: asyncio.Task[object]) -> None:
     """Cancel `task` and wait for it to end, cancelling again if a cancel was swallowed."""
     while not task.done():
         task.cancel()
@@ -351,53 +354,53 @@ def prefix_end(prefix: bytes) -> bytes:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
-def range_op(request: Any) -> Any:
+def range_op(request: RangeRequest) -> RequestOp:
     """A read (rpc.RangeRequest) as a transaction op."""
-    return rpc.RequestOp(request_range=request)
+    return RequestOp(rpc.RequestOp(request_range=request))
 
 
-def put_op(key: bytes, value: bytes, lease: int = 0) -> Any:
+def put_op(key: bytes, value: bytes, lease: int = 0) -> RequestOp:
     """A put (on `lease` when non-zero) as a transaction op."""
-    return rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
+    return RequestOp(rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease)))
 
 
-def delete_op(key: bytes) -> Any:
+def delete_op(key: bytes) -> RequestOp:
     """A delete of one key as a transaction op."""
-    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))
+    return RequestOp(rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key)))
 
 
-def key_range(key: bytes) -> Any:
+def key_range(key: bytes) -> RangeRequest:
     """Range request for one key."""
-    return rpc.RangeRequest(key=key)
+    return RangeRequest(rpc.RangeRequest(key=key))
 
 
-def prefix_range(prefix: bytes, *, first_created: bool = False, count_only: bool = False) -> Any:
+def prefix_range(prefix: bytes, *, first_created: bool = False, count_only: bool = False) -> RangeRequest:
     """Range request for a prefix; with first_created, only the key created first; with count_only, no kvs."""
     if first_created:
-        return rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), limit=1,
-                                sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.CREATE)
-    return rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=count_only)
+        return RangeRequest(rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), limit=1,
+                                             sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.CREATE))
+    return RangeRequest(rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix), count_only=count_only))
 
 
-def absent(key: bytes) -> Any:
+def absent(key: bytes) -> Compare:
     """Comparison: `key` does not exist."""
-    return rpc.Compare(key=key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0)
+    return Compare(rpc.Compare(key=key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0))
 
 
-def none_under(prefix: bytes) -> Any:
+def none_under(prefix: bytes) -> Compare:
     """Comparison: no key starts with `prefix` (etcd compares every key of the range; an empty range passes)."""
-    return rpc.Compare(key=prefix, range_end=prefix_end(prefix), target=rpc.Compare.CREATE,
-                       result=rpc.Compare.EQUAL, create_revision=0)
+    return Compare(rpc.Compare(key=prefix, range_end=prefix_end(prefix), target=rpc.Compare.CREATE,
+                               result=rpc.Compare.EQUAL, create_revision=0))
 
 
-def value_is(key: bytes, value: bytes) -> Any:
+def value_is(key: bytes, value: bytes) -> Compare:
     """Comparison: `key` holds `value`."""
-    return rpc.Compare(key=key, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=value)
+    return Compare(rpc.Compare(key=key, target=rpc.Compare.VALUE, result=rpc.Compare.EQUAL, value=value))
 
 
-def modified_at(key: bytes, revision: int) -> Any:
+def modified_at(key: bytes, revision: int) -> Compare:
     """Comparison: `key` was last written at `revision`."""
-    return rpc.Compare(key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision)
+    return Compare(rpc.Compare(key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=revision))
 
 
 class EtcdSession:

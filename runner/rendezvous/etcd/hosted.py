@@ -18,7 +18,7 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -143,7 +143,7 @@ class HostedRendezvous:
         """As the etcd backend."""
         return await self._inner.node_ledger()
 
-    async def publish(self, state: dict[str, Any]) -> None:
+    async def publish(self, state: dict[str, object]) -> None:
         """As the etcd backend."""
         await self._inner.publish(state)
 

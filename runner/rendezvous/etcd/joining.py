@@ -13,14 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runner.config.spec import JobSpec
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.client import Connection, EtcdSession, absent, key_range, put_op, range_op, value_is
 from runner.rendezvous.etcd.keys import JobKeys, dump, load
 from runner.rendezvous.etcd.lease import LeaseKeeper
+from runner.rendezvous.etcd.messages import Compare, KeyValue
 from runner.rendezvous.etcd.round import RoundRules, RoundWaiter
+from runner.rendezvous.etcd.round_result import RoundResult, result_of
 from runner.rendezvous.ports import free_port
 
 if TYPE_CHECKING:
@@ -31,7 +33,7 @@ class RoundJoiner:
     """Joins rounds for one node (one agent process): the round it tries next, and its own join records."""
 
     def __init__(self, session: EtcdSession, lease: LeaseKeeper, keys: JobKeys, spec: JobSpec, node: str, *,
-                 addr: str, state_record: Callable[[dict[str, Any]], dict[str, Any]],
+                 addr: str, state_record: Callable[[dict[str, object]], dict[str, object]],
                  log: FilteringBoundLogger) -> None:
         """`state_record`: this node's live state record, its last state updated with the fields given."""
         self._s, self._lease, self._keys, self._spec = session, lease, keys, spec
@@ -75,7 +77,7 @@ class RoundJoiner:
             self._joined_at.setdefault(r, rev)
             self._joined_lease[r] = self._lease.lease_id
             k.check_open(first[2][0].value if first[2] else None)
-            closed = load(first[1][0].value) if first[1] else None
+            closed = result_of(load(first[1][0].value), r) if first[1] else None
             if closed is not None or await self._round_open(r, _round_of(round_kv)):
                 if closed is None:
                     self._log.info("rendezvous_joined", round=r, attempt=attempt)
@@ -85,7 +87,7 @@ class RoundJoiner:
                     result = None
                 if result is not None:
                     self.hint = r + 1
-                    return result, int(closed.get("rev", 0))
+                    return result, closed.rev
                 self._log.info("rendezvous_round_missed", round=r)
                 watch = waiter[-1].take_watch()
                 if watch is not None:
@@ -163,37 +165,37 @@ class RoundJoiner:
             await self._bump(r)
             r += 1
 
-    def _to_result(self, r: int, record: dict[str, Any]) -> RendezvousResult | None:
+    def _to_result(self, r: int, record: RoundResult) -> RendezvousResult | None:
         """This node's result of round `r` (None when the round closed without this agent).
 
         The round names nodes, not agents: an agent started again under the node's name (its host lost, or the
         agent killed) while the round its predecessor was in still stands finds its name in it. The seat is
         this agent's only when the leader counted this agent's join record: the leader saw the joins up to the
-        record's "rev", so this agent's first join into the round must be at or before it. Otherwise it would
+        record's `rev`, so this agent's first join into the round must be at or before it. Otherwise it would
         start workers of a world whose other members are gone or run workers of it already.
         """
-        nodes = tuple(record["nodes"])
+        nodes = record.nodes
         try:
             rank = nodes.index(self._node)
         except ValueError:
             return None
-        if self._joined_at.get(r, 0) > int(record.get("rev", 0)) or r not in self._joined_at:
+        if self._joined_at.get(r, 0) > record.rev or r not in self._joined_at:
             self._log.warning("rendezvous_seat_of_predecessor", round=r, joined_at=self._joined_at.get(r),
-                              seen_up_to=record.get("rev"),
+                              seen_up_to=record.rev,
                               detail="the round closed with this node's name but a join record written before "
                                      "this agent started: it joins the next round")
             return None
         return RendezvousResult(round=r, node=self._node, group_rank=rank,
-                                group_world_size=len(nodes), nproc_per_node=int(record["nproc"]),
-                                master_addr=str(record["master_addr"]), master_port=int(record["master_port"]),
+                                group_world_size=len(nodes), nproc_per_node=record.nproc,
+                                master_addr=record.master_addr, master_port=record.master_port,
                                 nodes=nodes, extra={"backend": "etcd"})
 
 
-def _round_of(kvs: list[Any]) -> int:
+def _round_of(kvs: list[KeyValue]) -> int:
     """The round number in a read of the round key (0 when the key does not exist yet)."""
     return int(kvs[0].value) if kvs else 0
 
 
-def _round_is(keys: JobKeys, r: int) -> Any:
+def _round_is(keys: JobKeys, r: int) -> Compare:
     """Comparison: the round key says `r` (round 0: the key does not exist yet)."""
     return value_is(keys.round, str(r).encode()) if r > 0 else absent(keys.round)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from runner.errors import JobClosed, RendezvousError
+from runner.json_types import JSON
+from runner.rendezvous.etcd.messages import KeyValue
+from runner.rendezvous.etcd.round_result import RoundResult, result_with
 from runner.rendezvous.node_ledger import MAX_NODES, NodeRecord, record_of
 
 MAX_RECORD_BYTES = 64 << 10  # a node ledger record larger than this is damaged
@@ -219,7 +221,7 @@ class JobKeys:
             raise JobClosed(self.job, state)
 
 
-def ledger_of(kvs: list[Any]) -> dict[str, NodeRecord]:
+def ledger_of(kvs: list[KeyValue]) -> dict[str, NodeRecord]:
     """The node ledger's records read from etcd (a damaged or oversized one left out), by node."""
     out: dict[str, NodeRecord] = {}
     for kv in kvs[:MAX_NODES]:
@@ -229,7 +231,7 @@ def ledger_of(kvs: list[Any]) -> dict[str, NodeRecord]:
     return out
 
 
-def encode_closed(record: dict[str, Any]) -> bytes:
+def encode_closed(result: RoundResult) -> bytes:
     """A round's result record as its news copy (JobKeys.closed): what every waiting node decodes.
 
     The record without its node list as one JSON line (with CLOSED_ZLIB set), then the node ids percent-encoded
@@ -239,13 +241,13 @@ def encode_closed(record: dict[str, Any]) -> bytes:
     (docs/scale.md); node ids of real clusters (hostnames sharing a prefix and a numbering) shrink 3-12 times, for
     well under 1 ms of decompression per node at 16,384 nodes.
     """
-    head = {key: value for key, value in record.items() if key != "nodes"}
-    body = "\n".join(map(encode_node, record["nodes"])).encode()
+    head = {key: value for key, value in result.record().items() if key != "nodes"}
+    body = "\n".join(map(encode_node, result.nodes)).encode()
     return dump({**head, CLOSED_ZLIB: True}) + b"\n" + zlib.compress(body, 1)
 
 
-def decode_closed(raw: bytes) -> dict[str, Any] | None:
-    """The result record from its news copy (None when `raw` is not one); "nodes" is a tuple.
+def decode_closed(raw: bytes) -> RoundResult | None:
+    """The result from its news copy (None when `raw` is not one).
 
     A copy without CLOSED_ZLIB (written by an older runner) has its ids uncompressed.
     """
@@ -266,20 +268,24 @@ def decode_closed(raw: bytes) -> dict[str, Any] | None:
     except UnicodeDecodeError:
         return None
     ids = text.split("\n") if text else []
-    record["nodes"] = tuple(ids) if "%" not in text else tuple(map(decode_node, ids))
-    return record
+    try:
+        nodes = tuple(ids) if "%" not in text else tuple(map(decode_node, ids))
+    except UnicodeDecodeError:  # an escaped id that is no UTF-8 text: not a copy runner wrote
+        return None
+    return result_with(record, nodes)
 
 
-def dump(value: Any) -> bytes:
+def dump(value: object) -> bytes:
     """JSON-encode a value for etcd."""
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def load(raw: bytes | None) -> Any:
+def load(raw: bytes | None) -> JSON:
     """Decode a JSON value (None stays None; garbage becomes None)."""
     if not raw:
         return None
     try:
-        return json.loads(raw)
+        value: JSON = json.loads(raw)
     except ValueError:
         return None
+    return value

@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
@@ -40,6 +40,7 @@ from runner.rendezvous.etcd.client import (
 from runner.rendezvous.etcd.connect import read_password
 from runner.rendezvous.etcd.job_secret import ROOT_USER, job_trust
 from runner.rendezvous.etcd.lease_revoke import GatewayEndpoint, LeaseListener, RevokeTicket
+from runner.rendezvous.etcd.messages import KeyValue, RangeRequest
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -131,14 +132,14 @@ class LeaseKeeper:
         return await self._on_lease(lambda: self._session.call(lambda c: c.put(key, value, lease=self.lease_id)))
 
     async def put_and_read(self, items: dict[bytes, bytes],
-                           reads: Sequence[Any] = ()) -> tuple[int, list[list[Any]]]:
+                           reads: Sequence[RangeRequest] = ()) -> tuple[int, list[list[KeyValue]]]:
         """Put `items` on the lease and read `reads` (rpc.RangeRequest) in ONE transaction: (revision, kvs per read).
 
         A lease etcd forgot is handled as in put().
         """
         self._keys.update(items)
 
-        async def txn() -> tuple[int, list[list[Any]]]:
+        async def txn() -> tuple[int, list[list[KeyValue]]]:
             ops = [*(put_op(k, v, self.lease_id) for k, v in items.items()), *map(range_op, reads)]
             result = await self._session.call(lambda c: c.txn([], ops))
             return result.revision, result.kvs[len(items):]

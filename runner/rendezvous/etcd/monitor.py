@@ -18,15 +18,17 @@ events per round instead of one per member (states of every member, published on
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
 from runner.errors import RendezvousError
 from runner.events import PEER_REPORTED, HangQuery, MembershipChanged, PeerLost, StopRequested
+from runner.json_types import JSONObject
 from runner.rendezvous.base import RendezvousResult
 from runner.rendezvous.etcd.client import EtcdSession, absent, cancel_task, key_range, put_op
 from runner.rendezvous.etcd.keys import JobKeys, dump, load
+from runner.rendezvous.etcd.lost import LostRecord, cause_of, parse_lost
 from runner.rendezvous.etcd.watch import PUT, Event, Watch
 
 if TYPE_CHECKING:
@@ -37,16 +39,7 @@ if TYPE_CHECKING:
     from runner.events import Event as AgentEvent
 
 RETRY_S = 1.0
-CAUSE_CHARS = 300  # a peer's published root cause, at most (what etcd holds is input: bounded here)
-
-
-def cause_of(record: dict[str, Any]) -> str:
-    """The root cause a peer published (its FAILED state's, or a `lost` key's `cause`): one bounded line, or ''."""
-    cause = record.get("cause")
-    if not isinstance(cause, str):
-        return ""
-    line = cause.splitlines()[0] if cause else ""
-    return line[:CAUSE_CHARS]
+E = TypeVar("E", HangQuery, MembershipChanged, PeerLost, StopRequested)  # what a monitor reports
 
 
 class RoundMonitor:
@@ -65,7 +58,7 @@ class RoundMonitor:
         self.stops: Callable[[StopRequested], None] | None = None  # where `runner stop` goes (None: the queue)
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
         self._watched = result.group_rank  # ring position of the member watched (itself: nobody)
-        self._state: dict[str, Any] = {}  # the watched member's last live state
+        self._state: JSONObject = {}  # the watched member's last live state
         self._finding: tuple[str, str, str] | None = None  # a loss found here whose `lost` key is still to be written
         self._reported: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -138,7 +131,7 @@ class RoundMonitor:
         if self.watched is not None:
             await watch.add(self._k.state(self.watched), None, revision + 1)
 
-    async def _ended(self, node: str) -> dict[str, Any] | None:
+    async def _ended(self, node: str) -> JSONObject | None:
         """None while `node` has a live state; else its final state ({} when it left none)."""
         k = self._k
         _, (state, final) = await self._s.call(lambda c: c.snapshot([key_range(k.state(node)),
@@ -161,7 +154,7 @@ class RoundMonitor:
             self._on_news(ev.key, load(ev.value))
         return False
 
-    async def _on_watched(self, node: str, state: Any) -> bool:
+    async def _on_watched(self, node: str, state: object) -> bool:
         """The watched member's live state changed (None: it vanished); True when it ended cleanly (moved on)."""
         if state is None:
             last = self._state
@@ -175,31 +168,30 @@ class RoundMonitor:
                 self._found(*self._culprit(node, state))
         return False
 
-    def _culprit(self, node: str, state: dict[str, Any]) -> tuple[str, str, str]:
+    def _culprit(self, node: str, state: JSONObject) -> tuple[str, str, str]:
         """(node, why, cause) of a member's FAILED state: the peer it failed of, if it says so, else the member itself.
 
         A member that failed because it lost a peer is a waiter: the loss is named after the lost peer, as on the
         member that found it (with that peer's class: a stopped node is preempted, not lost).
         """
-        lost = state.get("lost")
-        if isinstance(lost, dict):
-            culprit, why = lost.get("node"), lost.get("why")
-            mine = culprit == self._res.node  # this node, alive, is no news to itself: the member's failure is
-            if isinstance(culprit, str) and culprit in self._res.nodes and not mine and isinstance(why, str) and why:
-                return culprit, cause_of({"cause": why}), cause_of(lost)
+        lost = parse_lost(state.get("lost"))
+        if lost is not None and lost.why:
+            mine = lost.node == self._res.node  # this node, alive, is no news to itself: the member's failure is
+            if lost.node in self._res.nodes and not mine:
+                return lost.node, lost.why, lost.cause
         return node, PEER_REPORTED, cause_of(state)
 
-    def _on_news(self, key: bytes, value: Any) -> None:
+    def _on_news(self, key: bytes, value: object) -> None:
         """An annex key was written (other rounds', and this round's leader and result, are no news here)."""
         r = self._res.round
-        if key == self._k.lost(r) and isinstance(value, dict):
-            self._lost(str(value.get("node")), str(value.get("why", "lost")), cause_of(value))
+        if key == self._k.lost(r) and (lost := parse_lost(value, why="lost")) is not None:
+            self._lost(lost.node, lost.why, lost.cause)
         elif key == self._k.hang(r) and isinstance(value, dict) and value.get("by") != self._res.node:
             self._emit(("hang", ""), HangQuery(str(value.get("by"))[:200]))
         elif key == self._k.opened(r):
             self._on_opened(value)
 
-    async def _gone(self, node: str, last: dict[str, Any]) -> bool:
+    async def _gone(self, node: str, last: JSONObject) -> bool:
         """The watched member's state vanished, `last` its last state; True when it ended cleanly (moved on)."""
         outcome = last.get("outcome")
         if outcome == "succeeded":
@@ -235,17 +227,17 @@ class RoundMonitor:
             return
         node, why, cause = self._finding
         key = self._k.lost(self._res.round)
-        value = dump({"node": node, "why": why, "by": self._res.node, **({"cause": cause} if cause else {})})
+        value = dump(LostRecord(node, why, self._res.node, cause).record())
         await self._s.call(lambda c: c.txn([absent(key)], [put_op(key, value)]))
         self._finding = None
 
-    def _on_opened(self, opener: Any) -> None:
+    def _on_opened(self, opener: object) -> None:
         if not isinstance(opener, str) or opener == self._res.node or opener in self._res.nodes:
             return  # a member moving on to the next round: its own failure or stop is the news
         if self._res.group_world_size < self._max:
             self._emit(("waiting", opener), MembershipChanged((opener,)))
 
-    def _on_control(self, control: Any) -> None:
+    def _on_control(self, control: object) -> None:
         if isinstance(control, dict) and control.get("state") == "stopping":
             stop = StopRequested(signum=0, graceful=bool(control.get("graceful", True)))
             self._emit(("stop", ""), stop, self.stops)
@@ -254,7 +246,7 @@ class RoundMonitor:
         if node != self._res.node and node in self._res.nodes:
             self._emit(("lost", node), PeerLost(node, why, cause))
 
-    def _emit(self, tag: tuple[str, str], event: Any, sink: Callable[[Any], None] | None = None) -> None:
+    def _emit(self, tag: tuple[str, str], event: E, sink: Callable[[E], None] | None = None) -> None:
         """`event` once per tag, to `sink` if given, else onto the events queue."""
         deliver = sink or (self._events.put_nowait if self._events is not None else None)
         if tag in self._reported or deliver is None:

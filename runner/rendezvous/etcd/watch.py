@@ -23,6 +23,7 @@ from aetcd import rpc
 from runner.rendezvous.etcd.client import (
     CANCEL_TIMEOUT_S,
     CLOSED_UNDER_US,
+    Connection,
     EtcdSession,
     Unavailable,
     cancel_task,
@@ -104,7 +105,7 @@ class Watch:
         key, end = self._ranges[index]
         return rpc.WatchCreateRequest(key=key, range_end=end or b"", start_revision=self._next[index])
 
-    async def _register(self, conn: Any) -> None:
+    async def _register(self, conn: Connection) -> None:
         await self._drop_stream()
         self._reg += 1
         reg, call = self._reg, conn.watch_stream()
