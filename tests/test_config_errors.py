@@ -300,9 +300,9 @@ def test_wrong_version() -> None:
 
 def test_tls_and_auth_pairing_rules() -> None:
     """cert without key, two password sources, a password without user: three problems."""
-    problems = problems_of(HEAD + "rendezvous:\n  tls: {cert: c.pem}\n  auth: {password_env: P, password_file: f}\n")
+    problems = problems_of(HEAD + "rendezvous:\n  backend: etcd\n  tls: {cert: c.pem}\n  auth: {password_env: P, password_file: f}\n")
     assert [(p.path, p.line) for p in problems] == [
-        ("rendezvous.tls", 4), ("rendezvous.auth", 5), ("rendezvous.auth", 5)]
+        ("rendezvous.tls", 5), ("rendezvous.auth", 6), ("rendezvous.auth", 6)]
     assert {p.fix for p in problems} == {"set both, or neither", "keep one of them", "add auth.user"}
 
 
@@ -373,3 +373,30 @@ def test_no_junk_value_anywhere_causes_a_traceback() -> None:
                 assert all(p.message for p in err.problems)
             tried += 1
     assert tried > 500
+
+
+ETCD_ONLY_VALUES = {
+    "endpoints": "['10.0.0.5:2379']", "prefix": "/team", "join_timeout": "5m", "last_call": "5s", "lease_ttl": "30s",
+    "connect_timeout": "5s", "tls": "{ca: ca.pem}", "auth": "{user: u, password_env: P}",
+}
+
+
+@pytest.mark.parametrize("key", sorted(ETCD_ONLY_VALUES))
+def test_a_field_only_etcd_reads_is_refused_with_the_local_backend(key: str) -> None:
+    """`rendezvous.<key>` set while the backend is local (written, or the default backend left out: a torchrun user's
+    `endpoints` without `backend: etcd`) would do nothing: refused, naming it; with etcd, or at its default, fine."""
+    from runner.config.checks import ETCD_ONLY
+
+    assert set(ETCD_ONLY) == set(ETCD_ONLY_VALUES)
+    line = f"  {key}: {ETCD_ONLY_VALUES[key]}\n"
+    for backend in ("", "  backend: local\n"):
+        problem = only_problem(HEAD + "rendezvous:\n" + backend + line)
+        assert problem.path == f"rendezvous.{key}" and "does nothing with backend local" in problem.message
+        assert "rendezvous.backend: etcd" in problem.fix
+    assert load_spec_text(HEAD + "rendezvous:\n  backend: etcd\n" + line, environ={"P": "pw"}).rendezvous.backend == "etcd"
+    from runner.config.spec import Rendezvous
+
+    default = getattr(Rendezvous(), key)
+    if isinstance(default, (int, float)):
+        spec = load_spec_text(HEAD + f"rendezvous:\n  {key}: {default}\n", environ={})  # a default written out
+        assert getattr(spec.rendezvous, key) == default  # changes nothing: it may stay

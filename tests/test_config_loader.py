@@ -90,8 +90,8 @@ def test_entrypoint_forms(entrypoint: str, expected: Entrypoint) -> None:
 
 def test_endpoints_list_and_comma_string() -> None:
     """A list and a comma-separated string give the same tuple; IPv6 in brackets is fine."""
-    as_list = load(HEAD + "rendezvous:\n  endpoints: ['a:1', '[::1]:2379']\n").rendezvous.endpoints
-    as_text = load(HEAD + "rendezvous:\n  endpoints: a:1 , [::1]:2379\n").rendezvous.endpoints
+    as_list = load(HEAD + "rendezvous:\n  backend: etcd\n  endpoints: ['a:1', '[::1]:2379']\n").rendezvous.endpoints
+    as_text = load(HEAD + "rendezvous:\n  backend: etcd\n  endpoints: a:1 , [::1]:2379\n").rendezvous.endpoints
     assert as_list == as_text == ("a:1", "[::1]:2379")
 
 
@@ -140,7 +140,7 @@ def test_relative_paths_resolve_against_the_spec_folder(tmp_path: Path) -> None:
     """cwd and TLS paths are relative to the spec file, not to where runner was started."""
     (tmp_path / "sub").mkdir()
     spec_file = tmp_path / "sub" / "job.yaml"
-    spec_file.write_text(HEAD + "cwd: ../work\nrendezvous:\n  tls: {ca: ca.pem}\n  auth: {user: u, password_file: pw}\n")
+    spec_file.write_text(HEAD + "cwd: ../work\nrendezvous:\n  backend: etcd\n  tls: {ca: ca.pem}\n  auth: {user: u, password_file: pw}\n")
     spec = load_spec(spec_file)
     assert spec.cwd == str(tmp_path / "work")
     assert spec.rendezvous.tls.ca == str(tmp_path / "sub" / "ca.pem")
@@ -151,7 +151,7 @@ def test_yaml_merge_keys_are_supported() -> None:
     """`<<:` merges work: explicit keys win, and in a list of merges the earlier mapping wins."""
     spec = load(HEAD + "restart:\n  <<: [{max_restarts: 7}, {max_restarts: 9, scope: worker}]\n  scope: group\n")
     assert (spec.restart.max_restarts, spec.restart.scope) == (7, "group")
-    aliased = load(HEAD + "rendezvous:\n  tls: &certs {ca: ca.pem}\n  auth:\n    user: u\n    password_file: pw\n")
+    aliased = load(HEAD + "rendezvous:\n  backend: etcd\n  tls: &certs {ca: ca.pem}\n  auth:\n    user: u\n    password_file: pw\n")
     assert aliased.rendezvous.tls.ca == "/base/ca.pem"
 
 

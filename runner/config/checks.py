@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import cast
 
 from runner.config.limits import MAX_ARG_BYTES, MAX_WORLD_SIZE
-from runner.config.spec import Health, JobSpec, ReplicaGroups, Watchdog
+from runner.config.spec import Health, JobSpec, Rendezvous, ReplicaGroups, Watchdog
 from runner.config.yaml_source import Document, Path
 from runner.errors import SpecProblem
 from runner.json_types import JSON
@@ -124,6 +124,21 @@ def _watchdog_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
                    f"remove watchdog.{key}, or set watchdog.enabled: true")
 
 
+# What only the etcd backend reads: written under backend local (one node, nobody to meet), each would do nothing.
+ETCD_ONLY = ("endpoints", "prefix", "join_timeout", "last_call", "lease_ttl", "connect_timeout", "tls", "auth")
+
+
+def _etcd_only(spec: JobSpec, doc: Document) -> Iterator[Found]:
+    """A rendezvous field only etcd reads, set while the backend is local (hosted and secret_file: _hosted)."""
+    rdzv, default = spec.rendezvous, Rendezvous()
+    if rdzv.backend != "local":
+        return
+    for key in ETCD_ONLY:  # a default written out (a spec of every default) changes nothing: it may stay
+        if _written(doc, ("rendezvous", key)) and getattr(rdzv, key) != getattr(default, key):
+            yield (("rendezvous", key), "does nothing with backend local (one node, no rendezvous store to reach)",
+                   f"remove rendezvous.{key}, or set rendezvous.backend: etcd for a job of several nodes")
+
+
 def _health(spec: JobSpec) -> Iterator[Found]:
     health, here = spec.health, ("health",)
     for key, value in (("timeout", health.timeout), ("retry_interval", health.retry_interval),
@@ -199,7 +214,7 @@ def _replica_nodes(spec: JobSpec, groups: ReplicaGroups) -> Iterator[Found]:
 CHECKS: tuple[Check, ...] = (
     _nodes, _entrypoint, _backoff, _security, _hosted, _positive, _health, _os_limits, _replica_groups,
 )
-DOC_CHECKS: tuple[DocCheck, ...] = (_watchdog_off,)
+DOC_CHECKS: tuple[DocCheck, ...] = (_watchdog_off, _etcd_only)
 
 
 def semantic_problems(spec: JobSpec, doc: Document) -> list[SpecProblem]:
