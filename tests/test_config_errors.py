@@ -400,3 +400,24 @@ def test_a_field_only_etcd_reads_is_refused_with_the_local_backend(key: str) -> 
     if isinstance(default, (int, float)):
         spec = load_spec_text(HEAD + f"rendezvous:\n  {key}: {default}\n", environ={})  # a default written out
         assert getattr(spec.rendezvous, key) == default  # changes nothing: it may stay
+
+
+@pytest.mark.parametrize(("text", "path", "fix"), [
+    ("metrics: {port: 9100}\n", "metrics.port", "set metrics.enabled: true"),
+    ("metrics: {host: 0.0.0.0}\n", "metrics.host", "set metrics.enabled: true"),
+    ("health: {retry_interval: 5s}\n", "health.retry_interval", "ask for a check"),
+    ("health: {timeout: 5m}\n", "health.timeout", "ask for a check"),
+    ("health: {give_up_after: 1h}\n", "health.give_up_after", "ask for a check"),
+    ("health: {paths: [/data]}\n", "health.paths", "set health.min_free"),
+])
+def test_a_field_its_switch_leaves_unused_is_refused(text: str, path: str, fix: str) -> None:
+    """A field that only a feature left off reads (metrics without enabled, how health checks run with none asked
+    for) would do nothing: refused, naming it and the switch; with the feature on, it loads."""
+    problem = only_problem(HEAD + text)
+    assert problem.path == path and ("does nothing" in problem.message or "nothing is checked" in problem.message)
+    assert fix in problem.fix
+    switch = "  enabled: true\n" if path.startswith("metrics") else "  min_free: 1GiB\n"
+    section, _, body = text.partition(": ")
+    inner = body.strip().strip("{}")
+    loaded = load_spec_text(HEAD + f"{section}:\n{switch}  {inner}\n", environ={})
+    assert loaded.name == "job"

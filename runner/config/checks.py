@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import cast
 
 from runner.config.limits import MAX_ARG_BYTES, MAX_WORLD_SIZE
-from runner.config.spec import Health, JobSpec, Rendezvous, ReplicaGroups, Watchdog
+from runner.config.spec import Health, JobSpec, Metrics, Rendezvous, ReplicaGroups, Watchdog
 from runner.config.yaml_source import Document, Path
 from runner.errors import SpecProblem
 from runner.json_types import JSON
@@ -124,6 +124,17 @@ def _watchdog_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
                    f"remove watchdog.{key}, or set watchdog.enabled: true")
 
 
+def _metrics_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
+    """metrics.host or metrics.port set while the endpoint is off (metrics.enabled false, its default): unused."""
+    metrics, default = spec.metrics, Metrics()
+    if metrics.enabled:
+        return
+    for key in ("host", "port"):
+        if _written(doc, ("metrics", key)) and getattr(metrics, key) != getattr(default, key):
+            yield (("metrics", key), "does nothing while metrics.enabled is false (no endpoint is served)",
+                   f"set metrics.enabled: true to serve /metrics, or remove metrics.{key}")
+
+
 # What only the etcd backend reads: written under backend local (one node, nobody to meet), each would do nothing.
 ETCD_ONLY = ("endpoints", "prefix", "join_timeout", "last_call", "lease_ttl", "connect_timeout", "tls", "auth")
 
@@ -156,6 +167,20 @@ def _health(spec: JobSpec) -> Iterator[Found]:
             message = (f"its timeout ({command.timeout:g} s) is longer than health.timeout ({health.timeout:g} s), "
                        "which stops every check of a try")
             yield where, message, "lower the command's timeout or raise health.timeout"
+
+
+def _health_unasked(spec: JobSpec, doc: Document) -> Iterator[Found]:
+    """How the health checks run, set while none is asked for (nothing is checked by default): it would do nothing."""
+    health, default = spec.health, Health()
+    if health.configured:
+        return
+    for key in ("timeout", "retry_interval", "give_up_after"):
+        if _written(doc, ("health", key)) and getattr(health, key) != getattr(default, key):
+            yield (("health", key), "does nothing while no health check is asked for (nothing is checked)",
+                   f"ask for a check (health.min_free, min_free_memory, gpus, commands), or remove health.{key}")
+    if health.paths:
+        yield (("health", "paths"), "no path has a min_free and health.min_free is 0: nothing is checked in them",
+               "set health.min_free, or a min_free on each path")
 
 
 def _os_limits(spec: JobSpec) -> Iterator[Found]:
@@ -214,7 +239,7 @@ def _replica_nodes(spec: JobSpec, groups: ReplicaGroups) -> Iterator[Found]:
 CHECKS: tuple[Check, ...] = (
     _nodes, _entrypoint, _backoff, _security, _hosted, _positive, _health, _os_limits, _replica_groups,
 )
-DOC_CHECKS: tuple[DocCheck, ...] = (_watchdog_off, _etcd_only)
+DOC_CHECKS: tuple[DocCheck, ...] = (_watchdog_off, _etcd_only, _metrics_off, _health_unasked)
 
 
 def semantic_problems(spec: JobSpec, doc: Document) -> list[SpecProblem]:
