@@ -14,7 +14,7 @@ from /proc/<pid>/stat):
 - round: every agent joins round 1 at once (what a restart of the whole job does), until the last one has its result:
   the cost of one round;
 - steady: the round runs for `--steady` seconds; each agent keeps its lease alive (every lease TTL / 3) and
-  publishes its status every RENDEZVOUS_REFRESH_S (what the agent does while its workers train);
+  publishes its status every rendezvous.status_interval (--status-interval; what the agent does while its workers train);
 
 and for each: seconds, etcd CPU seconds (all members), requests (gRPC messages received: unary calls and stream
 messages), bytes in and out on the client side, raft bytes between members, watch events sent, WAL fsyncs; then the
@@ -63,7 +63,6 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runner.agent.services import RENDEZVOUS_REFRESH_S
 from runner.config.spec import Entrypoint, JobSpec, Nodes, Rendezvous
 from runner.errors import RendezvousError
 from runner.events import MembershipChanged, PeerLost, StopRequested
@@ -75,6 +74,7 @@ from runner.testing.hosts import HostProcess, Lab, why_not
 
 SIZES = (256, 512, 1024, 2048, 4096)
 TARGET_N = 16384
+STATUS_S = Rendezvous().status_interval  # the agent's status refresh, as a job gets it by default
 METRIC = re.compile(r"^(\w+)(\{[^}]*\})? (\S+)$")
 MAX_RESTARTS = 1_000_000
 PROGRESS_EVERY_S = 0.1
@@ -204,7 +204,7 @@ def job_spec(cfg: dict[str, Any]) -> JobSpec:
     return JobSpec(name=cfg["job"], entrypoint=Entrypoint(script="train.py"), nodes=Nodes(cfg["nmin"], cfg["nmax"]),
                    rendezvous=Rendezvous(backend="etcd", endpoints=tuple(cfg["endpoints"]), join_timeout=600.0,
                                          lease_ttl=cfg["ttl"], last_call=cfg["last_call"], connect_timeout=60.0,
-                                         master_port=29500))
+                                         status_interval=cfg["status_interval"], master_port=29500))
 
 
 class Worker:
@@ -212,6 +212,7 @@ class Worker:
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         spec = job_spec(cfg)
+        self.cfg = cfg
         self.agents = [Agent(EtcdRendezvous(spec, name, advertise_addr="127.0.0.1"), name) for name in cfg["names"]]
         self.opened: list[Agent] = []  # agents[:len(opened)], in order
         self.dirty = False
@@ -262,12 +263,15 @@ class Worker:
                 await a.rdzv.publish(status(a, "RUNNING"))
 
     async def publish_loop(self, a: Agent) -> None:
-        """The agent's status refresh: one put per RENDEZVOUS_REFRESH_S, at a random phase."""
-        await asyncio.sleep(random.uniform(0, RENDEZVOUS_REFRESH_S))
+        """The agent's status refresh: one put per status_interval, at a random phase (none when it is off)."""
+        every = self.cfg["status_interval"]
+        if not every:
+            return
+        await asyncio.sleep(random.uniform(0, every))
         while True:
             with contextlib.suppress(RendezvousError):
                 await a.rdzv.publish(status(a, "RUNNING"))
-            await asyncio.sleep(RENDEZVOUS_REFRESH_S)
+            await asyncio.sleep(every)
 
     def progress(self) -> None:
         """Which round each opened agent is in: {round: [agents, last formed_at, world size]}."""
@@ -453,9 +457,10 @@ def per(value: float, by: float, digits: int = 2) -> float:
 
 
 async def measure_size(etcd: EtcdSide, n: int, k: int, ttl: float, steady: float, log_dir: Path,
-                       members: int) -> dict[str, Any]:
+                       members: int, status_interval: float | None = STATUS_S) -> dict[str, Any]:
     """One size: cold join, one round, steady state, priced from etcd's side."""
-    cfg = {"job": f"scale-{n}", "endpoints": etcd.endpoints, "nmin": n, "nmax": n, "ttl": ttl, "last_call": 0.0}
+    cfg = {"job": f"scale-{n}", "endpoints": etcd.endpoints, "nmin": n, "nmax": n, "ttl": ttl, "last_call": 0.0,
+           "status_interval": status_interval}
     procs = [await spawn({**cfg, "names": names}, f"{n}-{i}", log_dir) for i, names in enumerate(split(node_names(n), k))]
     try:
         s0, go = etcd.snap(), time.monotonic()
@@ -472,7 +477,7 @@ async def measure_size(etcd: EtcdSide, n: int, k: int, ttl: float, steady: float
         s2 = etcd.snap()
         cpu2 = sum(p.cpu for p in procs)
         await ask_all(procs, do="publish")
-        await asyncio.sleep(RENDEZVOUS_REFRESH_S)  # every agent has published once: the steady state
+        await asyncio.sleep(status_interval or 0)  # every agent has published once: the steady state
         s3 = etcd.snap()
         await asyncio.sleep(steady)
         s4 = etcd.snap()
@@ -485,7 +490,7 @@ async def measure_size(etcd: EtcdSide, n: int, k: int, ttl: float, steady: float
             print(f"  {label}: " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phase.items()) if "/" in k and v))
     secs = s4.at - s3.at
     return {
-        "members": members, "nodes": n, "procs": k, "ttl_s": ttl,
+        "members": members, "nodes": n, "procs": k, "ttl_s": ttl, "status_s": status_interval or 0,
         "cold_s": round(cold_s, 2), "cold_etcd_cpu_s": round(cold["cpu"], 2),
         "cold_req_per_node": per(cold["requests"], n),
         "round_s": round(round_s, 2), "round_etcd_cpu_s": round(one["cpu"], 2),
@@ -571,7 +576,7 @@ async def churn(etcd: EtcdSide, n: int, k: int, ttl: float, window: int, log_dir
     """1% die at once, 1% join late, one replaced per second for `window` s: time to a new round, etcd's load."""
     d = max(1, math.ceil(n / 100))
     cfg = {"job": f"churn-{n}", "endpoints": etcd.endpoints, "nmin": n - d - window - 1, "nmax": n, "ttl": ttl,
-           "last_call": 1.0}
+           "last_call": 1.0, "status_interval": STATUS_S}
     procs, victims, alone, late, spares = await churn_procs(cfg, n, d, window, k, log_dir)
     every = [*procs, victims, *alone, late, spares]
     living = list(every)  # a killed process's last progress is no live agent's
@@ -736,6 +741,9 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=4, help="agent processes")
     parser.add_argument("--procs-sweep", help="comma-separated process counts, each at every size")
     parser.add_argument("--ttl", type=float, default=10.0, help="rendezvous.lease_ttl (s)")
+    parser.add_argument("--status-interval", type=float, default=STATUS_S,
+                        help="rendezvous.status_interval (s; 0 = on changes only); other than the default, rows go "
+                             "to CSV_status.csv with a status_s column")
     parser.add_argument("--steady", type=float, default=15.0, help="seconds of steady state measured")
     parser.add_argument("--churn", type=int, help="run the churn scenario at this many nodes instead")
     parser.add_argument("--window", type=int, default=10, help="churn: seconds of one replacement per second")
@@ -770,14 +778,17 @@ def main() -> None:
             append_csv(Path(args.churn_csv), rows, CHURN_FIELDS)
             return
         sweep = [int(k) for k in args.procs_sweep.split(",")] if args.procs_sweep else [args.procs]
+        status_interval = None if args.status_interval == 0 else args.status_interval
+        csv_path = args.csv if status_interval == STATUS_S else args.csv.replace(".csv", "_status.csv")
         for n in (int(s) for s in args.sizes.split(",")):
             for k in sweep:
                 with etcd_cluster(args.members, base / f"{n}-{k}") as etcd:
-                    row = asyncio.run(measure_size(etcd, n, k, args.ttl, args.steady, base, args.members))
+                    row = asyncio.run(measure_size(etcd, n, k, args.ttl, args.steady, base, args.members,
+                                                   status_interval))
                 if n <= args.torch_max:
                     from rdzv_protocol import torch_round  # bench/rdzv_protocol.py (imports torch)
                     row["torch_c10d_s"] = round(torch_round(n, f"scale-{n}"), 2)
-                append_csv(Path(args.csv), [row], FIELDS)
+                append_csv(Path(csv_path), [row], FIELDS if status_interval == STATUS_S else [*FIELDS, "status_s"])
                 print(f"{args.members} member(s) {n:>5} nodes {k} procs: cold {row['cold_s']} s, round "
                       f"{row['round_s']} s, etcd cpu/round {row['round_etcd_cpu_s']} s ({row['round_cpu_members']}), "
                       f"{row['round_req_per_node']} req/node, agents cpu {row['agents_cpu_round_s']} s, machine busy "

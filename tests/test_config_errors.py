@@ -377,7 +377,7 @@ def test_no_junk_value_anywhere_causes_a_traceback() -> None:
 
 ETCD_ONLY_VALUES = {
     "endpoints": "['10.0.0.5:2379']", "prefix": "/team", "join_timeout": "5m", "last_call": "5s", "lease_ttl": "30s",
-    "connect_timeout": "5s", "tls": "{ca: ca.pem}", "auth": "{user: u, password_env: P}",
+    "connect_timeout": "5s", "status_interval": "10s", "tls": "{ca: ca.pem}", "auth": "{user: u, password_env: P}",
 }
 
 
@@ -421,3 +421,11 @@ def test_a_field_its_switch_leaves_unused_is_refused(text: str, path: str, fix: 
     inner = body.strip().strip("{}")
     loaded = load_spec_text(HEAD + f"{section}:\n{switch}  {inner}\n", environ={})
     assert loaded.name == "job"
+
+
+def test_status_interval_is_at_least_a_second_or_null() -> None:
+    """Under 1 s is refused (one etcd put per node per interval); null turns the refresh off."""
+    problem = only_problem(HEAD + "rendezvous:\n  backend: etcd\n  status_interval: 0.2s\n")
+    assert problem.path == "rendezvous.status_interval" and "at least 1 s" in problem.message
+    spec = load_spec_text(HEAD + "rendezvous:\n  backend: etcd\n  status_interval: null\n", environ={})
+    assert spec.rendezvous.status_interval is None

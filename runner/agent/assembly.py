@@ -54,7 +54,8 @@ def assemble(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typing.Fi
         assert ctx is not None
         return node_status(ctx, now)
 
-    publisher = Publisher(inputs.run_dir, rendezvous, warnings, state, snapshot)
+    publisher = Publisher(inputs.run_dir, rendezvous, warnings, state, snapshot,
+                          every=inputs.spec.rendezvous.status_interval)
     recovery = RecoveryTimer(Recoveries(launched_at=inputs.started, observe=observe), publisher,
                              lambda: ctx.timer if ctx is not None else None, log, GroupState.RUNNING)
     launcher = GroupLauncher(inputs.spec, events, shepherd, log)

@@ -104,20 +104,22 @@ def one_line(text: str) -> str:
 
 
 STATUS_REFRESH_S = 2.0  # while the run lives, status.json's totals (wall time, ETTR) are at most this old
-RENDEZVOUS_REFRESH_S = 5.0  # and the rendezvous' copy (etcd: one put per node per this many seconds)
+DUE_SLACK_S = 0.005  # a timer may wake a little early: the rendezvous' copy is due this much before its interval
 
 
 class Publisher:
     """Writes <run dir>/status.json and publishes to the rendezvous backend, one publish at a time, in order.
 
     Besides each change (`publish`), `refresh` rewrites the live totals every STATUS_REFRESH_S (the agent's
-    refresh task), and republishes them to the rendezvous every RENDEZVOUS_REFRESH_S: bounded cost (one small file
-    write, one etcd put per node per interval), and `runner status` never shows totals frozen at the last change.
+    refresh task), and republishes them to the rendezvous every `every` s (rendezvous.status_interval; None: on
+    changes only): bounded cost (one small file write, one etcd put per node per interval), and `runner status`
+    never shows totals frozen at the last change unless the interval is off.
     """
 
     def __init__(self, run_dir: Path, rendezvous: Rendezvous, warnings: WarnOnce,
-                 state: Callable[[], GroupState], snapshot: Callable[[GroupState], dict[str, object]]) -> None:
-        self._run_dir, self._rendezvous, self._warnings = run_dir, rendezvous, warnings
+                 state: Callable[[], GroupState], snapshot: Callable[[GroupState], dict[str, object]], *,
+                 every: float | None) -> None:
+        self._run_dir, self._rendezvous, self._warnings, self._every = run_dir, rendezvous, warnings, every
         self._state, self._snapshot = state, snapshot
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -132,20 +134,34 @@ class Publisher:
             await self._write(state, to_rendezvous=True)
 
     async def refresh(self) -> None:
-        """The live totals again (not once SHUTDOWN published the last word): status.json, and now and then etcd."""
+        """The live totals again (not once SHUTDOWN published the last word): status.json, and etcd when due."""
         async with self._lock:
             state = self._state()
             if state is GroupState.SHUTDOWN:
                 return
-            last = self._published_at
-            due = last is None or asyncio.get_running_loop().time() - last >= RENDEZVOUS_REFRESH_S
-            await self._write(state, to_rendezvous=due)
+            due = self._rendezvous_due()
+            await self._write(state, to_rendezvous=due is not None and asyncio.get_running_loop().time() >= due)
 
-    async def refresh_loop(self, interval: float = STATUS_REFRESH_S) -> None:
-        """`refresh` every `interval` s, until cancelled (the run's end)."""
+    def _rendezvous_due(self) -> float | None:
+        """When the rendezvous' copy is due again (the loop's time; None: on changes only)."""
+        if self._every is None:
+            return None
+        last = self._published_at
+        return asyncio.get_running_loop().time() if last is None else last + self._every - DUE_SLACK_S
+
+    async def refresh_loop(self) -> None:
+        """status.json every STATUS_REFRESH_S, and the rendezvous' copy `every` s after its last publish.
+
+        A change publishes at once and starts the interval again. Runs until cancelled (the run's end).
+        """
+        loop = asyncio.get_running_loop()
+        file_due = loop.time() + STATUS_REFRESH_S
         while True:
-            await asyncio.sleep(interval)
+            due = self._rendezvous_due()
+            await asyncio.sleep(max(0.0, (file_due if due is None else min(file_due, due)) - loop.time()))
             await self.refresh()
+            if loop.time() >= file_due:
+                file_due = loop.time() + STATUS_REFRESH_S
 
     async def _write(self, state: GroupState, *, to_rendezvous: bool) -> None:
         status = self._snapshot(state)

@@ -217,6 +217,8 @@ class Builder:
             lease_ttl=self.duration(raw.get("lease_ttl", default.lease_ttl), (*here, "lease_ttl")),
             connect_timeout=self.duration(raw.get("connect_timeout", default.connect_timeout),
                                           (*here, "connect_timeout")),
+            status_interval=self.opt_duration(raw.get("status_interval", default.status_interval),
+                                              (*here, "status_interval")),
             master_addr=raw.get("master_addr"),
             master_port=raw.get("master_port"),
             tls=TLS(ca=self.path(tls.get("ca")), cert=self.path(tls.get("cert")), key=self.path(tls.get("key"))),

@@ -96,6 +96,9 @@ def _positive(spec: JobSpec) -> Iterator[Found]:
     ):
         if value is not None and value <= 0:
             yield path, f"must be greater than 0, found {value:g}", "use a positive duration such as 30s"
+    if rdzv.status_interval is not None and rdzv.status_interval < 1:
+        yield (("rendezvous", "status_interval"), f"must be at least 1 s, found {rdzv.status_interval:g}",
+               "use 1s or more (one etcd put per node per interval), or null to publish on changes only")
     if rdzv.lease_ttl < 1:
         yield (("rendezvous", "lease_ttl"), f"must be at least 1 s, found {rdzv.lease_ttl:g}",
                "etcd leases count whole seconds; use 1s or more")
@@ -136,7 +139,8 @@ def _metrics_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
 
 
 # What only the etcd backend reads: written under backend local (one node, nobody to meet), each would do nothing.
-ETCD_ONLY = ("endpoints", "prefix", "join_timeout", "last_call", "lease_ttl", "connect_timeout", "tls", "auth")
+ETCD_ONLY = ("endpoints", "prefix", "join_timeout", "last_call", "lease_ttl", "connect_timeout", "status_interval",
+             "tls", "auth")
 
 
 def _etcd_only(spec: JobSpec, doc: Document) -> Iterator[Found]:

@@ -74,6 +74,7 @@ class Rendezvous:
     last_call: float = 30.0  # after min nodes joined, wait this long for more (up to max)
     lease_ttl: float = 10.0
     connect_timeout: float = 30.0
+    status_interval: float | None = 5.0  # etcd: the live status republished this often (None: on changes only)
     master_addr: str | None = None  # address other nodes use to reach this one; None = detected
     master_port: int | None = None  # fixed MASTER_PORT (torchrun's --master-port); None = a free port each attempt
     tls: TLS = field(default_factory=TLS)
