@@ -138,7 +138,7 @@ class Checks:
         """A fault hit etcd, the network or this agent within RACE_S of `when` (time.time())."""
         return any(abs(f.wall - when) < RACE_S for f in job.faults
                    if f.cls in ("etcd_stop", "etcd_restart", "etcd_wipe", "partition", "link_cut", "host_loss")
-                or f.target == a.label)
+                   or f.target == a.label)
 
     def check_transitions(self, job: Job, a: Agent, report: dict[str, Any]) -> None:
         """Every attempt of the run (and every attempt a worker of it started in) is in transitions.jsonl, and the

@@ -116,14 +116,14 @@ class Faults:
         A zombie whose agent still runs is not gone: the agent must wait for its dead worker, once it stopped the
         rest of the group (REAP_BOUND_S)."""
         self.state.expect(job, "nothing_survives", within, lambda: gone(p, parent),
-                    lambda: f"the killed worker is not gone {within:g} s later: {describe(p)}")
+                          lambda: f"the killed worker is not gone {within:g} s later: {describe(p)}")
 
     def expect_hang_detected(self, job: Job, p: Proc, parent: Proc | None) -> None:
         """A worker left stopped: the heartbeat kills it within the bound (hang_detected), and its agent reaps it
         (nothing_survives) within REAP_BOUND_S more."""
         self.state.expect(job, "hang_detected", HANG_BOUND_S, lambda: not running(p),
-                    lambda: f"the stopped worker still exists {HANG_BOUND_S:g} s later: {describe(p)}",
-                    met=f"stopped worker {p.pid} gone")
+                          lambda: f"the stopped worker still exists {HANG_BOUND_S:g} s later: {describe(p)}",
+                          met=f"stopped worker {p.pid} gone")
         self.expect_reaped(job, p, parent, HANG_BOUND_S + REAP_BOUND_S)
 
     def pause(self, job: Job, who: str, p: Proc, pause: float, cont: Callable[[], bool]) -> None:
@@ -139,9 +139,9 @@ class Faults:
                 self.state.tally.moot("pause_went_on", "the paused worker was gone before its SIGCONT", "stop_worker")
                 return
             self.state.expect(job, "pause_went_on", PAUSE_BOUND_S, lambda: self.went_on(job, before, p),
-                        lambda: f"{PAUSE_BOUND_S:g} s after its SIGCONT the paused worker still lives "
-                        f"({describe(p)}) and the training neither advanced (no new checkpoint) nor finished",
-                        met=f"job went on after the pause of {p.pid}", cls="stop_worker")
+                              lambda: f"{PAUSE_BOUND_S:g} s after its SIGCONT the paused worker still lives "
+                              f"({describe(p)}) and the training neither advanced (no new checkpoint) nor finished",
+                              met=f"job went on after the pause of {p.pid}", cls="stop_worker")
 
         self.state.at(job, pause, f"SIGCONT {p.pid}", resume)
 
@@ -182,13 +182,13 @@ class Faults:
             detail += "; it hosts the etcd"
         self.state.record(job, "kill_agent", agent.label, detail)
         self.state.expect(job, "nothing_survives", GONE_BOUND_S, lambda: all(gone(p, up) for p, up in tree),
-                    lambda: "processes of a SIGKILLed agent are not gone: "
-                    + "; ".join(describe(p) for p, up in tree if not gone(p, up)),
-                    met=f"the {len(tree)} processes under {agent.label} gone" if tree else "")
+                          lambda: "processes of a SIGKILLed agent are not gone: "
+                          + "; ".join(describe(p) for p, up in tree if not gone(p, up)),
+                          met=f"the {len(tree)} processes under {agent.label} gone" if tree else "")
         if lease:
             self.state.expect(job, "lease_revoked", REVOKE_BOUND_S, lambda: self.kv.lease_gone(job, lease),
-                        lambda: f"the SIGKILLed agent's lease {lease:x} is still granted (ttl {self.kv.lease_ttl(job, lease)})",
-                        met=f"{agent.label}'s lease revoked")
+                              lambda: f"the SIGKILLed agent's lease {lease:x} is still granted (ttl {self.kv.lease_ttl(job, lease)})",
+                              met=f"{agent.label}'s lease revoked")
         else:  # a check that cannot be set up did not apply, and says why (it is never silently dropped)
             self.state.tally.moot("lease_revoked", no_lease, "kill_agent")
         self.requeue(job, agent.node, 2 + u[1] * 8)
@@ -272,8 +272,8 @@ class Faults:
             return guard not in now and len(now) >= before
 
         self.state.expect(job, "guard_replaced", GUARD_BOUND_S, replaced,
-                    lambda: f"{agent.label} has guards {[g.pid for g in self.procs.guards(agent)]}, had {before} before "
-                    f"the kill of {guard.pid}", met=f"{agent.label}'s guard replaced")
+                          lambda: f"{agent.label} has guards {[g.pid for g in self.procs.guards(agent)]}, had {before} before "
+                          f"the kill of {guard.pid}", met=f"{agent.label}'s guard replaced")
         return True
 
     def fault_signal_agent(self, job: Job, u: list[float]) -> bool:
@@ -294,11 +294,11 @@ class Faults:
             job.loss = "the hosting node was stopped by a signal: every node stops (docs/multinode.md §8)"
             detail += "; it hosts the etcd: every node must stop"
             self.state.expect(job, "stop_honoured", HOSTED_STOP_BOUND_S, lambda: all(a.code is not None for a in others),
-                        lambda: "nodes still running after the hosting node was stopped: "
-                        + ", ".join(a.label for a in others if a.code is None))
+                              lambda: "nodes still running after the hosting node was stopped: "
+                              + ", ".join(a.label for a in others if a.code is None))
         self.state.record(job, "signal_agent", agent.label, detail)
         self.state.expect(job, "stop_honoured", STOP_BOUND_S, lambda: agent.code is not None,
-                    lambda: f"{agent.label} still runs {STOP_BOUND_S:g} s after {sig.name}")
+                          lambda: f"{agent.label} still runs {STOP_BOUND_S:g} s after {sig.name}")
         if not hosting:
             self.requeue(job, agent.node, 2 + u[2] * 8)
         return True
@@ -361,8 +361,8 @@ class Faults:
             return now is not None and now != etcd
 
         self.state.expect(job, "etcd_restarted", ETCD_BACK_BOUND_S, back,
-                    lambda: f"{host.label} did not start its etcd again within {ETCD_BACK_BOUND_S:g} s\n"
-                    + evidence(job, EVIDENCE), met=f"{host.label}'s etcd started again")
+                          lambda: f"{host.label} did not start its etcd again within {ETCD_BACK_BOUND_S:g} s\n"
+                          + evidence(job, EVIDENCE), met=f"{host.label}'s etcd started again")
         return True
 
     def fault_disk_full(self, job: Job, u: list[float]) -> bool:

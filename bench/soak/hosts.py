@@ -193,7 +193,6 @@ class HostProcesses(JobProcesses):
                 if inner != 1 and (p := ident(pid)) is not None]
 
 
-
 class HostEtcdView(EtcdView):
     """The etcd on its hosts (one member, or three)."""
 
@@ -216,7 +215,6 @@ class HostEtcdView(EtcdView):
         if self.world.cluster is not None and not self.world.cluster.up:
             self.world.cluster.start()
             self.state.say("etcd started again")
-
 
 
 class HostFaults(Faults):
@@ -273,11 +271,11 @@ class HostFaults(Faults):
                 a.fate, a.fate_at = "lost", time.time()
         self.state.record(job, "host_loss", agent.label, f"host {host.name} lost: its {len(tree)} processes killed at once")
         self.state.expect(job, "nothing_survives", GONE_BOUND_S, lambda: not any(running(p) for p in tree),
-                    lambda: "processes of a lost host still run: " + "; ".join(describe(p) for p in tree if running(p)))
+                          lambda: "processes of a lost host still run: " + "; ".join(describe(p) for p in tree if running(p)))
         if lease:
             self.state.expect(job, "lease_expired", LEASE_EXPIRE_BOUND_S, lambda: self.kv.lease_gone(job, lease),
-                        lambda: f"the lost host's lease {lease:x} is still granted {LEASE_EXPIRE_BOUND_S:g} s later "
-                        f"(ttl {self.kv.lease_ttl(job, lease)})", met=f"{agent.label}'s lease expired")
+                              lambda: f"the lost host's lease {lease:x} is still granted {LEASE_EXPIRE_BOUND_S:g} s later "
+                              f"(ttl {self.kv.lease_ttl(job, lease)})", met=f"{agent.label}'s lease expired")
         else:  # counted as "did not apply", with why (not yet charged to host_loss: its target is not chosen for it)
             self.state.tally.moot("lease_expired", no_lease)
         self.requeue(job, agent.node, 2 + u[1] * 8)
@@ -298,10 +296,10 @@ class HostFaults(Faults):
             if a.node == node:
                 a.cut_off = True
         self.state.record(job, "link_cut", agent.label, f"link down for {cut:.1f} s (lease_ttl {LEASE_TTL_S:g} s; "
-                    f"{state}, {len(mine)} worker(s) running)")
+                          f"{state}, {len(mine)} worker(s) running)")
         if cut >= LONG_CUT_S and state == "RUNNING" and mine:
             self.state.expect(job, "fenced", FENCE_BOUND_S, lambda: self.fence_held(job, agent, at),
-                        lambda: self.fence_detail(job, agent, cut), met=f"{agent.label} fenced")
+                              lambda: self.fence_detail(job, agent, cut), met=f"{agent.label} fenced")
         self.heal_later(job, agent, host, cut, 2 + u[2] * 8)
         return True
 
@@ -360,7 +358,6 @@ class HostFaults(Faults):
             if host.cut_off and not host.lost:
                 host.heal()
                 self.state.say(f"link of {host.name} healed")
-
 
 
 class HostChecks(Checks):

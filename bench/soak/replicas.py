@@ -219,7 +219,6 @@ class ReplicaProcesses(JobProcesses):
         return out
 
 
-
 class ReplicaFaults(Faults):
     """The base soak's process faults on a group's worker (remembered as the group down), and kill_lighthouse."""
 
@@ -283,7 +282,7 @@ class ReplicaFaults(Faults):
         self.world.lh_kills[agent.me] = self.world.lh_kills.get(agent.me, 0) + 1
         self.world.hits[job.index].append(Hit(agent, None, time.time()))
         self.state.record(job, "kill_lighthouse", agent.label, f"SIGKILL pid {lh.pid} (port {port}; its agent starts it "
-                    f"again; kill {self.world.lh_kills[agent.me]} of this run)")
+                          f"again; kill {self.world.lh_kills[agent.me]} of this run)")
 
         def back() -> bool | None:
             if agent.proc.poll() is not None or agent.fate:
@@ -292,11 +291,10 @@ class ReplicaFaults(Faults):
             return now is not None and now != lh and (port is None or port_listening(port))
 
         self.state.expect(job, "lighthouse_restarted", LIGHTHOUSE_BOUND_S, back,
-                    lambda: f"{agent.label} has no lighthouse listening on port {port} {LIGHTHOUSE_BOUND_S:g} s after "
-                    f"the kill of {lh.pid} (now: {self.procs.lighthouse(agent)})\n" + lighthouse_events(agent),
-                    met=f"{agent.label}'s lighthouse listening again")
+                          lambda: f"{agent.label} has no lighthouse listening on port {port} {LIGHTHOUSE_BOUND_S:g} s after "
+                          f"the kill of {lh.pid} (now: {self.procs.lighthouse(agent)})\n" + lighthouse_events(agent),
+                          met=f"{agent.label}'s lighthouse listening again")
         return True
-
 
 
 class ReplicaChecks(Checks):
@@ -524,7 +522,7 @@ class ReplicaChecks(Checks):
             recent = [x for x in lines[j] if x.commit and before < x.time <= d.wall]
             if final <= d.wall or not recent or d.wall - recent[-1].time > ACTIVE_S:
                 self.state.tally.moot("survivor_advanced", "the other group was not stepping (no commit within 3 s "
-                                "before, after its last fault; or it had finished)", cls)
+                                      "before, after its last fault; or it had finished)", cls)
                 continue
             s0 = recent[-1].step
             end = min([back, *cuts])
@@ -534,7 +532,7 @@ class ReplicaChecks(Checks):
                 self.state.tally.held("survivor_advanced", cls)
                 self.state.timings.setdefault("survivor_advanced", []).append(alone.time - d.wall)
                 self.state.say(f"job {job.index}: group {j} committed step {alone.step} alone {alone.time - d.wall:.2f} s "
-                         f"after the {d.kind} of group {d.group}'s worker {d.pid} (from step {s0})")
+                               f"after the {d.kind} of group {d.group}'s worker {d.pid} (from step {s0})")
                 continue
             if final < end:
                 self.state.tally.moot("survivor_advanced", "the other group finished its training in the window", cls)
@@ -544,7 +542,7 @@ class ReplicaChecks(Checks):
             if end - d.wall <= bound:
                 why = "the killed group was back" if end == back else "a fault on the other group, the lighthouse or the agent came"
                 self.state.tally.moot("survivor_advanced", f"{why} before the quorum could drop it and two normal steps "
-                                "passed", cls)
+                                      "passed", cls)
                 continue
             after = [f"{x.step}/{int(x.commit)}/{x.groups}@{x.time - d.wall:+.2f}" for x in lines[j]
                      if d.wall - 2 < x.time < end][:30]
@@ -557,11 +555,9 @@ class ReplicaChecks(Checks):
                             f"committed no step alone in it. Its lines (step/commit/groups@s from the fault): {after}")
 
 
-
 def lighthouse_events(a: Agent) -> str:
     """The agent's lighthouse events (for the evidence)."""
     return "".join(f"{line}\n" for line in read_text(a.out).splitlines() if '"lighthouse_' in line)[-3000:]
-
 
 
 class ReplicaSoak(Soak):
