@@ -22,7 +22,6 @@ import contextlib
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -72,17 +71,16 @@ def state(pid: int) -> str:
 
 
 @pytest.fixture
-def soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Soak]:
+def soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Soak:
     """A soak (external etcd: none yet) and its first job, with its folders; its temp folder removed after."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    s = Soak(soak_args(hosted=False))
+    s = Soak(soak_args(hosted=False), base=tmp_path)
     d = tmp_path / "job1"
     job = Job(1, "chaos-1-1", os.urandom(8).hex(), d, d / "logs", d / "job.yaml", ["n0", "n1", "n2"], "")
     job.out.mkdir(parents=True)
-    s.jobs.append(job)
-    s.job = job
-    yield s
-    shutil.rmtree(s.base, ignore_errors=True)
+    s.state.jobs.append(job)
+    s.state.job = job
+    return s
 
 
 @pytest.fixture
@@ -98,7 +96,7 @@ def procs() -> Iterator[list[subprocess.Popen[str]]]:
 
 def agent_of(soak: Soak, procs: list[subprocess.Popen[str]], code: str, node: str = "n0") -> Agent:
     """A real process as an agent of the soak's job (its output a file, its run dir set)."""
-    job = soak.jobs[0]
+    job = soak.state.jobs[0]
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "CHAOS_TOKEN": job.token})
     procs.append(proc)
@@ -125,7 +123,7 @@ def agent_with_worker(soak: Soak, procs: list[subprocess.Popen[str]]) -> tuple[A
     assert agent.proc.stdout is not None
     worker = ident(int(agent.proc.stdout.readline()))
     assert worker is not None
-    marker(soak.jobs[0], agent.node, worker.pid, worker.ticks)
+    marker(soak.state.jobs[0], agent.node, worker.pid, worker.ticks)
     return agent, worker
 
 
@@ -140,14 +138,14 @@ def due(soak: Soak, e: Expect) -> Violation:
     """Check the job's expectations once `e`'s deadline passed: the Violation it raises."""
     e.deadline = time.monotonic() - 1
     with pytest.raises(Violation) as caught:
-        soak.check_expects(soak.jobs[0])
+        soak.checks.check_expects(soak.state.jobs[0])
     return caught.value
 
 
 def printed(soak: Soak) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        soak.print_table(None, "", soak.tally.failures())
+        soak.print_table(None, "", soak.state.tally.failures())
     return out.getvalue()
 
 
@@ -168,11 +166,11 @@ def test_a_class_the_options_rule_out_is_refused_when_named():
 def test_a_class_the_options_rule_out_is_named_skipped_and_never_counted_as_fired(soak: Soak):
     soak.args.nodes = 2
     soak.select_classes()
-    assert soak.tally.skipped() == {"late_join": "needs --nodes 3 or more (a late node of nodes 2:K, K > 2)"}
+    assert soak.state.tally.skipped() == {"late_join": "needs --nodes 3 or more (a late node of nodes 2:K, K > 2)"}
     for cls in CLASSES:
-        soak.tally.drawn(cls)
-        soak.tally.injected(cls)
-    assert soak.tally.failures() == []
+        soak.state.tally.drawn(cls)
+        soak.state.tally.injected(cls)
+    assert soak.state.tally.failures() == []
     out = printed(soak)
     row = next(line for line in out.splitlines() if line.startswith("| late_join"))
     assert [c.strip() for c in row.strip("|").split("|")] == [
@@ -187,9 +185,9 @@ def test_a_class_the_options_rule_out_is_named_skipped_and_never_counted_as_fire
 def test_a_paused_worker_must_go_on_after_its_sigcont(soak: Soak, procs):
     """The pause branch (SIGSTOP, SIGCONT 0.5-3 s later) brought no invariant: a pause that left the job stalled
     passed. From the SIGCONT the training must advance (a new checkpoint) or end, or the worker be gone."""
-    job = soak.jobs[0]
+    job = soak.state.jobs[0]
     _, worker = agent_with_worker(soak, procs)
-    assert soak.inject(job, "stop_worker", [0.0, 0.0, 0.0, 0.0])  # u[1] < 0.5: a pause, of 0.5 s (u[2] = 0)
+    assert soak.faults.inject(job, "stop_worker", [0.0, 0.0, 0.0, 0.0])  # u[1] < 0.5: a pause, of 0.5 s (u[2] = 0)
     assert [f.detail for f in job.faults] == ["SIGSTOP, SIGCONT in 0.5 s"]
     wait_until("the worker stopped", lambda: state(worker.pid) == "T")
     assert job.expects == []  # nothing before the SIGCONT
@@ -206,15 +204,15 @@ def test_a_paused_worker_must_go_on_after_its_sigcont(soak: Soak, procs):
     (job.dir / "ckpt").mkdir()
     (job.dir / "ckpt" / "model.pt").write_bytes(b"step 5")  # rank 0's next checkpoint
     assert e.check() is True
-    soak.check_expects(job)
-    count = soak.tally.per_invariant["pause_went_on"]
+    soak.checks.check_expects(job)
+    count = soak.state.tally.per_invariant["pause_went_on"]
     assert (count.held, count.classes) == (1, {"stop_worker"})
 
 
 def test_a_paused_worker_gone_before_its_sigcont_did_not_apply_and_says_why(soak: Soak, procs):
-    job = soak.jobs[0]
+    job = soak.state.jobs[0]
     agent, worker = agent_with_worker(soak, procs)
-    assert soak.inject(job, "stop_worker", [0.0, 0.0, 0.0, 0.0])
+    assert soak.faults.inject(job, "stop_worker", [0.0, 0.0, 0.0, 0.0])
     os.kill(worker.pid, signal.SIGKILL)
     assert agent.proc.stdin is not None
     agent.proc.stdin.write("reap\n")
@@ -223,7 +221,7 @@ def test_a_paused_worker_gone_before_its_sigcont_did_not_apply_and_says_why(soak
     for _, _what, action in job.timed:
         action()
     assert job.expects == []
-    count = soak.tally.per_invariant["pause_went_on"]
+    count = soak.state.tally.per_invariant["pause_went_on"]
     assert (count.held, count.moot, count.classes) == (
         0, {"the paused worker was gone before its SIGCONT": 1}, {"stop_worker"})
 
@@ -234,9 +232,9 @@ def test_a_paused_worker_gone_before_its_sigcont_did_not_apply_and_says_why(soak
 def killed_worker_a_zombie(soak: Soak, procs):
     """An agent whose worker kill_worker killed, the worker a zombie not yet counted gone; (agent, its
     nothing_survives expectation)."""
-    job = soak.jobs[0]
+    job = soak.state.jobs[0]
     agent, worker = agent_with_worker(soak, procs)
-    assert soak.inject(job, "kill_worker", [0.0, 0.0, 0.0, 0.0])
+    assert soak.faults.inject(job, "kill_worker", [0.0, 0.0, 0.0, 0.0])
     e = expectation(job, "nothing_survives")
     wait_until("the worker a zombie", lambda: state(worker.pid) == "Z")
     assert e.check() is False
@@ -271,43 +269,43 @@ def test_a_killed_worker_whose_agent_is_gone_too_is_gone(soak: Soak, procs):
 
 def test_a_kill_or_a_stop_signal_to_an_agent_that_already_exited_is_not_injected(soak: Soak, procs):
     """Popen.send_signal does nothing to an agent that exited: the soak counted the kill (and its requeue) anyway."""
-    job = soak.jobs[0]
+    job = soak.state.jobs[0]
     agent = agent_of(soak, procs, "pass")
     agent.started -= 60  # (signal_agent waits 10 s for a new agent's handlers)
     wait_until("the agent exited (a zombie: not yet reaped)", lambda: state(agent.proc.pid) == "Z")
     assert agent.code is None  # the soak's loop has not seen it yet: still a target
-    assert soak.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0]) is False
-    assert soak.inject(job, "signal_agent", [0.0, 0.0, 0.0, 0.0]) is False
+    assert soak.faults.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0]) is False
+    assert soak.faults.inject(job, "signal_agent", [0.0, 0.0, 0.0, 0.0]) is False
     assert (job.faults, agent.fate, job.timed, job.expects) == ([], "", [], [])
-    assert soak.tally.per_class["kill_agent"].injected == soak.tally.per_class["signal_agent"].injected == 0
+    assert soak.state.tally.per_class["kill_agent"].injected == soak.state.tally.per_class["signal_agent"].injected == 0
 
 
 def test_lease_revoked_that_cannot_be_set_up_did_not_apply_and_says_why(soak: Soak, procs, tmp_path: Path):
     """A real etcd: a node with a lease is checked (and preferred: u[3] < 0.75); a node with no state key, and any
     node while etcd is down, count as "did not apply" with the reason (they were dropped silently)."""
-    job = soak.jobs[0]
+    job = soak.state.jobs[0]
     etcd = ChaosEtcd(tmp_path / "etcd-data", None)
     etcd.start()
     try:
-        soak.etcd = etcd
+        soak.state.etcd = etcd
         job.endpoint = etcd.endpoint
         lease = etcd.etcdctl("lease", "grant", "60").stdout.split()[1]
         etcd.etcdctl("put", f"--lease={lease}", f"{PREFIX}/{job.name}/nodes/n1", "{}")
         for node in ("n0", "n1", "n2"):
             agent_of(soak, procs, "import time; time.sleep(60)", node)
-        assert soak.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n1: its lease is checked
-        assert soak.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n0: joined no round yet
+        assert soak.faults.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n1: its lease is checked
+        assert soak.faults.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n0: joined no round yet
         etcd.stop()  # (a fault holds it down)
-        assert soak.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n2: etcd down
+        assert soak.faults.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0])  # n2: etcd down
     finally:
         etcd.kill()
     assert [f.target for f in job.faults] == ["n1", "n0", "n2"]
     assert [(a.node, a.fate, a.proc.returncode) for a in job.agents] == [
         (n, "killed", -signal.SIGKILL) for n in ("n0", "n1", "n2")]
-    assert soak.tally.per_class["kill_agent"].injected == 3
+    assert soak.state.tally.per_class["kill_agent"].injected == 3
     e = expectation(job, "lease_revoked")
     assert e.cls == "kill_agent"
-    count = soak.tally.per_invariant["lease_revoked"]
+    count = soak.state.tally.per_invariant["lease_revoked"]
     assert (count.held, count.classes) == (0, {"kill_agent"})
     assert count.moot == {"the node had no live state key at the kill (it had not joined yet)": 1,
                           "etcd could not be read at the kill (stopped, frozen, restarting or wiped)": 1}
@@ -320,7 +318,7 @@ def etcd_job(soak: Soak, worlds: list[list[tuple[str, int, int, int]]], trained:
              cls: str = "etcd_wipe") -> Job:
     """The soak's job after a fault of `cls`: its workers' markers, world by world as (node, rank, attempt, size); a
     done marker when `trained`."""
-    job = soak.jobs[0]
+    job = soak.state.jobs[0]
     job.faults.append(Fault(cls, 1, 1.0, time.time(), "etcd", "a fault"))
     pid = 1000
     for w, world in enumerate(worlds):
@@ -340,8 +338,8 @@ def test_an_etcd_fault_or_a_partition_brings_one_world_and_job_completes(soak: S
     job = etcd_job(soak, [[("n0", 0, 0, 2), ("n1", 1, 0, 2)], [("n0", 0, 1, 3), ("n1", 1, 1, 3), ("n2", 2, 0, 3)]],
                    cls=cls)
     job.endpoint = "127.0.0.1:1"  # (its port listens to nothing: the hosted etcd ended with the job)
-    soak.check_job_end(job)
-    worlds, ended = soak.tally.per_invariant["one_world"], soak.tally.per_invariant["job_completes"]
+    soak.checks.check_job_end(job)
+    worlds, ended = soak.state.tally.per_invariant["one_world"], soak.state.tally.per_invariant["job_completes"]
     assert (worlds.held, worlds.classes) == (2, {cls})
     assert (ended.held, ended.classes) == (1, {cls})
 
@@ -354,24 +352,24 @@ def test_an_etcd_fault_or_a_partition_brings_one_world_and_job_completes(soak: S
 def test_a_world_with_a_rank_twice_or_two_sizes_breaks_one_world(soak: Soak, world, why):
     job = etcd_job(soak, [[("n0", 0, 0, 2), ("n1", 1, 0, 2)], world])
     with pytest.raises(Violation) as caught:
-        soak.check_job_result(job)
+        soak.checks.check_job_result(job)
     assert caught.value.invariant == "one_world", why
     assert "127.0.0.1:2001 was not one world of distinct ranks" in caught.value.detail
-    assert soak.tally.per_invariant["one_world"].classes == {"etcd_wipe"}
+    assert soak.state.tally.per_invariant["one_world"].classes == {"etcd_wipe"}
 
 
 def test_a_job_an_etcd_fault_left_unfinished_breaks_job_completes(soak: Soak):
     job = etcd_job(soak, [[("n0", 0, 0, 2), ("n1", 1, 0, 2)]], trained=False)
     with pytest.raises(Violation) as caught:
-        soak.check_job_result(job)
+        soak.checks.check_job_result(job)
     assert caught.value.invariant == "job_completes"
-    assert soak.tally.per_invariant["job_completes"].classes == {"etcd_wipe"}
+    assert soak.state.tally.per_invariant["job_completes"].classes == {"etcd_wipe"}
 
 
 def test_a_master_port_handed_out_again_did_not_apply_and_says_why(soak: Soak):
     """n0's run in one world at two attempts: two rounds got the same port from the kernel; they cannot be told
     apart, so the check does not apply (it would find rank 0 twice)."""
     job = etcd_job(soak, [[("n0", 0, 0, 2), ("n1", 1, 0, 2), ("n0", 0, 2, 2), ("n1", 1, 2, 2)]])
-    soak.check_job_result(job)
-    count = soak.tally.per_invariant["one_world"]
+    soak.checks.check_job_result(job)
+    count = soak.state.tally.per_invariant["one_world"]
     assert (count.held, count.moot) == (0, {"a MASTER_PORT the kernel handed out again to a later round": 1})

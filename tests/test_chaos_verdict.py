@@ -9,9 +9,9 @@ import contextlib
 import io
 import json
 import random
-import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,17 +25,16 @@ from bench.soak.procs import ident
 from bench.soak.replicas import DETECT_S, Down, ReplicaSoak
 from bench.soak.schedule import Deck
 from bench.soak.soak import Soak
+from bench.soak.state import Options
 from bench.soak.verdict import MIN_HELD, Tally, skipped_from_output
 
 
 @pytest.fixture
-def made(tmp_path, monkeypatch):
-    """Soaks made by a test, their temp folders removed after it."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    soaks: list[Soak] = []
-    yield soaks
-    for s in soaks:
-        shutil.rmtree(s.base, ignore_errors=True)
+def made(tmp_path):
+    """Makes a soak whose folder is the test's own (a soak only built makes none: nothing is left under /tmp)."""
+    def make(cls: type[Soak], args: Options) -> Soak:
+        return cls(args, base=tmp_path)
+    return make
 
 
 def printed(soak: Soak, untried: list[str]) -> str:
@@ -48,18 +47,17 @@ def printed(soak: Soak, untried: list[str]) -> str:
 def test_a_class_that_never_finds_a_target_fails_the_run_and_is_named(made):
     """kill_worker enabled, no worker ever runs: every draw finds no target. The run fails naming the class (it used
     to count the draws as 'skipped' and pass)."""
-    soak = Soak(soak_args(classes="kill_worker"))
-    made.append(soak)
+    soak = made(Soak, soak_args(classes="kill_worker"))
     soak.select_classes()
     job = soak.new_job()  # a real job folder and spec (`runner validate` accepts it); no agent started
-    soak.deck = Deck(soak.rng, [c for c in soak.classes if c not in soak.disabled])
+    soak.deck = Deck(soak.state.rng, [c for c in soak.classes if c not in soak.state.disabled])
     now = time.monotonic()
     for _ in range(15):  # 3 draws, each tried 5 times
         soak.fault_step(job, now)
         now = max(now, soak.next_fault)
-    assert soak.tally.per_class["kill_worker"].drawn == 3
-    assert soak.tally.per_class["kill_worker"].no_target == 3
-    failures = soak.tally.failures()
+    assert soak.state.tally.per_class["kill_worker"].drawn == 3
+    assert soak.state.tally.per_class["kill_worker"].no_target == 3
+    failures = soak.state.tally.failures()
     assert failures == ["no fault fired: the run tested nothing (skipped: none)",
                         "class kill_worker never fired: drawn 3 time(s), no target each time"]
     out = printed(soak, failures)
@@ -87,13 +85,12 @@ def test_a_run_whose_only_class_was_skipped_by_a_setting_fails_it_tested_nothing
 
 
 def test_a_class_the_machine_cannot_run_is_reported_skipped_with_its_reason_and_not_required(made):
-    soak = Soak(soak_args(classes="disk_full,kill_worker"))
-    made.append(soak)
+    soak = made(Soak, soak_args(classes="disk_full,kill_worker"))
     soak.select_classes()
-    soak.tally.disable("disk_full", "cannot mount a tmpfs for logs.dir (permission denied)")
-    soak.tally.drawn("kill_worker")
-    soak.tally.injected("kill_worker")
-    assert soak.tally.failures() == []
+    soak.state.tally.disable("disk_full", "cannot mount a tmpfs for logs.dir (permission denied)")
+    soak.state.tally.drawn("kill_worker")
+    soak.state.tally.injected("kill_worker")
+    assert soak.state.tally.failures() == []
     out = printed(soak, [])
     assert "skipped: cannot mount a tmpfs for logs.dir (permission denied)" in out
     # what tests/test_chaos.py skips with when it asked for disk_full; classes left out by --classes are not listed
@@ -103,25 +100,24 @@ def test_a_class_the_machine_cannot_run_is_reported_skipped_with_its_reason_and_
 def test_per_invariant_counts_are_printed_and_an_expectation_that_did_not_apply_is_counted(made):
     """Every expectation ends held, broke or did not apply (its check returned None): all counted, by the class that
     set it up; the table prints them."""
-    soak = Soak(soak_args(classes="kill_guard,kill_agent"))
-    made.append(soak)
+    soak = made(Soak, soak_args(classes="kill_guard,kill_agent"))
     soak.select_classes()
     job = soak.new_job()
-    soak.firing = "kill_guard"
-    soak.expect(job, "guard_replaced", 10, lambda: None, lambda: "")
-    soak.firing = "kill_agent"
-    soak.expect(job, "lease_revoked", 10, lambda: True, lambda: "")
-    soak.expect(job, "nothing_survives", 10, lambda: True, lambda: "")
-    soak.firing = ""
-    soak.check_expects(job)
+    soak.state.firing = "kill_guard"
+    soak.state.expect(job, "guard_replaced", 10, lambda: None, lambda: "")
+    soak.state.firing = "kill_agent"
+    soak.state.expect(job, "lease_revoked", 10, lambda: True, lambda: "")
+    soak.state.expect(job, "nothing_survives", 10, lambda: True, lambda: "")
+    soak.state.firing = ""
+    soak.checks.check_expects(job)
     assert job.expects == []
-    guard = soak.tally.per_invariant["guard_replaced"]
+    guard = soak.state.tally.per_invariant["guard_replaced"]
     assert (guard.held, guard.broke, guard.did_not_apply, guard.classes) == (0, 0, 1, {"kill_guard"})
-    assert soak.tally.per_invariant["lease_revoked"].held == 1
+    assert soak.state.tally.per_invariant["lease_revoked"].held == 1
     for cls in ("kill_guard", "kill_agent"):
-        soak.tally.drawn(cls)
-        soak.tally.injected(cls)
-    failures = soak.tally.failures()
+        soak.state.tally.drawn(cls)
+        soak.state.tally.injected(cls)
+    failures = soak.state.tally.failures()
     assert failures == [(f"invariant guard_replaced held 0 time(s), fewer than the minimum {MIN_HELD}, though "
                         "kill_guard fired and brought it, and nothing else it brings held (did not apply: 1 the agent "
                         "ended first)")]
@@ -135,15 +131,14 @@ def test_per_invariant_counts_are_printed_and_an_expectation_that_did_not_apply_
 
 
 def test_an_expectation_past_its_deadline_breaks_and_is_counted(made):
-    soak = Soak(soak_args(classes="kill_guard"))
-    made.append(soak)
+    soak = made(Soak, soak_args(classes="kill_guard"))
     job = soak.new_job()
-    soak.firing = "kill_guard"
-    soak.expect(job, "guard_replaced", -1, lambda: False, lambda: "no successor")
+    soak.state.firing = "kill_guard"
+    soak.state.expect(job, "guard_replaced", -1, lambda: False, lambda: "no successor")
     with pytest.raises(Violation, match="guard_replaced: no successor"):
-        soak.check_expects(job)
-    soak.tally.broke("guard_replaced")
-    assert soak.tally.per_invariant["guard_replaced"].broke == 1
+        soak.checks.check_expects(job)
+    soak.state.tally.broke("guard_replaced")
+    assert soak.state.tally.per_invariant["guard_replaced"].broke == 1
 
 
 def test_the_deck_deals_every_enabled_class_within_its_first_round_and_puts_back_one_with_no_target():
@@ -181,8 +176,7 @@ def step_lines(out: Path, run_dir: str, group: int, pid: int, attempt: int, line
 @pytest.fixture
 def replica_job(tmp_path, made):
     """A replica soak and one job with one finished agent (a real process), its folders made."""
-    soak = ReplicaSoak(soak_args(replica_groups=True, hosted=False, steps=1000))
-    made.append(soak)
+    soak = made(ReplicaSoak, soak_args(replica_groups=True, hosted=False, steps=1000))
     d = tmp_path / "job1"
     job = Job(1, "chaos-rg-1-1", "tok", d, d / "logs", d / "job.yaml", ["n0"], "")
     job.out.mkdir(parents=True)
@@ -191,8 +185,8 @@ def replica_job(tmp_path, made):
     proc.wait()
     assert me is not None
     agent = Agent("n0", 0, proc, me, d / "agent.log", time.time())
-    soak.jobs.append(job)
-    soak.downs[1], soak.hits[1], soak.lh_ports[1] = [], [], set()
+    soak.state.jobs.append(job)
+    soak.world.add_job(1)
     return soak, job, agent
 
 
@@ -208,7 +202,7 @@ def survivor_case(soak, job, agent, back_after: float, alone_at: float | None):
     step_lines(job.out, run_dir, 0, 1000, 0, [(t, s, g) for t, s, g in before])
     step_lines(job.out, run_dir, 0, 1002, 1, [(t0 + back_after, 150, 2)])
     down = Down(agent, run_dir, 0, 0, 1000, t0, "kill")
-    soak.downs[1].append(down)
+    soak.world.downs[1].append(down)
     return down
 
 
@@ -218,25 +212,25 @@ def test_a_survivor_that_waits_for_the_dead_group_breaks_survivor_advanced(repli
     soak, job, agent = replica_job
     down = survivor_case(soak, job, agent, back_after=4.0, alone_at=None)
     with pytest.raises(Violation) as caught:
-        soak.check_survivor(job, down)
+        soak.checks.check_survivor(job, down)
     assert caught.value.invariant == "survivor_advanced"
     assert "committed no step alone" in caught.value.detail
-    assert soak.tally.per_invariant["survivor_advanced"].broke == 1
+    assert soak.state.tally.per_invariant["survivor_advanced"].broke == 1
 
 
 def test_a_survivor_that_commits_alone_holds(replica_job):
     soak, job, agent = replica_job
     down = survivor_case(soak, job, agent, back_after=4.0, alone_at=2.3)
-    soak.check_survivor(job, down)
-    count = soak.tally.per_invariant["survivor_advanced"]
+    soak.checks.check_survivor(job, down)
+    count = soak.state.tally.per_invariant["survivor_advanced"]
     assert (count.held, count.classes) == (1, {"kill_worker"})
 
 
 def test_a_group_back_before_the_lighthouse_could_drop_it_does_not_apply_and_says_why(replica_job):
     soak, job, agent = replica_job
     down = survivor_case(soak, job, agent, back_after=DETECT_S["kill"] - 0.5, alone_at=None)
-    soak.check_survivor(job, down)
-    count = soak.tally.per_invariant["survivor_advanced"]
+    soak.checks.check_survivor(job, down)
+    count = soak.state.tally.per_invariant["survivor_advanced"]
     assert (count.held, count.did_not_apply) == (0, 1)
     assert list(count.moot) == ["the killed group was back before the quorum could drop it and two normal steps passed"]
 
@@ -251,3 +245,28 @@ def test_a_class_is_tested_when_one_invariant_it_brings_held() -> None:
     assert len(tally.failures()) == 1 and "pause_went_on held 0" in tally.failures()[0]
     tally.held("hang_detected", "stop_worker")
     assert tally.failures() == []
+
+
+# ---------------------------------------------------------------------------------------- the soak's folder
+
+
+@pytest.mark.parametrize("cls", [Soak, ReplicaSoak], ids=["default", "replica_groups"])
+def test_a_soak_only_built_leaves_no_folder_and_teardown_removes_the_one_it_made(cls, tmp_path, monkeypatch):
+    """Building a soak made its chaos-SEED-* folder under TMPDIR at once, so every test that built one without
+    running it left an empty folder in /tmp. The folder is made by the run (make_folder, before setup) and removed
+    by its teardown; a folder given to the soak is its caller's, and teardown leaves it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # (tempfile reads TMPDIR once per process)
+    soak = cls(soak_args(hosted=False, replica_groups=cls is ReplicaSoak))
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError, match="made by its setup"):
+        _ = soak.state.base
+    made_now = soak.state.make_folder()
+    assert made_now.parent == tmp_path and made_now.name.startswith("chaos-1-") and made_now.is_dir()
+    soak.teardown(keep=False)
+    assert list(tmp_path.iterdir()) == []
+    given = tmp_path / "given"
+    given.mkdir()
+    owned = cls(soak_args(hosted=False), base=given)
+    assert owned.state.make_folder() == given
+    owned.teardown(keep=False)
+    assert given.is_dir()

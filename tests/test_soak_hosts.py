@@ -92,11 +92,10 @@ def test_a_seeded_soak_on_hosts_with_host_loss_and_link_cut_passes(tmp_path: Pat
 
 
 @pytest.fixture
-def host_soak(lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HostSoak:
+def host_soak(lab: Lab, tmp_path: Path) -> HostSoak:
     """A HostSoak on the test's lab (hosts n0 and n1; no etcd, no agents)."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    soak = HostSoak(soak_args(hosted=False, hosts=True, etcd_members=1, classes="link_cut"))
-    soak.lab = lab  # (its folder is under tmp_path; the lab fixture closes the hosts)
+    soak = HostSoak(soak_args(hosted=False, hosts=True, etcd_members=1, classes="link_cut"), base=tmp_path)
+    soak.world.lab = lab  # (the lab fixture closes the hosts)
     return soak
 
 
@@ -112,7 +111,7 @@ def job_on(soak: HostSoak, lab: Lab) -> Job:
     d = lab.shared / "job1"
     job = Job(1, "chaos-t-1", "token", d, d / "logs", d / "job.yaml", ["n0", "n1"], "127.0.0.1:1")
     job.out.mkdir(parents=True)
-    soak.jobs.append(job)
+    soak.state.jobs.append(job)
     return job
 
 
@@ -136,14 +135,14 @@ def test_workers_of_two_worlds_alive_on_two_hosts_fail_the_verdict(host_soak: Ho
     worker_on(n0, job, 0, "n0:1000")
     old, old_pid = worker_on(n1, job, 1, "n1:2000")  # a cut-off node's worker of the world before
     with pytest.raises(Violation) as caught:
-        host_soak.check_one_live_world(job)
+        host_soak.checks.check_one_live_world(job)
     assert caught.value.invariant == "no_rank_twice"
     assert "n0:1000" in caught.value.detail and "n1:2000" in caught.value.detail
-    host_soak.tally.broke("no_rank_twice")
+    host_soak.state.tally.broke("no_rank_twice")
     assert "FAILED: seed 1: invariant no_rank_twice broke" in table(host_soak, caught.value)
     assert n1.kill(old_pid)  # through its host, by the pid its host numbers it
     wait_for(lambda: not running(old), timeout=10, what="the old world's worker gone")
-    host_soak.check_one_live_world(job)  # one world live: holds
+    host_soak.checks.check_one_live_world(job)  # one world live: holds
 
 
 @pytest.mark.integration
@@ -153,16 +152,15 @@ def test_a_rank_held_twice_in_one_world_fails(host_soak: HostSoak, lab: Lab) -> 
     worker_on(n0, job, 0, "n0:1000")
     worker_on(n1, job, 0, "n0:1000")
     with pytest.raises(Violation) as caught:
-        host_soak.check_worlds(job)
+        host_soak.checks.check_worlds(job)
     assert caught.value.invariant == "one_world"
     assert "rank 0/2 on n0" in caught.value.detail and "rank 0/2 on n1" in caught.value.detail
 
 
-def test_a_cut_node_that_ended_without_fencing_breaks_fenced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cut_node_that_ended_without_fencing_breaks_fenced(tmp_path: Path) -> None:
     """A node cut off longer than its lease while it trained, which then ended with no `fenced` report: the check
     never turns true, and at its deadline the soak stops on the violation, FAILED in its table."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    soak = HostSoak(soak_args(hosted=False, hosts=True, etcd_members=1, classes="link_cut"))
+    soak = HostSoak(soak_args(hosted=False, hosts=True, etcd_members=1, classes="link_cut"), base=tmp_path)
     d = tmp_path / "job1"
     job = Job(1, "chaos-t-1", "token", d, d / "logs", d / "job.yaml", ["n0", "n1"], "127.0.0.1:1")
     job.out.mkdir(parents=True)
@@ -173,13 +171,13 @@ def test_a_cut_node_that_ended_without_fencing_breaks_fenced(tmp_path: Path, mon
     agent = Agent("n0", 0, ended, Proc(ended.pid, 0), out, time.time(), cut_off=True, code=1, ended=time.time())
     job.agents.append(agent)
     cut_at = time.time()
-    soak.firing = "link_cut"
-    soak.expect(job, "fenced", 0.0, lambda: soak.fence_held(job, agent, cut_at),
-                lambda: soak.fence_detail(job, agent, 12.0))
-    soak.firing = ""
+    soak.state.firing = "link_cut"
+    soak.state.expect(job, "fenced", 0.0, lambda: soak.faults.fence_held(job, agent, cut_at),
+                      lambda: soak.faults.fence_detail(job, agent, 12.0))
+    soak.state.firing = ""
     with pytest.raises(Violation) as caught:
-        soak.check_expects(job)
+        soak.checks.check_expects(job)
     assert caught.value.invariant == "fenced"
     assert "did not end fenced" in caught.value.detail and "exit 1" in caught.value.detail
-    soak.tally.broke("fenced")
+    soak.state.tally.broke("fenced")
     assert "FAILED: seed 1: invariant fenced broke" in table(soak, caught.value)

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 from bench.soak.bounds import (
-    ETCD_RENEW_EXTRA_S,
     EVIDENCE,
     FINAL_TTL_S,
     GONE_BOUND_S,
@@ -19,15 +16,33 @@ from bench.soak.bounds import (
     LEASE_TTL_S,
     RACE_S,
 )
-from bench.soak.model import Agent, Job, Violation, console_transitions, context, excerpt, read_text, tail
+from bench.soak.etcd_view import EtcdView
+from bench.soak.model import (
+    Agent,
+    Job,
+    Violation,
+    console_transitions,
+    context,
+    evidence,
+    excerpt,
+    read_text,
+    tail,
+    tails,
+)
+from bench.soak.processes import JobProcesses
 from bench.soak.procs import port_listening, reap_orphans
+from bench.soak.state import SoakState
 from bench.soak.verdict import MOOT_WHY
 
 
 class Checks:
-    """Check the invariants (a part of Soak); the first broken one raises Violation."""
+    """Check the invariants: as an agent exits, as expectations come due, at a job's end; the first broken one
+    raises Violation. One concern (the invariants and their evidence) spread over a method per invariant."""
 
-    # ------------------------------------------------------------------ invariants
+    def __init__(self, state: SoakState, procs: JobProcesses, kv: EtcdView) -> None:
+        self.state = state
+        self.procs = procs
+        self.kv = kv
 
     def scan_output(self, job: Job, a: Agent) -> None:
         """The agent's output so far holds none of INTERNAL_ERRORS (read from where the last scan stopped)."""
@@ -51,19 +66,19 @@ class Checks:
         a.checked = True
         self.scan_output(job, a)
         text = read_text(a.out)
-        self.tally.held("no_internal_error")
+        self.state.tally.held("no_internal_error")
         if a.fate in ("killed", "lost"):
             killed = a.fate == "killed"
             row = "killed" if killed else "host_lost"
-            self.lost[row] = self.lost.get(row, 0) + 1
+            self.state.lost[row] = self.state.lost.get(row, 0) + 1
             for name in ("report_written", "outcome_matches_workers", "attempts_recorded"):
-                self.tally.moot(name, "the agent was SIGKILLed by the soak" if killed else "its host was lost")
+                self.state.tally.moot(name, "the agent was SIGKILLed by the soak" if killed else "its host was lost")
             return
         if a.code is not None and a.code < 0:  # died of a signal: only a stop signal the spec does not handle
             raise Violation("report_written", f"{a.label} died of signal {-a.code} ({a.fate or 'no fault sent'}): "
                             f"no report\n{tail(text)}")
-        rd = self.run_dir(job, a)
-        report_path = self.report_path(a, rd)
+        rd = self.procs.run_dir(job, a)
+        report_path = self.procs.report_path(a, rd)
         if report_path is None:
             raise Violation("report_written", f"{a.label} (exit {a.code}) wrote no report.json (run dir {rd}, "
                             f"no fallback named)\n{tail(text)}")
@@ -71,39 +86,14 @@ class Checks:
             report = json.loads(report_path.read_text())
         except (OSError, ValueError) as e:
             raise Violation("report_written", f"{a.label}: {report_path} unreadable: {e}") from e
-        self.tally.held("report_written")
+        self.state.tally.held("report_written")
         self.check_outcome(job, a, report, text)
-        self.tally.held("outcome_matches_workers")
+        self.state.tally.held("outcome_matches_workers")
         self.check_transitions(job, a, report)
         if any("transition_write_failed" in str(w) for w in report.get("warnings", [])):
-            self.tally.moot("attempts_recorded", "the report warns transition_write_failed (a full disk)")
+            self.state.tally.moot("attempts_recorded", "the report warns transition_write_failed (a full disk)")
         else:
-            self.tally.held("attempts_recorded")
-
-    def report_of(self, job: Job, a: Agent) -> dict[str, Any] | None:
-        """The agent's report.json, parsed (None: none, or unreadable)."""
-        path = self.report_path(a, self.run_dir(job, a))
-        try:
-            return dict(json.loads(path.read_text())) if path is not None else None
-        except (OSError, ValueError):
-            return None
-
-    def fenced(self, job: Job, a: Agent) -> bool:
-        """The agent ended fenced: its report's last failure is of kind `fenced` (docs/multinode.md §4)."""
-        report = self.report_of(job, a)
-        failures = report.get("failures") if report else None
-        return bool(failures) and isinstance(failures, list) and failures[-1].get("kind") == "fenced"
-
-    def report_path(self, a: Agent, rd: Path | None) -> Path | None:
-        """report.json in the run dir, else the fallback the console names."""
-        if rd is not None and (rd / "report.json").is_file():
-            return rd / "report.json"
-        for line in read_text(a.out).splitlines():
-            if line.startswith("runner: report: "):
-                path = Path(line.removeprefix("runner: report: ").split(" (")[0])
-                if path.is_file():
-                    return path
-        return None
+            self.state.tally.held("attempts_recorded")
 
     @staticmethod
     def check_exit(a: Agent, report: dict[str, Any]) -> str:
@@ -119,7 +109,7 @@ class Checks:
     def check_outcome(self, job: Job, a: Agent, report: dict[str, Any], text: str) -> None:
         """Exit code, report and the workers' own markers agree."""
         where, outcome = self.check_exit(a, report), report.get("outcome")
-        rd = self.run_dir(job, a)
+        rd = self.procs.run_dir(job, a)
         last = int(report.get("attempts", 1)) - 1
         mine = [m for m in job.markers("start") if rd and m["run_dir"] == str(rd)]
         done = {m["pid"]: m for m in job.markers("done") if rd and m["run_dir"] == str(rd)}
@@ -136,7 +126,7 @@ class Checks:
                 excused = True
             if not excused:
                 raise Violation("outcome_matches_workers", f"{where}: every worker of its last attempt ({last}) "
-                                f"finished all {self.args.steps} steps, yet the outcome is {outcome}\n{tail(text)}")
+                                f"finished all {self.state.args.steps} steps, yet the outcome is {outcome}\n{tail(text)}")
         ended = next((t.get("time", 0.0) for t in console_transitions(a) if t.get("dst") == "SHUTDOWN"), None)
         if a.fate in signal.Signals.__members__ and outcome != "succeeded" and (ended is None or ended >= a.fate_at):
             sig = signal.Signals[a.fate]  # (an agent already in SHUTDOWN when the signal came keeps its outcome)
@@ -148,21 +138,21 @@ class Checks:
         """A fault hit etcd, the network or this agent within RACE_S of `when` (time.time())."""
         return any(abs(f.wall - when) < RACE_S for f in job.faults
                    if f.cls in ("etcd_stop", "etcd_restart", "etcd_wipe", "partition", "link_cut", "host_loss")
-                or f.target == a.label)
+                   or f.target == a.label)
 
     def check_transitions(self, job: Job, a: Agent, report: dict[str, Any]) -> None:
         """Every attempt of the run (and every attempt a worker of it started in) is in transitions.jsonl, and the
         last transition is the end the report tells; a full disk excuses it only when the report says so."""
-        lines, torn = self.transitions(job, a)
+        lines, torn = self.procs.transitions(job, a)
         warned = any("transition_write_failed" in str(w) for w in report.get("warnings", []))
         if warned:
             return
-        where = f"{a.label} ({self.run_dir(job, a)})"
+        where = f"{a.label} ({self.procs.run_dir(job, a)})"
         if torn:
             raise Violation("attempts_recorded", f"{where}: {torn} torn line(s) in transitions.jsonl and no "
                             "transition_write_failed warning in the report")
         seen = {t.get("attempt") for t in lines}
-        rd = str(self.run_dir(job, a))
+        rd = str(self.procs.run_dir(job, a))
         wanted = set(range(int(report.get("attempts", 1)))) | {
             m["attempt"] for m in job.markers("start") if m["run_dir"] == rd}
         if missing := sorted(wanted - seen):
@@ -180,16 +170,16 @@ class Checks:
         for e in job.expects:
             state = e.check()
             if state and e.met:
-                self.say(f"job {job.index}: {e.met} after {now - e.since:.2f} s")
-                self.timings.setdefault(e.invariant, []).append(now - e.since)
+                self.state.say(f"job {job.index}: {e.met} after {now - e.since:.2f} s")
+                self.state.timings.setdefault(e.invariant, []).append(now - e.since)
             if state:
-                self.tally.held(e.invariant, e.cls)
+                self.state.tally.held(e.invariant, e.cls)
                 continue
             if state is None:
-                self.tally.moot(e.invariant, MOOT_WHY.get(e.invariant, "moot when checked"), e.cls)
+                self.state.tally.moot(e.invariant, MOOT_WHY.get(e.invariant, "moot when checked"), e.cls)
                 continue
             if now >= e.deadline:
-                self.tally.invariant(e.invariant, e.cls)  # (the run counts the broken check once it stops)
+                self.state.tally.invariant(e.invariant, e.cls)  # (the run counts the broken check once it stops)
                 raise Violation(e.invariant, e.detail())
             keep.append(e)
         job.expects = keep
@@ -197,9 +187,9 @@ class Checks:
     def wait_nothing_survives(self, job: Job) -> None:
         """Every process of the job gone within GONE_BOUND_S of its agents' exits (orphans reaped meanwhile)."""
         deadline = time.monotonic() + GONE_BOUND_S
-        while (left := self.job_processes(job)) and time.monotonic() < deadline:
+        while (left := self.procs.job_processes(job)) and time.monotonic() < deadline:
             time.sleep(0.2)
-            reap_orphans(self.own_pids())
+            reap_orphans(self.procs.own_pids())
         if left:
             raise Violation("nothing_survives", f"{len(left)} process(es) of job {job.index} outlived it by "
                             f"{GONE_BOUND_S:g} s: " + "; ".join(d for _, d in left))
@@ -211,15 +201,15 @@ class Checks:
             self.check_expects(job)
             if job.expects:
                 time.sleep(0.2)
-        if self.args.hosted:
+        if self.state.args.hosted:
             port = int(job.endpoint.rpartition(":")[2])
             if port_listening(port):
                 raise Violation("nothing_survives", f"the hosted etcd's port {port} still listens after the job")
-            self.tally.moot("etcd_keys_expire", "--hosted: the hosted etcd ends with its job (its leases with it)")
+            self.state.tally.moot("etcd_keys_expire", "--hosted: the hosted etcd ends with its job (its leases with it)")
         else:
             self.check_keys(job)
-            self.tally.held("etcd_keys_expire")
-        self.tally.held("nothing_survives")
+            self.state.tally.held("etcd_keys_expire")
+        self.state.tally.held("nothing_survives")
         self.check_job_result(job)
 
     def check_job_result(self, job: Job) -> None:
@@ -229,7 +219,7 @@ class Checks:
         nor leave the job unfinished."""
         for cls in sorted({f.cls for f in job.faults if f.cls in JOB_END_BRINGS}):
             for name in JOB_END_BRINGS[cls]:
-                self.tally.invariant(name, cls)
+                self.state.tally.invariant(name, cls)
         self.check_worlds(job)
         self.check_completed(job)
 
@@ -239,14 +229,14 @@ class Checks:
         the kernel handed out again to a later round (a node's run in the world at two attempts: a run takes part in
         a world at one attempt) is two worlds that cannot be told apart: that check did not apply, and says why."""
         worlds: dict[str, list[dict[str, Any]]] = {}
-        for m, _ in self.workers(job, live_only=False):
+        for m, _ in self.procs.workers(job, live_only=False):
             worlds.setdefault(str(m.get("master")), []).append(m)
         for world, ms in sorted(worlds.items()):
             attempts: dict[str, set[int]] = {}
             for m in ms:
                 attempts.setdefault(str(m["run_dir"]), set()).add(int(m["attempt"]))
             if any(len(a) > 1 for a in attempts.values()):
-                self.tally.moot("one_world", "a MASTER_PORT the kernel handed out again to a later round")
+                self.state.tally.moot("one_world", "a MASTER_PORT the kernel handed out again to a later round")
                 continue
             sizes = {int(m["world_size"]) for m in ms}
             ranks = sorted(int(m["rank"]) for m in ms)
@@ -254,13 +244,13 @@ class Checks:
             if len(sizes) > 1 or len(set(ranks)) < len(ranks) or any(r >= min(sizes) for r in ranks):
                 raise Violation("one_world", f"job {job.index}: world {world} was not one world of distinct ranks: "
                                 f"{where}")
-            self.tally.held("one_world")
+            self.state.tally.held("one_world")
 
     def check_own_etcd(self) -> None:
         """Our etcd runs unless a fault holds it down. Killed by a signal no fault sent: a violation (something
         signalled a process that is not the job's). Exited by itself (etcd's own crash, its log says why): printed
         with its log's end, counted under "infrastructure", and started again at once, as etcd_restart does."""
-        etcd = self.etcd
+        etcd = self.state.etcd
         if etcd is None or (code := etcd.exited_unasked()) is None:
             return
         if code < 0:
@@ -268,23 +258,19 @@ class Checks:
             raise Violation("etcd_unharmed", f"the soak's etcd died of {name} and no fault sent it (the OOM killer "
                             f"sends SIGKILL too); its log ends:\n{etcd.log_tail()}")
         crash = f"the soak's etcd exited by itself with code {code} (no fault stopped it); started again"
-        self.say(f"{crash}; its log ends:\n{etcd.log_tail()}")
-        self.etcd_crashes.append(crash)
+        self.state.say(f"{crash}; its log ends:\n{etcd.log_tail()}")
+        self.state.etcd_crashes.append(crash)
         etcd.start()
-
-    def etcd_renewed_at(self) -> float:
-        """time.time() from which etcd counts every lease's TTL again: its last start, plus an election timeout."""
-        return self.etcd.started_at + ETCD_RENEW_EXTRA_S if self.etcd is not None else 0.0
 
     def check_keys(self, job: Job) -> None:
         """After the last agent's end plus lease_ttl: no key of the job on a live lease, but the final states (on
         their own lease, at most an hour). etcd renews every lease when it starts (a lease's TTL counts again from
         there, plus an election timeout): after a restart, the wait counts from the restart."""
-        self.etcd_start()  # (only if it is down)
+        self.kv.start()  # (only if it is down)
         last_end = max((a.ended for a in job.agents), default=time.time())
-        since = max(last_end, self.etcd_renewed_at())
+        since = max(last_end, self.kv.renewed_at())
         time.sleep(max(0.0, since + LEASE_TTL_S + 2 - time.time()))
-        keys = self.etcd_keys(job)
+        keys = self.kv.keys(job)
         if keys is None:
             raise Violation("etcd_keys_expire", "cannot read the job's keys from etcd")
         leases: dict[int, int | None] = {}
@@ -292,7 +278,7 @@ class Checks:
             if not lease:
                 continue  # the job's record (spec, control, rounds): kept until `runner reset`, by design
             if lease not in leases:
-                leases[lease] = self.lease_ttl(job, lease)
+                leases[lease] = self.kv.lease_ttl(job, lease)
             ttl = leases[lease]
             if ttl is None or ttl < 0:
                 continue
@@ -307,18 +293,18 @@ class Checks:
         summary = ", ".join(f"{a.label}={a.code}{'/' + a.fate if a.fate else ''}" for a in job.agents)
         if job.loss:  # any ending is allowed then (each agent's own invariants were checked as it exited)
             if job.trained():
-                self.say(f"job {job.index}: finished its training despite {job.loss}; agents {summary}")
+                self.state.say(f"job {job.index}: finished its training despite {job.loss}; agents {summary}")
                 job.loss = ""
-                self.tally.held("job_completes")
+                self.state.tally.held("job_completes")
             else:
-                self.lost["documented"] += 1
-                self.say(f"job {job.index}: documented loss ({job.loss}); agents {summary}")
-                self.tally.moot("job_completes", "a documented loss (the hosting node lost or stopped)")
+                self.state.lost["documented"] += 1
+                self.state.say(f"job {job.index}: documented loss ({job.loss}); agents {summary}")
+                self.state.tally.moot("job_completes", "a documented loss (the hosting node lost or stopped)")
             return
         if not job.trained():
             raise Violation("job_completes", f"job {job.index} ended without finishing its training, and no "
-                            f"documented loss explains it; agents {summary}\n" + self.evidence(job)
-                            + self.tails(job))
+                            f"documented loss explains it; agents {summary}\n" + evidence(job, EVIDENCE)
+                            + tails(job))
         for a in job.agents:
             if a.fate:
                 continue
@@ -329,31 +315,16 @@ class Checks:
                 # A worker of it was found hung (stopped) and named the culprit: with the product's default
                 # watchdog.keep_out_culprit the node sits out while the others go on (docs/hangs.md).
                 continue
-            if a.code == 3 and a.cut_off and self.fenced(job, a):
+            if a.code == 3 and a.cut_off and self.procs.fenced(job, a):
                 # Its host's link was cut for longer than its lease: it fenced itself (docs/multinode.md §4).
                 continue
-            if a.code == 3 and a.cut_off and self.args.hosted and "did not answer" in text:
+            if a.code == 3 and a.cut_off and self.state.args.hosted and "did not answer" in text:
                 # Cut off while the others finished: the hosted etcd ended with its host (after its bounded wait
                 # for this node), so the restart this node had to charge found no etcd: exit 3, as documented.
                 continue
             raise Violation("job_completes", f"{a.label} ended with exit code {a.code} in a job that completed "
                             f"(only 0, 3 'job is closed' for a node that joined too late, or 3 'kept out' for a "
                             f"hang's culprit, are expected); "
-                            f"agents {summary}\n{self.evidence(job)}--- {a.label}\n{tail(text)}")
-        self.tally.held("job_completes")
+                            f"agents {summary}\n{evidence(job, EVIDENCE)}--- {a.label}\n{tail(text)}")
+        self.state.tally.held("job_completes")
 
-    def evidence(self, job: Job) -> str:
-        """The agents' events that explain a lost rendezvous (hosted etcd restarts, etcd data loss, give-ups)."""
-        out = []
-        for a in job.agents:
-            for line in read_text(a.out).splitlines():
-                if any(k in line for k in EVIDENCE):
-                    with contextlib.suppress(ValueError):
-                        event = json.loads(line)
-                        what = {k: v for k, v in event.items() if k not in ("event", "job", "node", "level")}
-                        out.append(f"{a.label}: {event.get('event')} {json.dumps(what)[:400]}")
-        return "".join(f"{line}\n" for line in out[-12:])
-
-    def tails(self, job: Job) -> str:
-        """The last lines of every agent's output."""
-        return "\n".join(f"--- {a.label} (exit {a.code})\n{tail(read_text(a.out))}" for a in job.agents)

@@ -57,10 +57,11 @@ cannot run (no root for the tmpfs, no network namespace), or that the other opti
 --classes names is refused. Exit code 2: the soak
 itself failed (or was interrupted), not the runner.
 
-The code: bench/soak/ (cli.py this command line, soak.py the loop, schedule.py the deck, faults.py the classes,
-checks.py the invariants, verdict.py the tally and verdict, processes.py a job's processes, procs.py /proc,
-infra.py etcd / network namespace / tmpfs, etcd_reads.py keys and leases, model.py the records, bounds.py the bounds,
-replicas.py the replica-group mode); bench/chaos.py is only its entry.
+The code: bench/soak/ (cli.py this command line, soak.py the loop composing the parts below, state.py the typed
+options and shared state, schedule.py the deck, faults.py the classes, checks.py the invariants, verdict.py the tally
+and verdict, processes.py a job's processes, procs.py /proc, infra.py etcd / network namespace / tmpfs, etcd_view.py
+and etcd_reads.py keys and leases, model.py the records, bounds.py the bounds, hosts.py and replicas.py the other
+modes); bench/chaos.py is only its entry.
 
 Everything is bounded: every wait has a timeout, and on exit every process started is killed and reaped, the tmpfs
 unmounted, the network namespace deleted and etcd stopped.
@@ -75,6 +76,7 @@ import signal
 import sys
 
 from bench.soak.soak import Soak
+from bench.soak.state import Options
 from runner.testing.etcd_server import etcd_binary
 
 
@@ -104,7 +106,7 @@ def check_classes(p: argparse.ArgumentParser, soak: type[Soak], args: argparse.N
     unknown = asked - set(soak.all_classes)
     if unknown:
         p.error(f"unknown classes {sorted(unknown)}; known: {', '.join(soak.all_classes)}")
-    for cls, why in sorted(soak.ruled_out(args).items()):
+    for cls, why in sorted(soak.ruled_out(Options.of(args)).items()):
         if cls in asked:
             p.error(f"--classes {cls}: the other options rule it out: it {why}; change them or leave {cls} out")
 
@@ -154,7 +156,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, stop)
     if soak is Soak:
         shutil.which("etcd") or etcd_binary()  # fails early, with the fix, when etcd is not installed
-    return soak(args).run()
+    return soak(Options.of(args)).run()
 
 
 if __name__ == "__main__":

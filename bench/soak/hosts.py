@@ -28,22 +28,27 @@ each world, every rank was held by one worker, of one world size) is the base so
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.soak.bounds import ALL_CLASSES, CLASSES, GONE_BOUND_S, LEASE_TTL_S, LOST, MEASURED
+from bench.soak.checks import Checks
 from bench.soak.etcd_reads import EtcdReader
+from bench.soak.etcd_view import EtcdView
+from bench.soak.faults import Faults
 from bench.soak.infra import HostEtcd
-from bench.soak.model import Agent, Job, Violation, console_transitions, read_text, tail
+from bench.soak.model import Agent, Job, Violation, console_transitions, read_text, state_of, tail
+from bench.soak.processes import JobProcesses
 from bench.soak.procs import Proc, describe, ident, reap_orphans, running, set_subreaper
+from bench.soak.schedule import pick
 from bench.soak.soak import Soak
+from bench.soak.state import Options, SoakState
 from runner.testing.etcd_cluster import EtcdCluster
 from runner.testing.hosts import Host, Lab
 
@@ -80,54 +85,29 @@ class Seen:
     proc: Proc | None
 
 
-class HostSoak(Soak):
-    """The soak on simulated hosts: see the module's docstring."""
+@dataclass
+class HostWorld:
+    """What the parts of the soak on hosts share beyond SoakState: the lab (its hosts), the etcd on its hosts, the
+    workers seen started, and how many times two live worlds were looked for."""
 
-    classes = HOST_CLASSES
-    all_classes = HOST_ALL_CLASSES
-    lost_rows = HOST_LOST
-    measured = HOST_MEASURED
+    lab: Lab | None = None
+    cluster: HostEtcd | None = None
+    seen: dict[str, Seen] = field(default_factory=dict)  # start marker's path -> the worker
+    overlap_checks: int = 0
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        super().__init__(args)
-        self.lab: Lab | None = None
-        self.cluster: HostEtcd | None = None
-        self.seen: dict[str, Seen] = {}  # start marker's path -> the worker
-        self.overlap_checks = 0
 
-    # ------------------------------------------------------------------ setup / teardown
+class HostProcesses(JobProcesses):
+    """A job's processes on simulated hosts: agents started on their node's host, workers found and signalled
+    through their host's pid namespace, what is left on a host after a job."""
 
-    def setup(self) -> None:
-        """Subreaper, the lab (its shared folder: the soak's own), the etcd's host(s) and members."""
-        set_subreaper()
-        self.select_classes()
-        self.lab = Lab(self.base)
-        self.lab.__enter__()
-        members = self.args.etcd_members
-        names = ["etcd"] if members == 1 else [f"etcd{i}" for i in range(members)]
-        self.cluster = HostEtcd(EtcdCluster([self.lab.add(n) for n in names], token=f"chaos-{self.args.seed}"))
-        self.cluster.start_cluster()
-        self.say(f"lab {self.lab.bridge} ({self.lab.bridge_ip}/24), shared {self.base}; etcd of {members} member(s) "
-                 f"at {self.cluster.endpoint}; nodes on hosts {', '.join(f'n{i}' for i in range(self.args.nodes))}")
-
-    def teardown(self, keep: bool) -> None:
-        """Every agent and host process killed, the etcd members, the hosts, their namespaces and the bridge; then
-        the base soak's teardown (its folder). Never raises."""
-        for job in self.jobs:
-            try:
-                self.kill_job(job)
-            except Exception as e:  # teardown goes on, and says why
-                print(f"teardown: job {job.index}: {e}", file=sys.stderr)
-        if self.cluster is not None:
-            self.cluster.kill()
-        if self.lab is not None:
-            self.lab.close()
-        super().teardown(keep)
+    def __init__(self, state: SoakState, world: HostWorld) -> None:
+        super().__init__(state)
+        self.world = world
 
     def own_pids(self) -> set[int]:
         """Children this process waits for itself: the agents' and etcd members' nsenter, every host's PID 1."""
         pids = super().own_pids()
-        for host in self.lab.hosts.values() if self.lab is not None else ():
+        for host in self.world.lab.hosts.values() if self.world.lab is not None else ():
             if host.init is not None:
                 pids.add(host.init.pid)
             pids.update(p.pid for p in host.procs)
@@ -143,28 +123,21 @@ class HostSoak(Soak):
 
     def node_hosts(self, job: Job) -> list[Host]:
         """The job's node hosts that are up."""
-        assert self.lab is not None
-        return [h for n in job.nodes if (h := self.lab.hosts.get(n)) is not None and not h.lost]
+        assert self.world.lab is not None
+        return [h for n in job.nodes if (h := self.world.lab.hosts.get(n)) is not None and not h.lost]
 
     def node_host(self, node: str) -> Host:
         """The node's host; a fresh one of that name when it was lost (same address, empty /tmp)."""
-        assert self.lab is not None
-        host = self.lab.hosts.get(node)
+        assert self.world.lab is not None
+        host = self.world.lab.hosts.get(node)
         if host is None or host.lost:
-            host = self.lab.add(node)
+            host = self.world.lab.add(node)
         return host
 
     def host_cut(self, node: str) -> bool:
         """The node's host has its link cut now."""
-        host = self.lab.hosts.get(node) if self.lab is not None else None
+        host = self.world.lab.hosts.get(node) if self.world.lab is not None else None
         return host is not None and host.cut_off and not host.lost
-
-    # ------------------------------------------------------------------ jobs and agents
-
-    def job_endpoint(self) -> str:
-        """Every etcd member's client endpoint (the spec lists them all)."""
-        assert self.cluster is not None
-        return self.cluster.endpoint
 
     def start_agent(self, job: Job, node: str) -> Agent:
         """Start one agent of `node` on its host (no --node: the hostname is its id), output to a file."""
@@ -186,32 +159,20 @@ class HostSoak(Soak):
         job.agents.append(agent)
         return agent
 
-    def replay(self, job: int | None = None) -> str:
-        """The base soak's replay, on hosts."""
-        line = super().replay(job) + " --hosts"
-        return line + (f" --etcd-members {self.args.etcd_members}" if self.args.etcd_members != 1 else "")
-
-    def setting(self) -> str:
-        """The soak's setting, for the table's title."""
-        return (f"{self.args.nodes} nodes on simulated hosts, etcd of {self.args.etcd_members} member(s) on hosts of "
-                "their own")
-
-    # ------------------------------------------------------------------ workers, through their hosts
-
     def resolve(self, path: Path) -> Seen | None:
         """The worker a start marker names, found once on its host (None: the marker cannot be read yet)."""
-        seen = self.seen.get(str(path))
+        seen = self.world.seen.get(str(path))
         if seen is not None:
             return seen
         try:
             m = json.loads(path.read_text())
         except (OSError, ValueError):
             return None
-        host = self.lab.hosts.get(str(m.get("node"))) if self.lab is not None else None
+        host = self.world.lab.hosts.get(str(m.get("node"))) if self.world.lab is not None else None
         outer = host.pids().get(int(m["pid"])) if host is not None else None
         p = ident(outer) if outer else None
         seen = Seen(m, p if p is not None and p.ticks == int(m["start_ticks"]) else None)
-        self.seen[str(path)] = seen
+        self.world.seen[str(path)] = seen
         return seen
 
     def workers(self, job: Job, *, live_only: bool = True) -> list[tuple[dict[str, Any], Proc]]:
@@ -226,50 +187,60 @@ class HostSoak(Soak):
                 found.append((seen.m, p))
         return sorted(found, key=lambda x: (x[0]["node"], x[0]["rank"], x[1].pid))
 
+    def host_leftovers(self, job: Job) -> list[str]:
+        """Every process on a node host of the job but the host's PID 1."""
+        return [f"{h.name}: {describe(p)}" for h in self.node_hosts(job) for inner, pid in h.pids().items()
+                if inner != 1 and (p := ident(pid)) is not None]
+
+
+class HostEtcdView(EtcdView):
+    """The etcd on its hosts (one member, or three)."""
+
+    def __init__(self, state: SoakState, world: HostWorld) -> None:
+        super().__init__(state)
+        self.world = world
+
+    def reader(self, job: Job) -> EtcdReader | None:
+        """The cluster, while a quorum of its members runs."""
+        if self.world.cluster is None or not self.world.cluster.readable:
+            return None
+        return EtcdReader(job.endpoint)
+
+    def renewed_at(self) -> float:
+        """When the cluster last had a member started, stopped or killed (a new leader renews every lease)."""
+        return self.world.cluster.started_at + 1.0 if self.world.cluster is not None else 0.0
+
+    def start(self) -> None:
+        """Start every member that is down again."""
+        if self.world.cluster is not None and not self.world.cluster.up:
+            self.world.cluster.start()
+            self.state.say("etcd started again")
+
+
+class HostFaults(Faults):
+    """The base soak's faults through the hosts (a worker signalled on its host, etcd's leader hit), and the host
+    classes: host_loss and link_cut (with the fence it must bring)."""
+
+    procs: HostProcesses
+
+    def __init__(self, state: SoakState, procs: HostProcesses, kv: EtcdView, world: HostWorld) -> None:
+        super().__init__(state, procs, kv)
+        self.world = world
+
     def signal_worker(self, job: Job, m: dict[str, Any], p: Proc, sig: int) -> bool:  # noqa: ARG002 - the base's
         """Signal the worker through its host (Host.kill: the pid its host numbers it), once the host still maps
         that pid to the process the soak saw start."""
-        host = self.lab.hosts.get(str(m["node"])) if self.lab is not None else None
+        host = self.world.lab.hosts.get(str(m["node"])) if self.world.lab is not None else None
         if host is None or host.lost or host.pids().get(int(m["pid"])) != p.pid or not running(p):
             return False
         return host.kill(int(m["pid"]), signal.Signals(sig))
 
     def targets(self, job: Job) -> list[Agent]:
         """The base soak's targets, but none on a host whose link is cut (its fence is under test)."""
-        return [a for a in super().targets(job) if not self.host_cut(a.node)]
-
-    # ------------------------------------------------------------------ etcd on its hosts
-
-    def etcd_reader(self, job: Job) -> EtcdReader | None:
-        """The cluster, while a quorum of its members runs."""
-        if self.cluster is None or not self.cluster.readable:
-            return None
-        return EtcdReader(job.endpoint)
-
-    def etcd_renewed_at(self) -> float:
-        """When the cluster last had a member started, stopped or killed (a new leader renews every lease)."""
-        return self.cluster.started_at + 1.0 if self.cluster is not None else 0.0
-
-    def etcd_start(self) -> None:
-        """Start every member that is down again."""
-        if self.cluster is not None and not self.cluster.up:
-            self.cluster.start()
-            self.say("etcd started again")
-
-    def check_own_etcd(self) -> None:
-        """A member ended that no fault stopped: by a signal, a violation; by itself, counted and started again."""
-        if self.cluster is None or (code := self.cluster.exited_unasked()) is None:
-            return
-        if code < 0:
-            raise Violation("etcd_unharmed", f"an etcd member died of signal {-code} and no fault sent it; its log "
-                            f"ends:\n{self.cluster.log_tail()}")
-        crash = f"an etcd member exited by itself with code {code} (no fault stopped it); started again"
-        self.say(f"{crash}; the logs end:\n{self.cluster.log_tail()}")
-        self.etcd_crashes.append(crash)
-        self.cluster.start()
+        return [a for a in super().targets(job) if not self.procs.host_cut(a.node)]
 
     def fault_etcd(self, job: Job, cls: str, u: list[float]) -> bool:
-        etcd = self.cluster
+        etcd = self.world.cluster
         if etcd is None or not etcd.up or job.trained():
             return False
         m = etcd.target()
@@ -277,60 +248,58 @@ class HostSoak(Soak):
         if cls == "etcd_stop":
             down = 1 + u[0] * 11
             etcd.stop(m)
-            self.record(job, cls, who, f"SIGTERM, started again in {down:.1f} s")
-            self.at(job, down, "etcd start", self.etcd_start)
+            self.state.record(job, cls, who, f"SIGTERM, started again in {down:.1f} s")
+            self.state.at(job, down, "etcd start", self.kv.start)
         elif cls == "etcd_restart":
             etcd.restart(m)
-            self.record(job, cls, who, "SIGKILL, started again at once")
+            self.state.record(job, cls, who, "SIGKILL, started again at once")
         else:
             etcd.wipe()
-            self.record(job, cls, "etcd (every member)", "SIGTERM, data deleted, a new cluster on the same addresses")
+            self.state.record(job, cls, "etcd (every member)", "SIGTERM, data deleted, a new cluster on the same addresses")
         return True
 
-    # ------------------------------------------------------------------ the host classes
-
     def fault_host_loss(self, job: Job, u: list[float]) -> bool:
-        agent = self.pick(self.targets(job), u[0])
+        agent = pick(self.targets(job), u[0])
         if agent is None:
             return False
-        host = self.node_host(agent.node)
+        host = self.procs.node_host(agent.node)
         tree = [p for pid in host.pids().values() if (p := ident(pid))]
-        lease, no_lease = self.lease_at_kill(job, agent, self.etcd_keys(job))
+        lease, no_lease = self.lease_at_kill(job, agent, self.kv.keys(job))
         host.lose()
         for a in job.live():
             if a.node == agent.node:
                 a.fate, a.fate_at = "lost", time.time()
-        self.record(job, "host_loss", agent.label, f"host {host.name} lost: its {len(tree)} processes killed at once")
-        self.expect(job, "nothing_survives", GONE_BOUND_S, lambda: not any(running(p) for p in tree),
-                    lambda: "processes of a lost host still run: " + "; ".join(describe(p) for p in tree if running(p)))
+        self.state.record(job, "host_loss", agent.label, f"host {host.name} lost: its {len(tree)} processes killed at once")
+        self.state.expect(job, "nothing_survives", GONE_BOUND_S, lambda: not any(running(p) for p in tree),
+                          lambda: "processes of a lost host still run: " + "; ".join(describe(p) for p in tree if running(p)))
         if lease:
-            self.expect(job, "lease_expired", LEASE_EXPIRE_BOUND_S, lambda: self.lease_gone(job, lease),
-                        lambda: f"the lost host's lease {lease:x} is still granted {LEASE_EXPIRE_BOUND_S:g} s later "
-                        f"(ttl {self.lease_ttl(job, lease)})", met=f"{agent.label}'s lease expired")
+            self.state.expect(job, "lease_expired", LEASE_EXPIRE_BOUND_S, lambda: self.kv.lease_gone(job, lease),
+                              lambda: f"the lost host's lease {lease:x} is still granted {LEASE_EXPIRE_BOUND_S:g} s later "
+                              f"(ttl {self.kv.lease_ttl(job, lease)})", met=f"{agent.label}'s lease expired")
         else:  # counted as "did not apply", with why (not yet charged to host_loss: its target is not chosen for it)
-            self.tally.moot("lease_expired", no_lease)
+            self.state.tally.moot("lease_expired", no_lease)
         self.requeue(job, agent.node, 2 + u[1] * 8)
         return True
 
     def fault_link_cut(self, job: Job, u: list[float]) -> bool:
         targets = self.targets(job)
-        training = [a for a in targets if self.state_of(a) == "RUNNING" and self.workers_of(job, a)]
-        agent = self.pick(training if u[3] < RUNNING_CUT_SHARE else targets, u[0])
+        training = [a for a in targets if state_of(a) == "RUNNING" and self.workers_of(job, a)]
+        agent = pick(training if u[3] < RUNNING_CUT_SHARE else targets, u[0])
         if agent is None:
             return False
-        node, host = agent.node, self.node_host(agent.node)
+        node, host = agent.node, self.procs.node_host(agent.node)
         cut = CUT_S[0] + u[1] * (CUT_S[1] - CUT_S[0])
         mine = self.workers_of(job, agent)
-        state, at = self.state_of(agent), time.time()
+        state, at = state_of(agent), time.time()
         host.cut()
         for a in job.live():
             if a.node == node:
                 a.cut_off = True
-        self.record(job, "link_cut", agent.label, f"link down for {cut:.1f} s (lease_ttl {LEASE_TTL_S:g} s; "
-                    f"{state}, {len(mine)} worker(s) running)")
+        self.state.record(job, "link_cut", agent.label, f"link down for {cut:.1f} s (lease_ttl {LEASE_TTL_S:g} s; "
+                          f"{state}, {len(mine)} worker(s) running)")
         if cut >= LONG_CUT_S and state == "RUNNING" and mine:
-            self.expect(job, "fenced", FENCE_BOUND_S, lambda: self.fence_held(job, agent, at),
-                        lambda: self.fence_detail(job, agent, cut), met=f"{agent.label} fenced")
+            self.state.expect(job, "fenced", FENCE_BOUND_S, lambda: self.fence_held(job, agent, at),
+                              lambda: self.fence_detail(job, agent, cut), met=f"{agent.label} fenced")
         self.heal_later(job, agent, host, cut, 2 + u[2] * 8)
         return True
 
@@ -344,25 +313,25 @@ class HostSoak(Soak):
                 if not agent.fate:
                     self.requeue(job, node, requeue_s)
             elif tries < FENCE_BOUND_S:
-                self.at(job, 1.0, f"requeue {node} once its fence ended it", lambda: rejoin(tries + 1))
+                self.state.at(job, 1.0, f"requeue {node} once its fence ended it", lambda: rejoin(tries + 1))
 
         def heal() -> None:
             if not host.lost and host.cut_off:
                 host.heal()
-                self.say(f"job {job.index}: link of {node} healed")
+                self.state.say(f"job {job.index}: link of {node} healed")
             rejoin(0)
 
-        self.at(job, cut, f"heal the link of {node}", heal)
+        self.state.at(job, cut, f"heal the link of {node}", heal)
 
     def workers_of(self, job: Job, agent: Agent) -> list[dict[str, Any]]:
         """The markers of the agent's running workers."""
-        rd = self.run_dir(job, agent)
-        return [m for m, _ in self.workers(job) if rd is not None and m["run_dir"] == str(rd)]
+        rd = self.procs.run_dir(job, agent)
+        return [m for m, _ in self.procs.workers(job) if rd is not None and m["run_dir"] == str(rd)]
 
     def fence_held(self, job: Job, agent: Agent, cut_at: float) -> bool | None:
         """The cut agent ended fenced (True); None when something else explains its end: it left its round
         before the fence's time (a restart), got another fault, or the job finished."""
-        if agent.code is not None and self.fenced(job, agent):
+        if agent.code is not None and self.procs.fenced(job, agent):
             return True
         if agent.fate or job.trained():
             return None
@@ -375,9 +344,9 @@ class HostSoak(Soak):
     def fence_detail(self, job: Job, agent: Agent, cut: float) -> str:
         """Why a cut agent's fence did not hold."""
         if agent.code is None:
-            now = f"it still runs, in {self.state_of(agent)}{stacks(agent.me.pid)}"
+            now = f"it still runs, in {state_of(agent)}{stacks(agent.me.pid)}"
         else:
-            report = self.report_of(job, agent) or {}
+            report = self.procs.report_of(job, agent) or {}
             now = (f"it ended with exit {agent.code}, outcome {report.get('outcome')}, failures "
                    f"{json.dumps(report.get('failures', []))[:600]}")
         return (f"{agent.label} was cut off for {cut:.1f} s (lease_ttl {LEASE_TTL_S:g} s) while RUNNING, and did not "
@@ -385,24 +354,40 @@ class HostSoak(Soak):
 
     def heal(self) -> None:
         """Every cut link back up."""
-        for host in self.lab.hosts.values() if self.lab is not None else ():
+        for host in self.world.lab.hosts.values() if self.world.lab is not None else ():
             if host.cut_off and not host.lost:
                 host.heal()
-                self.say(f"link of {host.name} healed")
+                self.state.say(f"link of {host.name} healed")
 
-    # ------------------------------------------------------------------ invariants across hosts
 
-    def tick(self, job: Job) -> None:
-        """The base tick, then: live workers of one world at most."""
-        super().tick(job)
-        self.check_one_live_world(job)
+class HostChecks(Checks):
+    """The base soak's invariants, and across hosts: nothing left on a node's host, no two live worlds at once, the
+    cluster's own exits."""
+
+    procs: HostProcesses
+
+    def __init__(self, state: SoakState, procs: HostProcesses, kv: EtcdView, world: HostWorld) -> None:
+        super().__init__(state, procs, kv)
+        self.world = world
+
+    def check_own_etcd(self) -> None:
+        """A member ended that no fault stopped: by a signal, a violation; by itself, counted and started again."""
+        if self.world.cluster is None or (code := self.world.cluster.exited_unasked()) is None:
+            return
+        if code < 0:
+            raise Violation("etcd_unharmed", f"an etcd member died of signal {-code} and no fault sent it; its log "
+                            f"ends:\n{self.world.cluster.log_tail()}")
+        crash = f"an etcd member exited by itself with code {code} (no fault stopped it); started again"
+        self.state.say(f"{crash}; the logs end:\n{self.world.cluster.log_tail()}")
+        self.state.etcd_crashes.append(crash)
+        self.world.cluster.start()
 
     def check_one_live_world(self, job: Job) -> None:
         """At no moment do live workers of two worlds exist, on whatever hosts (no_rank_twice)."""
         worlds: dict[str, list[dict[str, Any]]] = {}
-        for m, _ in self.workers(job):
+        for m, _ in self.procs.workers(job):
             worlds.setdefault(str(m.get("master")), []).append(m)
-        self.overlap_checks += 1
+        self.world.overlap_checks += 1
         if len(worlds) > 1:
             raise Violation("no_rank_twice", f"job {job.index}: workers of {len(worlds)} worlds live at once (ranks "
                             "held twice): " + "; ".join(
@@ -414,19 +399,95 @@ class HostSoak(Soak):
         """The base check (the job's mark, on this machine), then every node host empty but its PID 1."""
         super().wait_nothing_survives(job)
         deadline = time.monotonic() + GONE_BOUND_S
-        while (left := self.host_leftovers(job)) and time.monotonic() < deadline:
+        while (left := self.procs.host_leftovers(job)) and time.monotonic() < deadline:
             time.sleep(0.2)
-            reap_orphans(self.own_pids())
+            reap_orphans(self.procs.own_pids())
         if left:
             raise Violation("nothing_survives", f"{len(left)} process(es) left on the hosts of job {job.index} "
                             f"{GONE_BOUND_S:g} s after its end: " + "; ".join(left))
 
-    def host_leftovers(self, job: Job) -> list[str]:
-        """Every process on a node host of the job but the host's PID 1."""
-        return [f"{h.name}: {describe(p)}" for h in self.node_hosts(job) for inner, pid in h.pids().items()
-                if inner != 1 and (p := ident(pid)) is not None]
-
     def check_job_end(self, job: Job) -> None:
         """The base checks (one world per attempt among them), and no two worlds ever live at once."""
         super().check_job_end(job)
-        self.tally.held("no_rank_twice")
+        self.state.tally.held("no_rank_twice")
+
+
+class HostSoak(Soak):
+    """The soak on simulated hosts (see the module's docstring): the base soak's plan, with the host parts."""
+
+    classes = HOST_CLASSES
+    all_classes = HOST_ALL_CLASSES
+    lost_rows = HOST_LOST
+    measured = HOST_MEASURED
+    procs: HostProcesses
+    checks: HostChecks
+    faults: HostFaults
+
+    def __init__(self, args: Options, base: Path | None = None) -> None:
+        self.world = HostWorld()
+        super().__init__(args, base)
+
+    def new_procs(self) -> HostProcesses:
+        return HostProcesses(self.state, self.world)
+
+    def new_etcd_view(self) -> HostEtcdView:
+        return HostEtcdView(self.state, self.world)
+
+    def new_faults(self) -> HostFaults:
+        return HostFaults(self.state, self.procs, self.kv, self.world)
+
+    def new_checks(self) -> HostChecks:
+        return HostChecks(self.state, self.procs, self.kv, self.world)
+
+    # ------------------------------------------------------------------ setup / teardown
+
+    def setup(self) -> None:
+        """Subreaper, the lab (its shared folder: the soak's own), the etcd's host(s) and members."""
+        set_subreaper()
+        self.select_classes()
+        lab = self.world.lab = Lab(self.state.base)
+        lab.__enter__()
+        members = self.args.etcd_members
+        names = ["etcd"] if members == 1 else [f"etcd{i}" for i in range(members)]
+        cluster = self.world.cluster = HostEtcd(EtcdCluster([lab.add(n) for n in names],
+                                                            token=f"chaos-{self.args.seed}"))
+        cluster.start_cluster()
+        self.state.say(f"lab {lab.bridge} ({lab.bridge_ip}/24), shared {self.state.base}; etcd of {members} "
+                       f"member(s) at {cluster.endpoint}; nodes on hosts "
+                       f"{', '.join(f'n{i}' for i in range(self.args.nodes))}")
+
+    def teardown(self, keep: bool) -> None:
+        """Every agent and host process killed, the etcd members, the hosts, their namespaces and the bridge; then
+        the base soak's teardown (its folder). Never raises."""
+        for job in self.state.jobs:
+            try:
+                self.procs.kill_job(job)
+            except Exception as e:  # teardown goes on, and says why
+                print(f"teardown: job {job.index}: {e}", file=sys.stderr)
+        if self.world.cluster is not None:
+            self.world.cluster.kill()
+        if self.world.lab is not None:
+            self.world.lab.close()
+        super().teardown(keep)
+
+    # ------------------------------------------------------------------ jobs
+
+    def job_endpoint(self) -> str:
+        """Every etcd member's client endpoint (the spec lists them all)."""
+        assert self.world.cluster is not None
+        return self.world.cluster.endpoint
+
+    def replay(self, job: int | None = None) -> str:
+        """The base soak's replay, on hosts."""
+        line = super().replay(job) + " --hosts"
+        return line + (f" --etcd-members {self.args.etcd_members}" if self.args.etcd_members != 1 else "")
+
+    def setting(self) -> str:
+        """The soak's setting, for the table's title."""
+        return (f"{self.args.nodes} nodes on simulated hosts, etcd of {self.args.etcd_members} member(s) on hosts of "
+                "their own")
+
+    def tick(self, job: Job) -> None:
+        """The base tick, then: live workers of one world at most."""
+        super().tick(job)
+        self.checks.check_one_live_world(job)

@@ -88,7 +88,7 @@ class Job:
     started: float = field(default_factory=time.monotonic)
     agents: list[Agent] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
-    timed: list[tuple[float, str, Callable[[], None]]] = field(default_factory=list)
+    timed: list[tuple[float, str, Callable[[], object]]] = field(default_factory=list)
     expects: list[Expect] = field(default_factory=list)
     quiet_from: float = 0.0  # monotonic: no new fault after this
     loss: str = ""  # a documented way for this job to end without its training done
@@ -159,6 +159,29 @@ def console_transitions(a: Agent) -> list[dict[str, Any]]:
                     found.append(event)
     return found
 
+
+def state_of(a: Agent) -> str:
+    """The agent's last state, from the transitions on its console (a full logs disk does not hide them)."""
+    lines = console_transitions(a)
+    return str(lines[-1].get("dst", "?")) if lines else "INIT"
+
+
+def evidence(job: Job, needles: tuple[str, ...]) -> str:
+    """The agents' events holding one of `needles` (bounds.EVIDENCE: what explains a lost rendezvous)."""
+    out = []
+    for a in job.agents:
+        for line in read_text(a.out).splitlines():
+            if any(k in line for k in needles):
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    what = {k: v for k, v in event.items() if k not in ("event", "job", "node", "level")}
+                    out.append(f"{a.label}: {event.get('event')} {json.dumps(what)[:400]}")
+    return "".join(f"{line}\n" for line in out[-12:])
+
+
+def tails(job: Job) -> str:
+    """The last lines of every agent's output."""
+    return "\n".join(f"--- {a.label} (exit {a.code})\n{tail(read_text(a.out))}" for a in job.agents)
 
 
 def tail(text: str, lines: int = 12) -> str:

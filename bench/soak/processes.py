@@ -1,18 +1,92 @@
-"""The processes of a job: its mark, its guards, workers, hosted etcd, run dirs."""
+"""The processes of a job: starting its agents, its mark, its guards, workers, hosted etcd, run dirs and reports;
+killing it."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from bench.common import argv_of
 from bench.soak.model import Agent, Job, jsonl, read_text
-from bench.soak.procs import Proc, all_pids, children_of, descendants_of, describe, environ_of, ident, running, stat
+from bench.soak.procs import (
+    Proc,
+    all_pids,
+    children_of,
+    descendants_of,
+    describe,
+    environ_of,
+    ident,
+    reap_orphans,
+    running,
+    signal_proven,
+    stat,
+)
+from bench.soak.state import SoakState
 
 
 class JobProcesses:
-    """The soak's view of a job's processes (a part of Soak: it reads the soak's args and state)."""
+    """A job's processes as the soak starts, finds and kills them (its agents, their guards and workers, a hosted
+    etcd), and the files they leave (run dir, transitions, report). It reads the run's network namespace and etcd."""
+
+    def __init__(self, state: SoakState) -> None:
+        self.state = state
+
+    # ------------------------------------------------------------------ agents
+
+    def start_agent(self, job: Job, node: str) -> Agent:
+        """Start one agent of `node` (a new one after a fault), in its own session, output to a file."""
+        net = self.state.net
+        home = job.dir / "nodes" / node
+        home.mkdir(parents=True, exist_ok=True)
+        serial = sum(1 for a in job.agents if a.node == node)
+        out = home / f"agent{serial}.log"
+        in_ns = net is not None and node == job.nodes[-1]
+        addr = (net.ns_addr if in_ns else net.host_addr) if net else "127.0.0.1"
+        env = {**os.environ, "CHAOS_TOKEN": job.token, "CHAOS_NODE": node, "TMPDIR": str(job.tmp),
+               "XDG_STATE_HOME": str(job.state), "CHAOS_LOGS": str(job.logs / node), "PYTHONUNBUFFERED": "1"}
+        env.pop("RUNNER_STANDBY", None)  # the spec says (the product's default: on)
+        if net is not None:
+            env["GLOO_SOCKET_IFNAME"] = net.vn if in_ns else net.vh
+        argv = [sys.executable, "-m", "runner", "run", str(job.spec), "--node", node, "--advertise-addr", addr]
+        if in_ns and net is not None:
+            argv = net.wrap(argv)
+        with out.open("wb") as f:
+            proc = subprocess.Popen(argv, cwd=home, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=f,
+                                    start_new_session=True)
+        me = ident(proc.pid) or Proc(proc.pid, 0)
+        agent = Agent(node, serial, proc, me, out, time.time())
+        job.agents.append(agent)
+        return agent
+
+    def own_pids(self) -> set[int]:
+        """Children this process waits for itself (Popen): every agent, and our etcd. Not for reap_orphans."""
+        pids = {a.proc.pid for j in self.state.jobs for a in j.agents}
+        if self.state.etcd is not None and self.state.etcd.proc is not None:
+            pids.add(self.state.etcd.proc.pid)
+        return pids
+
+    def kill_job(self, job: Job) -> None:
+        """SIGKILL the job's agents (ours: Popen) and every process carrying the job's mark; reap them."""
+        for a in job.agents:
+            if a.proc.poll() is None:
+                a.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                a.proc.wait(10)
+        for _ in range(3):
+            found = self.job_processes(job)
+            for p, _why in found:
+                signal_proven(p, signal.SIGKILL, lambda pid: self.marked(job, pid))
+            if not found:
+                break
+            time.sleep(0.5)
+        reap_orphans(self.own_pids())
 
     # ------------------------------------------------------------------ processes of a job
 
@@ -92,3 +166,28 @@ class JobProcesses:
         """The agent's transitions.jsonl (lines, torn lines)."""
         rd = self.run_dir(job, agent)
         return jsonl(rd / "transitions.jsonl") if rd else ([], 0)
+
+    def report_path(self, a: Agent, rd: Path | None) -> Path | None:
+        """report.json in the run dir, else the fallback the console names."""
+        if rd is not None and (rd / "report.json").is_file():
+            return rd / "report.json"
+        for line in read_text(a.out).splitlines():
+            if line.startswith("runner: report: "):
+                path = Path(line.removeprefix("runner: report: ").split(" (")[0])
+                if path.is_file():
+                    return path
+        return None
+
+    def report_of(self, job: Job, a: Agent) -> dict[str, Any] | None:
+        """The agent's report.json, parsed (None: none, or unreadable)."""
+        path = self.report_path(a, self.run_dir(job, a))
+        try:
+            return dict(json.loads(path.read_text())) if path is not None else None
+        except (OSError, ValueError):
+            return None
+
+    def fenced(self, job: Job, a: Agent) -> bool:
+        """The agent ended fenced: its report's last failure is of kind `fenced` (docs/multinode.md §4)."""
+        report = self.report_of(job, a)
+        failures = report.get("failures") if report else None
+        return bool(failures) and isinstance(failures, list) and failures[-1].get("kind") == "fenced"

@@ -9,6 +9,9 @@ A class that found no target goes back under the deck and comes up again later i
 from __future__ import annotations
 
 import random
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class Deck:
@@ -31,3 +34,13 @@ class Deck:
     def put_back(self, cls: str) -> None:
         """A class that found no target: drawn again after the rest of this round."""
         self.cards.append(cls)
+
+
+def pick(items: list[T], u: float) -> T | None:
+    """items[u * len] (u from the seeded draw); None when there is none."""
+    return items[min(int(u * len(items)), len(items) - 1)] if items else None
+
+
+def one_of(items: list[T], u: float) -> T:
+    """pick() from a list known not to be empty."""
+    return items[min(int(u * len(items)), len(items) - 1)]

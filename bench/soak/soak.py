@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import machine_line, table
@@ -33,26 +29,30 @@ from bench.soak.bounds import (
     LEASE_TTL_S,
     LOST,
     MEASURED,
-    PREFIX,
     STEP_TIME_S,
     TICK_S,
     WORKER,
 )
 from bench.soak.checks import Checks
-from bench.soak.etcd_reads import EtcdReader
+from bench.soak.etcd_view import EtcdView
 from bench.soak.faults import Faults
 from bench.soak.infra import ChaosEtcd, Netns, mount_tmpfs, umount
-from bench.soak.model import Agent, Expect, Fault, Job, Violation, console_transitions
+from bench.soak.model import Agent, Job, Violation, console_transitions, state_of, tails
 from bench.soak.processes import JobProcesses
-from bench.soak.procs import Proc, ident, reap_orphans, set_subreaper, signal_proven
-from bench.soak.schedule import Deck
-from bench.soak.verdict import NOT_IN_CLASSES, Tally
+from bench.soak.procs import reap_orphans, set_subreaper
+from bench.soak.schedule import Deck, pick
+from bench.soak.state import Options, SoakState
+from bench.soak.verdict import NOT_IN_CLASSES
 from runner.rendezvous.etcd.job_secret import SecretSource, derive, new_secret_file, read_secret
 from runner.testing.etcd_server import free_port
 
 
-class Soak(JobProcesses, Faults, Checks):
-    """The whole soak: infrastructure, jobs, faults, invariants, the final table."""
+class Soak:
+    """The whole soak, as a plan of parts it composes: the shared state (SoakState), a job's processes
+    (JobProcesses), the etcd as faults and checks read it (EtcdView), the faults (Faults) and the invariants (Checks).
+    Soak itself sets up and tears down the infrastructure, writes each job's spec, runs the loop (jobs one after
+    another; per tick: exits, due actions, due expectations, the next fault) and prints the table. One concern, the
+    run's plan and its report; the modes (bench/soak/hosts.py, replicas.py) subclass it and compose their own parts."""
 
     # What this soak draws and reports (bench/soak/replicas.py's soak has its own).
     classes: tuple[str, ...] = CLASSES  # drawn by the seeded schedule
@@ -60,36 +60,43 @@ class Soak(JobProcesses, Faults, Checks):
     lost_rows: dict[str, str] = LOST
     measured: dict[str, str] = MEASURED
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.rng = random.Random(args.seed)  # replaced by each job's own (seed, job number) generator
-        self.t0 = time.monotonic()
-        self.base = Path(tempfile.mkdtemp(prefix=f"chaos-{args.seed}-"))
-        self.logs_root = self.base / "logsfs"
-        self.mounted = False
-        self.etcd: ChaosEtcd | None = None
-        self.net: Netns | None = None
-        self.tally = Tally(self.all_classes)
-        self.disabled = self.tally.disabled  # class -> why it is not enabled (the tally's own dict)
-        self.firing = ""  # the class of the fault being injected: the expectations it sets up are that class's
-        self.lost: dict[str, int] = dict.fromkeys(self.lost_rows, 0)
-        self.etcd_crashes: list[str] = []  # our etcd's exits that no fault caused (its exit code and log's end)
-        self.jobs: list[Job] = []
-        self.job: Job | None = None
-        self.filled = False
-        self.hosted_kills: dict[int, int] = {}  # hosting agent pid -> hosted etcd kills
-        self.outcomes: list[str] = []
+    def __init__(self, args: Options, base: Path | None = None) -> None:
+        """`base`: the soak's folder, owned by the caller (a test's tmp_path); None: setup makes one under TMPDIR,
+        and teardown removes it unless the run is kept."""
+        self.state = SoakState(args, self.all_classes, self.lost_rows, folder=base)
+        self.procs = self.new_procs()
+        self.kv = self.new_etcd_view()
+        self.faults = self.new_faults()
+        self.checks = self.new_checks()
         self.next_scan = 0.0
-        self.timings: dict[str, list[float]] = {}  # invariant -> seconds its expectations took to be met
         self.next_fault = 0.0
         self.pending: tuple[str, list[float], int] | None = None  # a drawn fault waiting for a target
-        self.deck = Deck(self.rng, ())  # the job's classes, dealt in seeded rounds (replaced per job)
+        self.deck = Deck(self.state.rng, ())  # the job's classes, dealt in seeded rounds (replaced per job)
+
+    @property
+    def args(self) -> Options:
+        """The soak's options (the state's)."""
+        return self.state.args
+
+    # ------------------------------------------------------------------ the parts (a mode makes its own)
+
+    def new_procs(self) -> JobProcesses:
+        """This mode's view of a job's processes."""
+        return JobProcesses(self.state)
+
+    def new_etcd_view(self) -> EtcdView:
+        """This mode's etcd, as the faults and checks read it."""
+        return EtcdView(self.state)
+
+    def new_faults(self) -> Faults:
+        """This mode's fault classes."""
+        return Faults(self.state, self.procs, self.kv)
+
+    def new_checks(self) -> Checks:
+        """This mode's invariants."""
+        return Checks(self.state, self.procs, self.kv)
 
     # ------------------------------------------------------------------ output
-
-    def say(self, text: str) -> None:
-        """One line of the soak's log, with the time since the start."""
-        print(f"[{time.monotonic() - self.t0:7.1f}s] {text}", flush=True)
 
     def mode_flags(self) -> str:
         """The flags that choose this soak's mode, for its replay line (the base mode: where etcd is)."""
@@ -117,26 +124,27 @@ class Soak(JobProcesses, Faults, Checks):
 
     def setup(self) -> None:
         """Subreaper, tmpfs for the logs, the network namespace, etcd."""
+        st = self.state
         set_subreaper()
         self.select_classes()
-        size = 512 if self.args.hosted else 64  # a hosted etcd preallocates a 64 MB WAL in the run dir
-        why = mount_tmpfs(self.logs_root, size)
+        size = 512 if st.args.hosted else 64  # a hosted etcd preallocates a 64 MB WAL in the run dir
+        why = mount_tmpfs(st.logs_root, size)
         if why is None:
-            self.mounted = True
-            self.say(f"logs.dir on a {size} MiB tmpfs at {self.logs_root}")
+            st.mounted = True
+            st.say(f"logs.dir on a {size} MiB tmpfs at {st.logs_root}")
         else:
-            self.disabled.setdefault("disk_full", f"cannot mount a tmpfs for logs.dir ({why})")
-        if "partition" not in self.disabled:
+            st.disabled.setdefault("disk_full", f"cannot mount a tmpfs for logs.dir ({why})")
+        if "partition" not in st.disabled:
             self.setup_netns()
-        if not self.args.hosted:
-            self.etcd = ChaosEtcd(self.base / "etcd-data", self.net.host_addr if self.net else None)
-            self.etcd.start()
-            self.say(f"etcd at {self.etcd.endpoint} (data {self.etcd.data_dir})")
-        for cls, why in sorted(self.tally.skipped().items()):
-            self.say(f"class {cls} skipped: {why}")
+        if not st.args.hosted:
+            st.etcd = ChaosEtcd(st.base / "etcd-data", st.net.host_addr if st.net else None)
+            st.etcd.start()
+            st.say(f"etcd at {st.etcd.endpoint} (data {st.etcd.data_dir})")
+        for cls, why in sorted(st.tally.skipped().items()):
+            st.say(f"class {cls} skipped: {why}")
 
     @classmethod
-    def ruled_out(cls, args: argparse.Namespace) -> dict[str, str]:
+    def ruled_out(cls, args: Options) -> dict[str, str]:
         """The classes this soak's own settings rule out, with why. Asked for by name (--classes), one is refused
         on the command line (cli.py); else it is skipped, named as skipped with the reason, and never counted as
         fired."""
@@ -150,92 +158,53 @@ class Soak(JobProcesses, Faults, Checks):
         wanted = set(self.args.classes.split(",")) if self.args.classes else set(self.all_classes)
         for cls in self.all_classes:
             if cls not in wanted:
-                self.tally.disable(cls, NOT_IN_CLASSES)
+                self.state.tally.disable(cls, NOT_IN_CLASSES)
         for cls, why in self.ruled_out(self.args).items():
-            self.tally.disable(cls, why)
+            self.state.tally.disable(cls, why)
 
     def setup_netns(self) -> None:
         """The namespace the last node runs in, or the partition class skipped with the reason."""
+        st = self.state
         try:
-            self.net = Netns()
-            self.net.setup()
-            self.say(f"node n{self.args.nodes - 1} runs in network namespace {self.net.name} "
-                     f"({self.net.ns_addr}, the others {self.net.host_addr})")
+            st.net = Netns()
+            st.net.setup()
+            st.say(f"node n{st.args.nodes - 1} runs in network namespace {st.net.name} "
+                   f"({st.net.ns_addr}, the others {st.net.host_addr})")
         except (OSError, subprocess.SubprocessError) as e:
-            if self.net is not None:
-                self.net.teardown()
-            self.net = None
-            self.disabled["partition"] = f"no network namespace with a veth pair here ({e})"
+            if st.net is not None:
+                st.net.teardown()
+            st.net = None
+            st.disabled["partition"] = f"no network namespace with a veth pair here ({e})"
 
     def teardown(self, keep: bool) -> None:
-        """Kill and reap everything started, unmount, delete the namespace, stop etcd. Bounded; never raises."""
-        for job in self.jobs:
+        """Kill and reap everything started, unmount, delete the namespace, stop etcd; the folder the soak made is
+        removed unless kept (a folder given to it is its caller's). Bounded; never raises."""
+        st = self.state
+        for job in st.jobs:
             with contextlib.suppress(Exception):
-                self.kill_job(job)
-        if self.net is not None:
+                self.procs.kill_job(job)
+        if st.net is not None:
             with contextlib.suppress(Exception):
-                if self.net.cut:
-                    self.net.up()
-            self.net.teardown()
-        if self.etcd is not None:
+                if st.net.cut:
+                    st.net.up()
+            st.net.teardown()
+        if st.etcd is not None:
             with contextlib.suppress(Exception):
-                self.etcd.kill()
-        if self.mounted:
+                st.etcd.kill()
+        if st.mounted:
             if keep:
                 with contextlib.suppress(OSError):
-                    shutil.copytree(self.logs_root, self.base / "logs", symlinks=True, dirs_exist_ok=True,
+                    shutil.copytree(st.logs_root, st.base / "logs", symlinks=True, dirs_exist_ok=True,
                                     ignore=shutil.ignore_patterns(".chaos-filler"))
-            umount(self.logs_root)
-            self.mounted = False
-        reap_orphans(self.own_pids())
+            umount(st.logs_root)
+            st.mounted = False
+        reap_orphans(self.procs.own_pids())
+        if st.folder is None:
+            return
         if keep:
-            print(f"kept: {self.base}", flush=True)
-        else:
-            shutil.rmtree(self.base, ignore_errors=True)
-
-    def own_pids(self) -> set[int]:
-        """Children this process waits for itself (Popen): every agent, and our etcd. Not for reap_orphans."""
-        pids = {a.proc.pid for j in self.jobs for a in j.agents}
-        if self.etcd is not None and self.etcd.proc is not None:
-            pids.add(self.etcd.proc.pid)
-        return pids
-
-    def kill_job(self, job: Job) -> None:
-        """SIGKILL the job's agents (ours: Popen) and every process carrying the job's mark; reap them."""
-        for a in job.agents:
-            if a.proc.poll() is None:
-                a.proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                a.proc.wait(10)
-        for _ in range(3):
-            found = self.job_processes(job)
-            for p, _why in found:
-                signal_proven(p, signal.SIGKILL, lambda pid: self.marked(job, pid))
-            if not found:
-                break
-            time.sleep(0.5)
-        reap_orphans(self.own_pids())
-
-
-    # ------------------------------------------------------------------ etcd reads
-
-    def etcd_reader(self, job: Job) -> EtcdReader | None:
-        """The etcd the job uses: ours (None while it is down), or the hosted one at the job's endpoint."""
-        if self.args.hosted:
-            return EtcdReader(job.endpoint, job.trust)
-        if self.etcd is None or not self.etcd.up:
-            return None
-        return EtcdReader(job.endpoint)
-
-    def etcd_keys(self, job: Job) -> list[tuple[str, int]] | None:
-        """(key, lease) of every key of the job; None when etcd cannot be read."""
-        reader = self.etcd_reader(job)
-        return reader.keys(f"{PREFIX}/{job.name}/") if reader else None
-
-    def lease_ttl(self, job: Job, lease: int) -> int | None:
-        """Remaining TTL of a lease (-1: gone); None when etcd cannot be read."""
-        reader = self.etcd_reader(job)
-        return reader.lease_ttl(lease) if reader else None
+            print(f"kept: {st.folder}", flush=True)
+        elif st.made_folder:
+            shutil.rmtree(st.folder, ignore_errors=True)
 
     # ------------------------------------------------------------------ jobs
 
@@ -284,11 +253,11 @@ class Soak(JobProcesses, Faults, Checks):
         """Folders, spec; nodes are started by run_job(). Each job draws from its own generator, seeded with the
         soak's seed and the job's number: job N's schedule is the same whatever happened to jobs 1..N-1, and
         `--first-job N` replays it alone."""
-        index = self.args.first_job + len(self.jobs)
-        self.rng = random.Random(f"{self.args.seed}:{index}")
+        index = self.args.first_job + len(self.state.jobs)
+        self.state.rng = random.Random(f"{self.args.seed}:{index}")
         name = f"chaos-{self.args.seed}-{index}"
-        d = self.base / f"job{index}"
-        logs = (self.logs_root if self.mounted else self.base / "logs") / f"job{index}"
+        d = self.state.base / f"job{index}"
+        logs = (self.state.logs_root if self.state.mounted else self.state.base / "logs") / f"job{index}"
         endpoint = self.job_endpoint()
         job = Job(index, name, os.urandom(8).hex(), d, logs, d / "job.yaml",
                   [f"n{i}" for i in range(self.args.nodes)], endpoint)
@@ -306,61 +275,17 @@ class Soak(JobProcesses, Faults, Checks):
                               capture_output=True, text=True, timeout=60, check=False)
         if done.returncode:
             raise RuntimeError(f"the soak's own spec is refused:\n{done.stdout}{done.stderr}")
-        self.jobs.append(job)
+        self.state.jobs.append(job)
         return job
 
     def job_endpoint(self) -> str:
         """The rendezvous endpoint of a new job (several: comma-separated)."""
         if self.args.hosted:
-            host = self.net.host_addr if self.net else "127.0.0.1"
+            host = self.state.net.host_addr if self.state.net else "127.0.0.1"
             return f"{host}:{free_port()}"
-        assert self.etcd is not None
-        return f"{self.net.host_addr}:{self.etcd.client_port}" if self.net else self.etcd.endpoint
-
-    def start_agent(self, job: Job, node: str) -> Agent:
-        """Start one agent of `node` (a new one after a fault), in its own session, output to a file."""
-        home = job.dir / "nodes" / node
-        home.mkdir(parents=True, exist_ok=True)
-        serial = sum(1 for a in job.agents if a.node == node)
-        out = home / f"agent{serial}.log"
-        in_ns = self.net is not None and node == job.nodes[-1]
-        addr = (self.net.ns_addr if in_ns else self.net.host_addr) if self.net else "127.0.0.1"
-        env = {**os.environ, "CHAOS_TOKEN": job.token, "CHAOS_NODE": node, "TMPDIR": str(job.tmp),
-               "XDG_STATE_HOME": str(job.state), "CHAOS_LOGS": str(job.logs / node), "PYTHONUNBUFFERED": "1"}
-        env.pop("RUNNER_STANDBY", None)  # the spec says (the product's default: on)
-        if self.net is not None:
-            env["GLOO_SOCKET_IFNAME"] = self.net.vn if in_ns else self.net.vh
-        argv = [sys.executable, "-m", "runner", "run", str(job.spec), "--node", node, "--advertise-addr", addr]
-        if in_ns and self.net is not None:
-            argv = self.net.wrap(argv)
-        with out.open("wb") as f:
-            proc = subprocess.Popen(argv, cwd=home, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=f,
-                                    start_new_session=True)
-        me = ident(proc.pid) or Proc(proc.pid, 0)
-        agent = Agent(node, serial, proc, me, out, time.time())
-        job.agents.append(agent)
-        return agent
-
-    def at(self, job: Job, delay: float, what: str, action: Callable[[], None]) -> None:
-        """Run `action` `delay` s from now (restorative actions run even after the job's fault window)."""
-        job.timed.append((time.monotonic() + delay, what, action))
-
-    def expect(self, job: Job, invariant: str, within: float, check: Callable[[], bool | None],
-               detail: Callable[[], str], met: str = "", cls: str | None = None) -> None:
-        """`check` must turn True (or None: moot) within `within` s; `met` is printed with the time it took. The
-        class that brings it: `cls`, else the fault being injected (a timed action names its class itself)."""
-        now = time.monotonic()
-        job.expects.append(Expect(invariant, now + within, check, detail, now, met,
-                                  self.firing if cls is None else cls))
-
-    def record(self, job: Job, cls: str, target: str, detail: str) -> Fault:
-        """Count and print one fault."""
-        f = Fault(cls, job.index, time.monotonic() - self.t0, time.time(), target, detail)
-        job.faults.append(f)
-        self.tally.injected(cls)
-        self.say(f"job {job.index}: {cls} {target}: {detail}")
-        return f
-
+        assert self.state.etcd is not None
+        net, etcd = self.state.net, self.state.etcd
+        return f"{net.host_addr}:{etcd.client_port}" if net else etcd.endpoint
 
     # ------------------------------------------------------------------ the loop
 
@@ -369,22 +294,22 @@ class Soak(JobProcesses, Faults, Checks):
         for a in job.agents:
             if a.code is None and a.proc.poll() is not None:
                 a.code, a.ended = a.proc.returncode, time.time()
-                self.say(f"job {job.index}: {a.label} exited {a.code}")
+                self.state.say(f"job {job.index}: {a.label} exited {a.code}")
         for a in job.agents:
             if a.code is not None and not a.checked:
-                self.check_agent_end(job, a)
+                self.checks.check_agent_end(job, a)
         now = time.monotonic()
         due = [t for t in job.timed if t[0] <= now]
         job.timed = [t for t in job.timed if t[0] > now]
         for _, _what, action in sorted(due, key=lambda t: t[0]):
             action()
-        self.check_expects(job)
-        self.check_own_etcd()
+        self.checks.check_expects(job)
+        self.checks.check_own_etcd()
         if now >= self.next_scan:
             self.next_scan = now + 1.0
             for a in job.live():
-                self.scan_output(job, a)
-        reap_orphans(self.own_pids())
+                self.checks.scan_output(job, a)
+        reap_orphans(self.procs.own_pids())
 
     def over(self, job: Job) -> bool:
         """No agent runs and none will be started."""
@@ -396,8 +321,8 @@ class Soak(JobProcesses, Faults, Checks):
     def run_job(self, soak_end: float) -> None:
         """One job: start, faults until its window closes, then its end within a bound; invariants throughout."""
         job = self.new_job()
-        self.job = job
-        self.deck = Deck(self.rng, [c for c in self.classes if c not in self.disabled])
+        self.state.job = job
+        self.deck = Deck(self.state.rng, [c for c in self.classes if c not in self.state.disabled])
         window = min(self.args.job_window, max(0.0, soak_end - time.monotonic()))
         job.quiet_from = time.monotonic() + window
         self.start_nodes(job, window)
@@ -410,47 +335,47 @@ class Soak(JobProcesses, Faults, Checks):
                 self.fault_step(job, now)
             if now >= job.quiet_from and not end_bound:
                 end_bound = now + self.end_bound()
-                self.say(f"job {job.index}: no more faults; it must end within {self.end_bound():.0f} s")
+                self.state.say(f"job {job.index}: no more faults; it must end within {self.end_bound():.0f} s")
             if end_bound and now > end_bound:
                 raise Violation("job_completes", f"job {job.index} still runs {self.end_bound():.0f} s after its "
-                                f"last fault: " + ", ".join(f"{a.label}: {self.state_of(a)}" for a in job.live())
-                                + "\n" + self.tails(job))
+                                f"last fault: " + ", ".join(f"{a.label}: {state_of(a)}" for a in job.live())
+                                + "\n" + tails(job))
             time.sleep(TICK_S)
         self.finish_job(job)
 
     def start_nodes(self, job: Job, window: float) -> None:
         """Start every node, but the late one, which starts 3-18 s later: drawn for half the jobs, and for every job
         until a late node joined once in this run (so that the class fires)."""
-        late_u = [self.rng.random() for _ in range(3)]
+        late_u = [self.state.rng.random() for _ in range(3)]
         late = None
-        count = self.tally.per_class.get("late_join")
+        count = self.state.tally.per_class.get("late_join")
         owed = count is not None and not count.injected
-        if "late_join" not in self.disabled and self.args.nodes > 2 and (late_u[0] < 0.5 or owed):
-            late = self.pick(job.nodes, late_u[1])
-            self.tally.drawn("late_join")
-        self.say(f"job {job.index}: {job.name}, {len(job.nodes)} nodes, {self.args.steps} steps, faults for "
-                 f"{window:.0f} s{'; late node ' + late if late else ''}")
+        if "late_join" not in self.state.disabled and self.args.nodes > 2 and (late_u[0] < 0.5 or owed):
+            late = pick(job.nodes, late_u[1])
+            self.state.tally.drawn("late_join")
+        self.state.say(f"job {job.index}: {job.name}, {len(job.nodes)} nodes, {self.args.steps} steps, faults for "
+                       f"{window:.0f} s{'; late node ' + late if late else ''}")
         for node in job.nodes:
             if node != late:
-                self.start_agent(job, node)
+                self.procs.start_agent(job, node)
         if late is None:
             return
         delay = 3 + late_u[2] * 15
 
         def join() -> None:
             if job.trained():
-                self.tally.no_target("late_join")
-                self.say(f"job {job.index}: late_join of {late} found no target (the training finished first)")
+                self.state.tally.no_target("late_join")
+                self.state.say(f"job {job.index}: late_join of {late} found no target (the training finished first)")
                 return
-            agent = self.start_agent(job, late)
-            self.record(job, "late_join", late, f"started {delay:.1f} s after the others")
-            self.firing = "late_join"
-            self.expect(job, "late_join_admitted", LATE_ADMIT_BOUND_S, lambda: self.admitted(job, agent),
-                        lambda: f"the late node {late} did not get to RUNNING within {LATE_ADMIT_BOUND_S:g} s; "
-                        f"it is in {self.state_of(agent)}", met=f"late node {late} RUNNING")
-            self.firing = ""
+            agent = self.procs.start_agent(job, late)
+            self.state.record(job, "late_join", late, f"started {delay:.1f} s after the others")
+            self.state.firing = "late_join"
+            self.state.expect(job, "late_join_admitted", LATE_ADMIT_BOUND_S, lambda: self.admitted(job, agent),
+                              lambda: f"the late node {late} did not get to RUNNING within {LATE_ADMIT_BOUND_S:g} s; "
+                              f"it is in {state_of(agent)}", met=f"late node {late} RUNNING")
+            self.state.firing = ""
 
-        self.at(job, delay, "late join", join)
+        self.state.at(job, delay, "late join", join)
 
     def fault_step(self, job: Job, now: float) -> None:
         """Deal the next fault's class from the job's deck, draw its parameters, and inject it; a class with no
@@ -461,47 +386,37 @@ class Soak(JobProcesses, Faults, Checks):
             if cls is None:
                 self.next_fault = job.quiet_from
                 return
-            self.tally.drawn(cls)
-            self.pending = (cls, [self.rng.random() for _ in range(4)], 0)
+            self.state.tally.drawn(cls)
+            self.pending = (cls, [self.state.rng.random() for _ in range(4)], 0)
         cls, u, tries = self.pending
-        if self.inject(job, cls, u):
+        if self.faults.inject(job, cls, u):
             self.pending, self.next_fault = None, now + self.interval()
         elif tries >= 4:
-            self.tally.no_target(cls)
+            self.state.tally.no_target(cls)
             self.deck.put_back(cls)
-            self.say(f"job {job.index}: {cls} found no target (drawn again later)")
+            self.state.say(f"job {job.index}: {cls} found no target (drawn again later)")
             self.pending, self.next_fault = None, now + self.interval()
         else:
             self.pending, self.next_fault = (cls, u, tries + 1), now + 1.0
-
-    def inject(self, job: Job, cls: str, u: list[float]) -> bool:
-        """Inject one fault of `cls` with the draws `u`; False when the class has no target right now. The
-        expectations the fault sets up are counted as that class's."""
-        self.firing = cls
-        try:
-            return self.inject_fault(job, cls, u)
-        finally:
-            self.firing = ""
 
     def finish_job(self, job: Job) -> None:
         """Every agent ended: restore what a fault still holds, check the job's end, count, clean up."""
         self.tick(job)
         for _, what, action in job.timed:
             if not what.startswith(("requeue", "late")):
-                self.say(f"job {job.index}: {what} (at the job's end)")
+                self.state.say(f"job {job.index}: {what} (at the job's end)")
                 action()
         job.timed = []
-        self.free_disk()
-        self.heal()
-        self.etcd_start()
-        self.check_job_end(job)
+        self.faults.restore()
+        self.kv.start()
+        self.checks.check_job_end(job)
         took = time.monotonic() - job.started
         for f in job.faults:
-            self.tally.survived(f.cls)
+            self.state.tally.survived(f.cls)
         ends = ", ".join(f"{a.label}={a.code}{'/' + a.fate if a.fate else ''}" for a in job.agents)
-        self.say(f"job {job.index}: ended in {took:.1f} s, {len(job.faults)} faults, invariants held; {ends}")
-        self.outcomes.append(f"job {job.index}: {took:.0f} s, {len(job.faults)} faults"
-                             + (f", documented loss: {job.loss}" if job.loss else ", trained"))
+        self.state.say(f"job {job.index}: ended in {took:.1f} s, {len(job.faults)} faults, invariants held; {ends}")
+        self.state.outcomes.append(f"job {job.index}: {took:.0f} s, {len(job.faults)} faults"
+                                   + (f", documented loss: {job.loss}" if job.loss else ", trained"))
         if not self.args.keep:
             shutil.rmtree(job.logs, ignore_errors=True)
 
@@ -511,14 +426,9 @@ class Soak(JobProcesses, Faults, Checks):
             return None
         return any(t.get("dst") == "RUNNING" for t in console_transitions(agent))
 
-    def state_of(self, a: Agent) -> str:
-        """The agent's last state, from the transitions on its console (a full logs disk does not hide them)."""
-        lines = console_transitions(a)
-        return str(lines[-1].get("dst", "?")) if lines else "INIT"
-
     def interval(self) -> float:
         """Seconds to the next fault: --failure-every, +-50 %."""
-        return self.args.failure_every * (0.5 + self.rng.random())
+        return self.args.failure_every * (0.5 + self.state.rng.random())
 
     def end_bound(self) -> float:
         """How long a job may take to end after its last fault."""
@@ -527,26 +437,28 @@ class Soak(JobProcesses, Faults, Checks):
     def run(self) -> int:
         """The soak; its exit code: 0 every invariant held and the run tried everything it was asked to, 1 an
         invariant broke or the run did not try (verdict.py), 2 the soak itself failed or was interrupted."""
-        soak_end = self.t0 + self.args.duration
+        soak_end = self.state.t0 + self.args.duration
         violation: Violation | None = None
         error = ""
         try:
+            self.state.make_folder()
             self.setup()
             # a new job only while a fault can still come in its window
-            while not self.jobs or soak_end - time.monotonic() >= min(self.args.failure_every, self.args.job_window):
+            while not self.state.jobs or soak_end - time.monotonic() >= min(self.args.failure_every,
+                                                                              self.args.job_window):
                 self.run_job(soak_end)
         except Violation as v:
             violation = v
-            self.tally.broke(v.invariant)
-            if v.invariant in self.lost:
-                self.lost[v.invariant] += 1
+            self.state.tally.broke(v.invariant)
+            if v.invariant in self.state.lost:
+                self.state.lost[v.invariant] += 1
         except KeyboardInterrupt:
             error = "interrupted"
         except Exception:
             error = traceback.format_exc()
         finally:
             self.teardown(keep=self.args.keep or violation is not None or bool(error))
-        untried = [] if violation is not None or error else self.tally.failures()
+        untried = [] if violation is not None or error else self.state.tally.failures()
         self.print_table(violation, error, untried)
         if violation is not None or untried:
             return 1
@@ -564,30 +476,30 @@ class Soak(JobProcesses, Faults, Checks):
         """Faults per class; per invariant, its checks that held, broke, did not apply; what was lost; the times
         measured; the verdict."""
         print()
-        print(f"Chaos soak, seed {self.args.seed}, {time.monotonic() - self.t0:.0f} s, {len(self.jobs)} job(s), "
-              f"{self.setting()}")
+        print(f"Chaos soak, seed {self.args.seed}, {time.monotonic() - self.state.t0:.0f} s, "
+              f"{len(self.state.jobs)} job(s), {self.setting()}")
         print(f"Machine: {machine_line()}")
         print()
         print(table(["class", "drawn", "injected", "survived (invariants held)", "no target", "note"],
-                    self.tally.class_rows()))
+                    self.state.tally.class_rows()))
         print()
         print(table(["invariant", "held", "broke", "did not apply", "min held", "brought by"],
-                    self.tally.invariant_rows()))
+                    self.state.tally.invariant_rows()))
         print()
-        print(table(["lost", "count"], [*([what, str(self.lost[key])] for key, what in self.lost_rows.items()),
-                                        [ETCD_CRASHED, str(len(self.etcd_crashes))]]))
-        if self.timings:
+        print(table(["lost", "count"], [*([what, str(self.state.lost[key])] for key, what in self.lost_rows.items()),
+                                        [ETCD_CRASHED, str(len(self.state.etcd_crashes))]]))
+        if self.state.timings:
             print()
             rows = [[self.measured.get(k, k), str(len(v)), f"{statistics.median(v):.2f}", f"{max(v):.2f}"]
-                    for k, v in sorted(self.timings.items())]
+                    for k, v in sorted(self.state.timings.items())]
             print(table(["from the fault to", "n", "median s", "max s"], rows))
         for extra in self.extra_tables():
             print()
             print(extra)
         print()
-        for line in self.outcomes:
+        for line in self.state.outcomes:
             print(f"- {line}")
-        for cls, why in sorted(self.tally.skipped().items()):
+        for cls, why in sorted(self.state.tally.skipped().items()):
             print(f"class {cls} skipped: {why}")
         if violation is not None:
             print(f"\nFAILED: seed {self.args.seed}: invariant {violation.invariant} broke:\n{violation.detail}")
@@ -598,8 +510,9 @@ class Soak(JobProcesses, Faults, Checks):
             for line in untried:
                 print(f"- {line}")
         else:
-            skipped = "".join(f"; class {c} skipped, not fired: {why}" for c, why in sorted(self.tally.skipped().items()))
+            skipped = "".join(f"; class {c} skipped, not fired: {why}"
+                              for c, why in sorted(self.state.tally.skipped().items()))
             print(f"\nOK: every invariant held, every enabled class fired (seed {self.args.seed}){skipped}")
         print(f"Replay: {self.replay()}", flush=True)
-        if (violation is not None or error) and self.job is not None:
-            print(f"Replay only job {self.job.index}: {self.replay(self.job.index)}", flush=True)
+        if (violation is not None or error) and self.state.job is not None:
+            print(f"Replay only job {self.state.job.index}: {self.replay(self.state.job.index)}", flush=True)
