@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from terminal import ANSI, only_run_dir, run_job_on_a_terminal, screen
 
 from runner.workers.failures import collateral, exception_line
+
+if TYPE_CHECKING:
+    from multinode_helpers import Node
 
 SPEC = """\
 version: 1
@@ -126,19 +130,7 @@ time.sleep(60)
 def test_every_node_names_the_root_cause_raised_on_another_node(request: pytest.FixtureRequest) -> None:
     """Two nodes on hosts of their own; rank 1 (node b) raises. Node a's FAILED line, summary and report name rank 1's
     exception, as b's do: b publishes its root cause with its FAILED state, a reads it from there."""
-    from multinode_helpers import Cluster, spec_text
-
-    nodes: Cluster = request.getfixturevalue("cluster")
-    script = nodes.tmp / "raiser.py"
-    script.write_text(RAISER)
-    nodes.write(spec_text(nodes.endpoint, script=script, restart="max_restarts: 0"))
-    a, b = nodes.start("a"), nodes.start("b")
-    codes = nodes.wait_all(90)
-    assert codes == {"a": 1, "b": 1}, a.output()[-3000:] + b.output()[-3000:]
-    mine = b.report()["failures"][0]["reason"]
-    assert "rank 1 exited with code 1: ValueError: bad batch 7" in mine, mine
-    theirs = a.report()["failures"][0]["reason"]
-    assert theirs.startswith("node b lost: reported FAILED: ") and mine in theirs, theirs
+    a = node_b_raises(request, RAISER)
     assert "ValueError: bad batch 7" in a.output()  # the FAILED line and the summary on a's console
 
 
@@ -167,16 +159,23 @@ def test_a_rank_that_died_of_another_nodes_crash_is_never_the_culprit(request: p
     """Two hosts in one gloo world; rank 1 (node b) raises while rank 0 (node a) waits for it in all_reduce, so
     rank 0 dies at once of the closed connection, often before b has said anything. Node a names b's crash (b's
     FAILED state's cause), not its own rank's collateral `Connection closed by peer`, however the race goes."""
+    node_b_raises(request, COLLECTIVE_RAISER)
+
+
+def node_b_raises(request: pytest.FixtureRequest, source: str) -> Node:
+    """Nodes a and b on hosts of their own run `source`, in which rank 1 (node b) raises ValueError("bad batch 7"):
+    both exit 1, b names its own rank 1, and a names b's failure with b's cause (b published it). Node a."""
     from multinode_helpers import Cluster, spec_text
 
     nodes: Cluster = request.getfixturevalue("cluster")
-    script = nodes.tmp / "collective_raiser.py"
-    script.write_text(COLLECTIVE_RAISER)
+    script = nodes.tmp / "script.py"
+    script.write_text(source)
     nodes.write(spec_text(nodes.endpoint, script=script, restart="max_restarts: 0"))
     a, b = nodes.start("a"), nodes.start("b")
     codes = nodes.wait_all(120)
     assert codes == {"a": 1, "b": 1}, a.output()[-3000:] + b.output()[-3000:]
     mine = b.report()["failures"][0]["reason"]
     assert "rank 1 exited with code 1: ValueError: bad batch 7" in mine, mine
-    theirs = a.report()["failures"][0]
-    assert theirs["reason"].startswith("node b lost: reported FAILED: ") and mine in theirs["reason"], theirs
+    theirs = a.report()["failures"][0]["reason"]
+    assert theirs.startswith("node b lost: reported FAILED: ") and mine in theirs, theirs
+    return a
