@@ -52,8 +52,8 @@ that never fired with a real target, or an invariant a fired class brings that h
 (bench/soak/verdict.py); per invariant it prints how many checks held, broke and did not apply (one that could not
 be set up, as lease_revoked with etcd down at the kill, did not apply and says why). A fault that had no effect (a
 signal to an agent that had already exited) is not counted as injected. A class the machine
-cannot run (no root for the tmpfs, no network namespace), or that the other options rule out (late_join with
---nodes 2), is skipped and printed with the reason, and never counted as fired; one the options rule out that
+cannot run (no root for the tmpfs, no network namespace), or that the other options rule out (late_join and
+partition with --nodes 2), is skipped and printed with the reason, and never counted as fired; one the options rule out that
 --classes names is refused. Exit code 2: the soak
 itself failed (or was interrupted), not the runner.
 

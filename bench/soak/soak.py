@@ -151,6 +151,8 @@ class Soak:
         out = {}
         if args.nodes < 3:
             out["late_join"] = "needs --nodes 3 or more (a late node of nodes 2:K, K > 2)"
+            out["partition"] = ("needs --nodes 3 or more (the cut-off node fences itself for good: nothing here "
+                                "requeues it, and nodes 2:2 cannot go on without it)")
         return {c: why for c, why in out.items() if c in cls.all_classes}
 
     def select_classes(self) -> None:

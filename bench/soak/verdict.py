@@ -3,7 +3,7 @@
 Beyond "no invariant broke", a run fails (exit code 1, naming what is missing) when
 - an enabled class never fired with a real target: drawn only while it had none, or never drawn at all (the run was
   too short for its classes). A class disabled because the machine lacks a capability (root for the tmpfs, a network
-  namespace), or because the soak's other options rule it out (late_join with --nodes 2; named in --classes, such a
+  namespace), or because the soak's other options rule it out (late_join and partition with --nodes 2; named in --classes, such a
   class is refused on the command line), is not enabled: the run reports it as skipped, with the reason, and never
   counts it as fired;
 - a fired class was not tested: none of the invariants it brings (an expectation the fault set up: a SIGKILLed
