@@ -27,6 +27,7 @@ from runner.events import (
 from runner.outcomes import FailureKind, Outcome
 from runner.workers.failures import (
     Failure,
+    collateral,
     collective_mismatch,
     collective_timeout,
     mismatch_line,
@@ -219,7 +220,7 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
             failure = with_mismatch(failure, found)
         elif ctx.recorder is not None and collective_timeout(failure):  # a hang that a peer gave up on: its culprit
             failure = with_hang(failure, await ctx.recorder.named(workers, timed_out=(event.rank,)))
-        elif ctx.run.group.collateral(worker) and (lost := await peer_news(ctx)) is not None:
+        elif collateral(failure.stderr_tail) and (lost := await peer_news(ctx)) is not None:
             ctx.log.info("collateral_failure", rank=event.rank, exit_code=event.exit_code, root_cause=lost.node)
             return await on_peer_lost(ctx, lost)  # the rank died of another node's failure: that node is the culprit
         ctx.run.failure = failure
