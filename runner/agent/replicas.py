@@ -140,6 +140,16 @@ class Waiting:
     stop: StopRequested | None = None
 
 
+@dataclass
+class JobRecord:
+    """What a job of replica groups learnt on its way (the facts its guards read beside the groups', its outcome)."""
+
+    lighthouse_lost: str = ""  # why the hosted lighthouse could not be restarted
+    passed_down: StopRequested | None = None  # the stop the job itself sent its groups, with its cause
+    minimum: str = ""  # why the minimum was lost, for the job's end
+    end: JobStep | None = None  # the job's outcome, once ENDED
+
+
 class Supervisor:
     """Runs the replica groups of one job on this node until every group is done, under the job's own machine.
 
@@ -160,10 +170,7 @@ class Supervisor:
         self.started = time.monotonic()
         self.groups: list[Group] = []
         self.model, _ = build_job_machine(job_policy.GUARDS)
-        self.lighthouse_lost = ""  # why the hosted lighthouse could not be restarted (a fact the guards read)
-        self.passed_down: StopRequested | None = None  # the stop the job itself sent its groups, with its cause
-        self.minimum = ""  # the reason the minimum was lost, for the job's end
-        self.end: JobStep | None = None  # the job's outcome, once ENDED
+        self.learnt = JobRecord()  # what the job learnt on its way: facts beside the groups', and its outcome
         self.changed = asyncio.Event()  # something the job's guards read may have changed: review
         self.job_transitions = JsonLines(run_dir / "transitions.jsonl")
         self.reaper = Shepherd()  # the agent's: child subreaper from the start, kills what is left at the very end
@@ -202,14 +209,15 @@ class Supervisor:
 
     def view(self) -> JobView:
         """What the books show of the job now."""
-        return JobView(tuple(self.groups), self.model.state, self.end, self.place.lighthouse)
+        return JobView(tuple(self.groups), self.model.state, self.learnt.end, self.place.lighthouse)
 
     def facts(self) -> job_policy.JobFacts:
         """What the job's guards read now."""
         stopping = self.stops.stopping()
-        groups_stopping = stopping is not None or (self.passed_down is not None and not self.passed_down.graceful)
+        passed = self.learnt.passed_down
+        groups_stopping = stopping is not None or (passed is not None and not passed.graceful)
         return job_policy.JobFacts(tuple(g.view() for g in self.groups), self.groups_spec.min_active,
-                                   stopping or self.stops.requested(), self.lighthouse_lost, groups_stopping)
+                                   stopping or self.stops.requested(), self.learnt.lighthouse_lost, groups_stopping)
 
     async def review(self) -> None:
         """Fire `review` until no guarded edge holds (or the job ENDED); act on every edge taken."""
@@ -226,8 +234,8 @@ class Supervisor:
         """What the edge just taken means, done now that the guard decided; its step (cause, outcome)."""
         trigger = edge.trigger
         if trigger is JobTrigger.groups_ended:
-            self.end = job_policy.ended(facts, self.minimum)
-            return self.end
+            self.learnt.end = job_policy.ended(facts, self.learnt.minimum)
+            return self.learnt.end
         if trigger is JobTrigger.stop_requested:  # the stop reached every group's scope with the signal itself
             stop = facts.stop
             assert stop is not None
@@ -238,10 +246,10 @@ class Supervisor:
             self.pass_down(f"the job stopped every group: {facts.lighthouse_gone}")
             return JobStep(trigger, facts.lighthouse_gone)
         if trigger is JobTrigger.minimum_lost:
-            self.minimum = job_policy.minimum_reason(facts)
-            self.log.error("replica_minimum_lost", reason=self.minimum)
-            self.pass_down(f"the job stopped the groups left: {self.minimum}")
-            return JobStep(trigger, self.minimum)
+            self.learnt.minimum = job_policy.minimum_reason(facts)
+            self.log.error("replica_minimum_lost", reason=self.learnt.minimum)
+            self.pass_down(f"the job stopped the groups left: {self.learnt.minimum}")
+            return JobStep(trigger, self.learnt.minimum)
         down = [g for g in facts.groups if not g.up]
         if trigger is JobTrigger.group_down:
             return JobStep(trigger, "; ".join(f"group {g.index} {g.state.value}"
@@ -251,8 +259,8 @@ class Supervisor:
 
     def pass_down(self, reason: str) -> None:
         """Stop every group with the job's cause (not a signal: each group forwards the spec's shutdown.signal)."""
-        self.passed_down = StopRequested(signum=0, graceful=False, reason=reason)
-        self.stops.pass_down(self.passed_down)
+        self.learnt.passed_down = StopRequested(signum=0, graceful=False, reason=reason)
+        self.stops.pass_down(self.learnt.passed_down)
 
     def took(self, src: JobPhase, edge: JobEdge, step: JobStep) -> None:
         """One `job_transition` event (console, agent.jsonl, the job's transitions.jsonl); the status is due."""
@@ -291,14 +299,14 @@ class Supervisor:
         except Stopped:
             assert waiting.stop is not None
             signum = waiting.stop.signum or signal.SIGTERM
-            self.end = JobStep(JobTrigger.stop_requested, "stop requested", Outcome.STOPPED,
+            self.learnt.end = JobStep(JobTrigger.stop_requested, "stop requested", Outcome.STOPPED,
                                EXIT_STOPPED_BASE + signum)
         except RunnerError as e:
-            self.end = JobStep(JobTrigger.start_failed, e.message, Outcome.ERROR, EXIT_INFRA, e.fix)
-        if self.end is not None:
-            if self.end.trigger is JobTrigger.start_failed:
-                self.log.error("replica_start_failed", error=self.end.reason, fix=self.end.fix)
-            await self.fire(self.end.trigger, self.end)
+            self.learnt.end = JobStep(JobTrigger.start_failed, e.message, Outcome.ERROR, EXIT_INFRA, e.fix)
+        if self.learnt.end is not None:
+            if self.learnt.end.trigger is JobTrigger.start_failed:
+                self.log.error("replica_start_failed", error=self.learnt.end.reason, fix=self.learnt.end.fix)
+            await self.fire(self.learnt.end.trigger, self.learnt.end)
             return None
         seat = self.place.seat
         where = f"lighthouse {address}" + (f", seat {seat.taken}" if seat is not None else "")
@@ -322,8 +330,8 @@ class Supervisor:
         Also when no group started (a stop while taking a seat, no lighthouse, etcd refused): one ending, one place.
         """
         await self.wind_down()
-        assert self.end is not None
-        self.settle(job, self.end)
+        assert self.learnt.end is not None
+        self.settle(job, self.learnt.end)
         self.books.publish(self.view())
         job.report_path = self.books.write_report(job, self.view())
         return job
@@ -382,7 +390,7 @@ class Supervisor:
 
     def lighthouse_gone(self, reason: str) -> None:
         """The hosted lighthouse could not be restarted: no group can step any more (the job reviews: exit 3)."""
-        self.lighthouse_lost = reason
+        self.learnt.lighthouse_lost = reason
         self.changed.set()
 
     def settle(self, job: ReplicaJob, end: JobStep) -> None:
@@ -390,7 +398,7 @@ class Supervisor:
         assert end.outcome is not None
         assert end.exit_code is not None
         job.outcome, job.exit_code, job.reason, job.fix = end.outcome, end.exit_code, end.reason, end.fix
-        if job.outcome is Outcome.ERROR and self.lighthouse_lost and not job.fix:
+        if job.outcome is Outcome.ERROR and self.learnt.lighthouse_lost and not job.fix:
             job.fix = f"see {self.run_dir / 'lighthouse.log'}"
         self.log.info("replica_job_ended", outcome=job.outcome.value, exit_code=job.exit_code, reason=job.reason)
 
