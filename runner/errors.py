@@ -45,6 +45,12 @@ class SpecProblem:
         return f"{where}: {field}{self.message}{fix}"
 
 
+class UsageError(RunnerError):
+    """A command line that would not do what it says (an option this job does not read): exit 2, nothing started."""
+
+    exit_code = EXIT_SPEC
+
+
 class SpecError(RunnerError):
     """The job spec is invalid; carries every problem found, not just the first."""
 

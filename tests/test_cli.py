@@ -33,6 +33,17 @@ def test_bad_spec_exit_2_with_line_and_fix_and_no_traceback(tmp_path):
         assert "Traceback" not in res.stderr
 
 
+def test_advertise_addr_on_a_one_node_job_is_refused_before_anything_starts(tmp_path):
+    """--advertise-addr with the local backend would do nothing (no other node): exit 2, the fix, no run dir."""
+    (tmp_path / "t.py").write_text("open('ran', 'w').close()\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: x\nentrypoint: {{script: t.py}}\nlogs: {{dir: {tmp_path / 'logs'}}}\n")
+    res = cli(str(spec), "--advertise-addr", "10.0.0.5", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "--advertise-addr 10.0.0.5: a job of one node" in res.stderr and "fix: remove --advertise-addr" in res.stderr
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "ran").exists() and "Traceback" not in res.stderr
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     """A spec path that does not exist: exit 2, says so, no traceback."""
     res = cli("validate", str(tmp_path / "nope.yaml"))

@@ -8,6 +8,7 @@ import os
 import sys
 
 from runner.cli.command import Command, add_spec_argument
+from runner.errors import UsageError
 
 
 class RunCommand(Command):
@@ -37,6 +38,10 @@ class RunCommand(Command):
         from runner.observe import logs, logs_dir
 
         spec, doc = load_spec_document(args.spec)
+        if args.advertise_addr is not None and spec.rendezvous.backend == "local" and spec.replica_groups is None:
+            raise UsageError(f"--advertise-addr {args.advertise_addr}: a job of one node (rendezvous.backend local) "
+                             "has no other node to reach it: the option would do nothing",
+                             "remove --advertise-addr, or set rendezvous.backend: etcd for a job of several nodes")
         require(spec, args.spec, doc)  # what the spec needs from this machine: exit 2 before anything is created
         logs.configure(spec.logs.format, verbosity="quiet" if args.quiet else "verbose" if args.verbose else "normal")
         spec = logs_dir.choose(spec, args.spec)  # a full logs.dir: this run's logs go to the temp dir
