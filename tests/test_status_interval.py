@@ -15,7 +15,7 @@ from runner.testing.etcd_cluster import EtcdCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-RUN_S = 6  # the probe's sleep: time for several refreshes at 1 s
+RUN_S = 5  # the probe's sleep: time for several refreshes at 1 s
 
 
 def puts_while_running(cluster: Cluster, host_etcd: EtcdCluster, interval: str, host: str) -> int:
