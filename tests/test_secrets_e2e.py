@@ -1,7 +1,7 @@
 """Secrets end to end with real runner processes: nothing in clear on disk, no etcd password in a worker or helper.
 
-One job runs (module fixture): its spec env holds secret-looking values, its args a token, and the agent's
-environment the etcd password that `rendezvous.auth.password_env` names. A rank fails once (so failure.json is
+One job runs (module fixture): its spec env holds secret-looking values, its args a token (and, over etcd, the
+agent's environment the etcd password that `rendezvous.auth.password_env` names). A rank fails once (so failure.json is
 written) and the job restarts. While the workers of the second attempt wait, the tests read their environment and
 the shepherd's from /proc; after the job, every file it left (run dir, runs index, validation cache) is searched
 for every secret, and the modes of the run dir and the agent's files are checked.
@@ -127,8 +127,7 @@ def run_job(home: Path, rendezvous: str, extra_env: dict[str, str]) -> Observed:
     (home / "worker.py").write_text(WORKER)
     (home / "job.yaml").write_text(spec_text(rendezvous))
     env = {**os.environ, "OUT": str(out), "LOGS": str(home / "logs"), "PYTHONUNBUFFERED": "1",
-           "XDG_STATE_HOME": str(home / "state"), "XDG_CACHE_HOME": str(home / "cache"),
-           "ETCD_PASSWORD": ETCD_PASSWORD, **extra_env}
+           "XDG_STATE_HOME": str(home / "state"), "XDG_CACHE_HOME": str(home / "cache"), **extra_env}
     seen = Observed(home)
     proc = subprocess.Popen([sys.executable, "-m", "runner", str(home / "job.yaml")], cwd=home, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -161,9 +160,9 @@ def run_job(home: Path, rendezvous: str, extra_env: dict[str, str]) -> Observed:
 
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory: pytest.TempPathFactory) -> Observed:
-    """The job on the local backend, its password variable set in the agent's environment."""
-    auth = "rendezvous:\n  backend: local\n  auth: {user: root, password_env: ETCD_PASSWORD}\n"
-    return run_job(tmp_path_factory.mktemp("secrets-local"), auth, {})
+    """The job on the local backend (no etcd, so no etcd password: rendezvous.auth would do nothing there and is
+    refused; etcd_run below keeps the password from the workers)."""
+    return run_job(tmp_path_factory.mktemp("secrets-local"), "rendezvous:\n  backend: local\n", {})
 
 
 def every_file(*roots: Path) -> Iterator[Path]:
@@ -204,16 +203,14 @@ def test_spec_json_masks_only_the_secrets(local_run: Observed) -> None:
         "MSSQL_CONN": "Server=db;User ID=sa;Password=***;", "OMP_NUM_THREADS": "2",
     }
     assert spec["entrypoint"]["args"][1:] == ["--api-token", "***"]
-    assert spec["rendezvous"]["auth"]["password_env"] == "ETCD_PASSWORD"
+    assert spec["rendezvous"]["backend"] == "local"
 
 
-def test_workers_get_the_real_values_but_not_the_etcd_password(local_run: Observed) -> None:
-    """Each worker's /proc/<pid>/environ: every spec env value as given, no ETCD_PASSWORD, no password anywhere."""
+def test_workers_get_the_real_values(local_run: Observed) -> None:
+    """Each worker's /proc/<pid>/environ: every spec env value as given (the etcd password: etcd_run below)."""
     assert len(local_run.worker_environs) == 2
     for environ in local_run.worker_environs:
         assert {k: environ[k] for k in SPEC_SECRETS} == SPEC_SECRETS
-        assert "ETCD_PASSWORD" not in environ
-        assert all(ETCD_PASSWORD not in v for v in environ.values())
 
 
 def test_the_shepherd_holds_no_secret(local_run: Observed) -> None:
@@ -256,7 +253,7 @@ def etcd_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Observed, str]:
               tls: {{ca: {certs.ca}, cert: {certs.client_cert}, key: {certs.client_key}}}
               auth: {{user: root, password_env: ETCD_PASSWORD}}
             """)
-        seen = run_job(tmp / "job", rendezvous, {})
+        seen = run_job(tmp / "job", rendezvous, {"ETCD_PASSWORD": ETCD_PASSWORD})
         stored = server.etcdctl("get", "--prefix", "", user=f"root:{ETCD_PASSWORD}").stdout
     return seen, stored
 
@@ -269,6 +266,9 @@ def test_etcd_with_tls_and_auth_keeps_the_password_from_workers(etcd_run: tuple[
     for environ in seen.worker_environs:
         assert "ETCD_PASSWORD" not in environ and {k: environ[k] for k in SPEC_SECRETS} == SPEC_SECRETS
         assert all(ETCD_PASSWORD not in v for v in environ.values())
+    assert seen.shepherd_environs, "no shepherd found among the agent's children"
+    for environ in seen.shepherd_environs:  # the guard holds no password either
+        assert all(ETCD_PASSWORD not in v for v in environ.values()), sorted(environ)
     for path in every_file(seen.home / "logs", seen.home / "state", seen.home / "cache"):
         for secret in ALL_SECRETS:
             assert secret.encode() not in path.read_bytes(), f"{secret} in {path}"
