@@ -129,13 +129,11 @@ def _watchdog_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
 
 def _metrics_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
     """metrics.host or metrics.port set while the endpoint is off (metrics.enabled false, its default): unused."""
-    metrics, default = spec.metrics, Metrics()
-    if metrics.enabled:
+    if spec.metrics.enabled:
         return
-    for key in ("host", "port"):
-        if _written(doc, ("metrics", key)) and getattr(metrics, key) != getattr(default, key):
-            yield (("metrics", key), "does nothing while metrics.enabled is false (no endpoint is served)",
-                   f"set metrics.enabled: true to serve /metrics, or remove metrics.{key}")
+    for key in _set(doc, "metrics", spec.metrics, Metrics(), ("host", "port")):
+        yield (("metrics", key), "does nothing while metrics.enabled is false (no endpoint is served)",
+               f"set metrics.enabled: true to serve /metrics, or remove metrics.{key}")
 
 
 # What only the etcd backend reads: written under backend local (one node, nobody to meet), each would do nothing.
@@ -145,13 +143,11 @@ ETCD_ONLY = ("endpoints", "prefix", "join_timeout", "last_call", "lease_ttl", "c
 
 def _etcd_only(spec: JobSpec, doc: Document) -> Iterator[Found]:
     """A rendezvous field only etcd reads, set while the backend is local (hosted and secret_file: _hosted)."""
-    rdzv, default = spec.rendezvous, Rendezvous()
-    if rdzv.backend != "local":
+    if spec.rendezvous.backend != "local":
         return
-    for key in ETCD_ONLY:  # a default written out (a spec of every default) changes nothing: it may stay
-        if _written(doc, ("rendezvous", key)) and getattr(rdzv, key) != getattr(default, key):
-            yield (("rendezvous", key), "does nothing with backend local (one node, no rendezvous store to reach)",
-                   f"remove rendezvous.{key}, or set rendezvous.backend: etcd for a job of several nodes")
+    for key in _set(doc, "rendezvous", spec.rendezvous, Rendezvous(), ETCD_ONLY):
+        yield (("rendezvous", key), "does nothing with backend local (one node, no rendezvous store to reach)",
+               f"remove rendezvous.{key}, or set rendezvous.backend: etcd for a job of several nodes")
 
 
 def _health(spec: JobSpec) -> Iterator[Found]:
@@ -175,13 +171,12 @@ def _health(spec: JobSpec) -> Iterator[Found]:
 
 def _health_unasked(spec: JobSpec, doc: Document) -> Iterator[Found]:
     """How the health checks run, set while none is asked for (nothing is checked by default): it would do nothing."""
-    health, default = spec.health, Health()
+    health = spec.health
     if health.configured:
         return
-    for key in ("timeout", "retry_interval", "give_up_after"):
-        if _written(doc, ("health", key)) and getattr(health, key) != getattr(default, key):
-            yield (("health", key), "does nothing while no health check is asked for (nothing is checked)",
-                   f"ask for a check (health.min_free, min_free_memory, gpus, commands), or remove health.{key}")
+    for key in _set(doc, "health", health, Health(), ("timeout", "retry_interval", "give_up_after")):
+        yield (("health", key), "does nothing while no health check is asked for (nothing is checked)",
+               f"ask for a check (health.min_free, min_free_memory, gpus, commands), or remove health.{key}")
     if health.paths:
         yield (("health", "paths"), "no path has a min_free and health.min_free is 0: nothing is checked in them",
                "set health.min_free, or a min_free on each path")
@@ -251,6 +246,16 @@ def semantic_problems(spec: JobSpec, doc: Document) -> list[SpecProblem]:
     found = [item for check in CHECKS for item in check(spec)]
     found += [item for doc_check in DOC_CHECKS for item in doc_check(spec, doc)]
     return [doc.problem(_pick(where, doc), message, fix) for where, message, fix in found]
+
+
+def _set(doc: Document, section: str, value: object, default: object, keys: tuple[str, ...]) -> list[str]:
+    """The `keys` of `section` written in the spec with a value other than their default.
+
+    `value` is the built section, `default` the section's dataclass default: a default written out changes nothing
+    and may stay.
+    """
+    return [key for key in keys
+            if _written(doc, (section, key)) and getattr(value, key) != getattr(default, key)]
 
 
 def _written(doc: Document, path: Path) -> bool:
