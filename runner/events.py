@@ -70,6 +70,10 @@ class PeerLost:
     why: str
     cause: str = ""
 
+    def to_dict(self) -> dict[str, str]:
+        """The JSON form (no `cause` when there is none): a failure's `peer`, a waiter's published `lost`."""
+        return {"node": self.node, "why": self.why, **({"cause": self.cause} if self.cause else {})}
+
 
 @dataclass(frozen=True)
 class MembershipChanged:

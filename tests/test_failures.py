@@ -83,6 +83,7 @@ def test_a_failed_node_publishes_its_own_cause_or_the_peer_it_lost(why: str, cau
     assert set(published) == {"cause"} and isinstance(published["cause"], str)
     assert len(published["cause"]) <= CAUSE_CHARS and "\n" not in published["cause"]
     waiter = Failure(kind=FailureKind.PEER, reason="node c lost", attempt=0, peer=PeerLost("c", why or "x", cause))
+    assert waiter.to_dict()["peer"] == waiter.peer.to_dict()  # report.json: a JSON object, not the event's repr
     lost = root_cause(waiter, GroupState.FAILED)["lost"]
     assert isinstance(lost, dict) and lost["node"] == "c"
     assert all(isinstance(v, str) and len(v) <= CAUSE_CHARS and "\n" not in v for v in lost.values())

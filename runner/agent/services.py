@@ -91,9 +91,10 @@ def root_cause(failure: Failure | None, state: GroupState) -> dict[str, object]:
     if state is not GroupState.FAILED or failure is None:
         return {}
     if failure.kind is FailureKind.PEER:
-        peer = failure.peer
-        return {} if peer is None else {"lost": {"node": peer.node, "why": one_line(peer.why),
-                                                 **({"cause": one_line(peer.cause)} if peer.cause else {})}}
+        if failure.peer is None:
+            return {}
+        lost = failure.peer.to_dict()  # its texts as one bounded line each; the node id as it is
+        return {"lost": {k: v if k == "node" else one_line(v) for k, v in lost.items()}}
     return {"cause": one_line(failure.reason)} if failure.reason else {}
 
 

@@ -110,6 +110,8 @@ class Failure:
         out["kind"] = self.kind.value
         if self.hang is not None:
             out["hang"] = self.hang.to_dict()
+        if self.peer is not None:
+            out["peer"] = self.peer.to_dict()
         out["class"] = self.failure_class.value
         if self.fingerprint:
             out["fingerprint"] = self.fingerprint
