@@ -175,10 +175,9 @@ class RoundMonitor:
         member that found it (with that peer's class: a stopped node is preempted, not lost).
         """
         lost = parse_lost(state.get("lost"))
-        if lost is not None and lost.why:
-            mine = lost.node == self._res.node  # this node, alive, is no news to itself: the member's failure is
-            if lost.node in self._res.nodes and not mine:
-                return lost.node, lost.why, lost.cause
+        # A `lost` naming this node (alive: no news to itself) or a non-member: the member's own failure is the news.
+        if lost is not None and lost.why and lost.node in self._res.nodes and lost.node != self._res.node:
+            return lost.node, lost.why, lost.cause
         return node, PEER_REPORTED, cause_of(state)
 
     def _on_news(self, key: bytes, value: object) -> None:
