@@ -129,6 +129,7 @@ class Job:
     endpoints: list[str] = field(default_factory=list)
     procs: dict[str, HostProcess] = field(default_factory=dict)
     t0: float = 0.0
+    name: str = "bench-hosts"
 
     @property
     def out(self) -> Path:
@@ -140,14 +141,18 @@ class Job:
         spec = self.work / "job.yaml"
         spec.write_text(textwrap.dedent(f"""\
             version: 1
-            name: bench-hosts
+            name: {self.name}
             entrypoint: {{script: {WORKER}}}
             nodes: "2:3"
             nproc_per_node: 1
-            rendezvous: {{backend: etcd, endpoints: {json.dumps(self.endpoints)}}}
+            rendezvous: {self.rendezvous()}
             logs: {{dir: logs, tee: false, format: json}}
             """))
         return spec
+
+    def rendezvous(self) -> str:
+        """The spec's rendezvous section, inline: the etcd on a host of its own."""
+        return f"{{backend: etcd, endpoints: {json.dumps(self.endpoints)}}}"
 
     def argv(self) -> list[str]:
         """The launcher's command line (the same on every host: a runner's node id is its hostname)."""
@@ -244,17 +249,24 @@ def loss_run(tool: str, run: int, base: Path, settle: float, bound: float) -> Fa
         if launch is None:
             return FaultRun(None, note="launch failed: " + job.tail("a"))
         time.sleep(settle)
-        victim = job.victim()
-        t_fault = time.time()
-        victim.lose()
-        survivors = [n for n in NODES if n != victim.name]
-
-        def new() -> list[Stamp]:
-            return [s for s in stamps(job.out, t_fault) if s.host in survivors]
-
-        if wait_until(lambda: {s.host for s in new()} == set(survivors), bound):
-            return FaultRun(launch, past_init=max(s.time for s in new()) - t_fault)
+        took = lose_and_recover(job, job.victim(), bound)
+        if took is not None:
+            return FaultRun(launch, past_init=took)
         return FaultRun(launch, note=f"no new workers within {bound:g} s")
+
+
+def lose_and_recover(job: Job, victim: Host, bound: float) -> float | None:
+    """`victim.lose()`; seconds until every survivor's new worker got past init (None: not within `bound` s)."""
+    t_fault = time.time()
+    victim.lose()
+    survivors = [n for n in NODES if n != victim.name]
+
+    def new() -> list[Stamp]:
+        return [s for s in stamps(job.out, t_fault) if s.host in survivors]
+
+    if wait_until(lambda: {s.host for s in new()} == set(survivors), bound):
+        return max(s.time for s in new()) - t_fault
+    return None
 
 
 def cut_run(tool: str, run: int, base: Path, settle: float, bound: float) -> FaultRun:
@@ -347,6 +359,30 @@ def leftovers(base: Path) -> list[str]:
     return found
 
 
+@contextlib.contextmanager
+def bench_base(script: str, prefix: str, *, keep: bool = False) -> Iterator[Path]:
+    """Root's simulated hosts checked (exit with the reason where they cannot be made), SIGTERM/SIGHUP made a Ctrl-C,
+    the runner precompiled; the folder for the runs' labs, checked for leftovers and removed at the end."""
+    why = why_not()
+    if why:
+        sys.exit(f"{script}: {why}")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+    precompile()
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield base
+    finally:
+        left = leftovers(base)
+        if left:
+            print("left behind: " + "; ".join(left), file=sys.stderr)
+        if keep:
+            print(f"runs kept in {base}", file=sys.stderr)
+        else:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(base)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=5)
@@ -354,18 +390,11 @@ def main() -> None:
     p.add_argument("--bound", type=float, default=120.0, help="how long a fault's outcome is waited for, s")
     p.add_argument("--keep", action="store_true", help="keep the runs' folders (their path is printed)")
     args = p.parse_args()
-    why = why_not()
-    if why:
-        sys.exit(f"bench/multinode_hosts.py: {why}")
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
-    precompile()
     start_line = machine_line()
-    base = Path(tempfile.mkdtemp(prefix="bench-hosts-"))
     loss: dict[str, list[FaultRun]] = {t: [] for t in TOOLS}
     cut: dict[str, list[FaultRun]] = {t: [] for t in TOOLS}
     leader: list[LeaderRun] = []
-    try:
+    with bench_base("bench/multinode_hosts.py", "bench-hosts-", keep=args.keep) as base:
         for run in range(args.runs):
             for tool in TOOLS:
                 loss[tool].append(loss_run(tool, run, base, args.settle, args.bound))
@@ -375,15 +404,6 @@ def main() -> None:
                 print(f"cut {tool} run {run}: {cut[tool][-1]}", file=sys.stderr, flush=True)
             leader.append(leader_run(run, base, args.settle))
             print(f"leader run {run}: {leader[-1]}", file=sys.stderr, flush=True)
-    finally:
-        left = leftovers(base)
-        if left:
-            print("left behind: " + "; ".join(left), file=sys.stderr)
-        if args.keep:
-            print(f"runs kept in {base}", file=sys.stderr)
-        else:
-            with contextlib.suppress(OSError):
-                shutil.rmtree(base)
     print(report(loss, cut, leader, args, start_line, machine_line()))
 
 

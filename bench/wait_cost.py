@@ -2,7 +2,7 @@
 
 Two runs of WAIT s each, measured from the 5th second on (start-up excluded):
   terminal: stdout and stderr on a pty (the calm console: the live line is redrawn in place);
-  json:     stderr on a pipe (JSON lines).
+  json:     stderr on a pipe, with `logs.format: json` (JSON lines).
 Per run: the agent's CPU (utime + stime of its main process, /proc/<pid>/stat) per minute of waiting, the bytes it
 wrote to the console per minute, and the `waiting` events agent.jsonl got.
 
@@ -34,7 +34,7 @@ entrypoint: {{script: work.py}}
 nodes: 2
 nproc_per_node: 1
 rendezvous: {{backend: etcd, endpoints: ["{endpoint}"], master_addr: 127.0.0.1, join_timeout: 1h}}
-logs: {{dir: logs}}
+logs: {{dir: logs{fmt}}}
 """
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -49,7 +49,7 @@ def measure(folder: Path, endpoint: str, wait: float, *, terminal: bool) -> tupl
     """(CPU s per minute, console bytes per minute, waiting events) of one agent waiting `wait` s."""
     folder.mkdir(parents=True)
     (folder / "work.py").write_text("print('hi')\n")
-    (folder / "job.yaml").write_text(SPEC.format(endpoint=endpoint))
+    (folder / "job.yaml").write_text(SPEC.format(endpoint=endpoint, fmt="" if terminal else ", format: json"))
     env = dict(os.environ, XDG_STATE_HOME=str(folder / "state"), NO_COLOR="")
     if terminal:
         reader, writer = pty.openpty()

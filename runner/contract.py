@@ -12,3 +12,9 @@ FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # tor
 # Where an agent finds the job's secret file when the spec's rendezvous.secret_file is not set (docs/security.md);
 # the templates set it on every node, and it never reaches a worker
 SECRET_ENV = "RUNNER_SECRET_FILE"  # noqa: S105 - the name of a variable, not a secret
+# The hosts a hosted rendezvous's etcd members run on (comma-separated names), set by the cluster templates: the
+# agent also looks for the rendezvous there (runner.rendezvous.etcd.hosted, docs/clusters.md).
+HOSTED_NODES_ENV = "RUNNER_HOSTED_NODES"
+# host:port of a hosted rendezvous, set by a cluster template in place of a spec's endpoint on a fixed host (the
+# allocation's first node): the loader puts it in rendezvous.endpoints (runner/config/hosted_endpoint.py).
+HOSTED_ENDPOINT_ENV = "RUNNER_HOSTED_ENDPOINT"

@@ -83,8 +83,10 @@ class RendezvousTimeout(RendezvousError):
 class JobClosed(RendezvousError):
     """The job was stopped or has finished; a node arriving now must not start workers."""
 
-    def __init__(self, job: str, why: str) -> None:
-        why = "stopped by runner stop" if why == "stopping" else why
+    def __init__(self, job: str, why: str, stopped_by: str = "") -> None:
+        """`why`: the control key's state; `stopped_by`: who wrote a "stopping" one, if not `runner stop`."""
+        self.stopping = why == "stopping"  # a stop (runner stop, or the hosting node's), not the job's end
+        why = (stopped_by or "stopped by runner stop") if self.stopping else why
         self.job, self.why = job, why
         super().__init__(
             f"job '{job}' is closed ({why}); not joining",

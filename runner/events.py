@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runner.hangs import Culprit
+from runner.outcomes import FailureClass
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,12 @@ class PeerLost:
     node: str
     why: str
     cause: str = ""
+    failure_class: FailureClass | None = None  # the class of the peer's own failure, as its FAILED state says
 
     def to_dict(self) -> dict[str, str]:
-        """The JSON form (no `cause` when there is none): a failure's `peer`, a waiter's published `lost`."""
-        return {"node": self.node, "why": self.why, **({"cause": self.cause} if self.cause else {})}
+        """The JSON form (no `cause` or `class` when there is none): a failure's `peer`, a waiter's published `lost`."""
+        return {"node": self.node, "why": self.why, **({"cause": self.cause} if self.cause else {}),
+                **({"class": self.failure_class.value} if self.failure_class is not None else {})}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,12 @@ finding has a precondition (docs/hangs.md lists them), and none can name a rank 
 
 - **never_entered**: ranks read wait in call #k of a group (or, after a collective timeout, entered it and gave
   up), and ranks read of that group never entered #k and wait in no other call: those are named, whatever the
-  others did next; or one rank alone waits in a call elsewhere while the others read wait in #k;
+  others did next; or, across process groups, the rank in no call at the end of a chain of waits; or one rank
+  alone waits in a call elsewhere while the others read wait in #k (and its call's group has no other member among
+  the ranks read, as far as their records show);
+- **circular_wait**: ranks read wait in calls of different process groups, each for a rank of the others' that never
+  entered its call (a cycle in the wait-for graph): their records cannot tell which one skipped a call, so nobody is
+  named, and the line says where each of them waits;
 - **mismatch**: the ranks read entered the same call number with a different op or different sizes (the odd ones
   out are the culprits; with no majority, every side); a rank that died of a collective-mismatch error counts too;
 - **stopped**: a rank's process is stopped (SIGSTOP: state T), which can make no progress, whatever the others do;
@@ -32,6 +37,9 @@ from dataclasses import dataclass, field, replace
 
 MAX_ENTRIES = 20_000  # per rank: more than any sane TORCH_FR_BUFFER_SIZE; the rest of a dump is not read
 MAX_NAME = 80  # characters of an op or process-group name kept
+MAX_WAITED_IN = 256  # distinct calls waited in beyond which waits across process groups are not followed (bounded)
+MAX_CYCLE_CALLS = 8  # calls of a circular wait said in its line (report.json's `hang.cycle` has every one)
+MAX_RUNS = 8  # runs of ranks (`0-3`) in a list of a circular wait's line, the rest counted
 
 
 class Answer(enum.Enum):
@@ -60,6 +68,7 @@ class Finding(enum.Enum):
     MISMATCH = "mismatch"
     STOPPED = "stopped"
     SILENT = "silent"
+    CIRCULAR_WAIT = "circular_wait"  # ranks wait in calls of different groups, each for another: nobody is named
     UNKNOWN = "unknown"
 
 
@@ -96,6 +105,25 @@ class RankRecord:
 
 
 @dataclass(frozen=True)
+class Waited:
+    """A call of a circular wait: the cycle's ranks waiting in it, and the cycle's ranks of its group not in it."""
+
+    call: Call  # as the first rank of `ranks` entered it
+    ranks: tuple[tuple[int, str], ...]  # (rank, node) on the cycle waiting in it, lowest rank first
+    never: tuple[int, ...]  # the ranks of the cycle that are of the call's group and never entered it
+
+    def where(self) -> str:
+        """`all_reduce #4 (process group 0)`."""
+        return f"{self.call.op} #{self.call.seq} (process group {self.call.group})"
+
+    def to_dict(self) -> dict[str, object]:
+        """One entry of report.json's `hang.cycle`."""
+        return {"process_group": self.call.group, "collective_seq": self.call.seq,
+                "collective": self.call.describe(), "ranks": [{"rank": r, "node": n} for r, n in self.ranks],
+                "never_entered": list(self.never)}
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The culprit of a hang, as far as the records tell."""
 
@@ -112,6 +140,8 @@ class Verdict:
     died: tuple[tuple[int, str], ...] = ()  # ranks that died of a collective-mismatch error (their records gone)
     recorder_off: int = 0  # ranks that answered with no records at all (their recorder is off)
     note: str = ""  # unknown: why the evidence does not decide
+    cycle: tuple[Waited, ...] = ()  # circular_wait: each call waited in on the cycle, its lowest rank first
+    apart: bool = False  # unknown: the ranks read that wait are not all in the call the verdict is placed at
 
     @property
     def named(self) -> bool:
@@ -136,14 +166,39 @@ class Verdict:
         if self.finding is Finding.AWAY:
             gave_up = ranks_on_nodes(self.waiting)
             unread = sorted(set(self.missing) - {r for r, _ in self.waiting})
-            tail = f" ({'rank' if len(unread) == 1 else 'ranks'} {rank_list(unread)} not read)" if unread else ""
-            return (f"hang: {who} was in no collective (last call: {self.odd}) while {gave_up} timed out waiting in "
-                    f"one{tail}")
+            tail = f" ({some_ranks(unread)} not read)" if unread else ""
+            was = "was" if len(self.culprits) == 1 else "were"
+            return (f"hang: {who} {was} in no collective (last call: {self.odd}) while {gave_up} timed out waiting "
+                    f"in one{tail}")
         if self.finding is Finding.STOPPED:
             return f"hang: {who} is stopped (SIGSTOP or SIGTSTP: process state T)" + (f"; {waited}" if where else "")
         if self.finding is Finding.SILENT:
             return f"hang: {who} did not answer the flight-recorder query" + (f"; {waited}" if where else "")
+        if self.finding is Finding.CIRCULAR_WAIT:
+            return self.cycle_reason()
         return self.unknown_reason(where)
+
+    def cycle_reason(self) -> str:
+        """The line of a circular wait: each call waited in once, with the ranks in it and the ones it waits for.
+
+        `hang: a circular wait between ranks 0 (node a) and 1 (node b): rank 0 waits in all_reduce #4 (process
+        group 0), which rank 1 never entered; rank 1 waits in ...; which of them skipped a call the records cannot
+        tell`.
+        """
+        ranks = sorted(rank for w in self.cycle for rank in w.ranks)
+        nodes = len({n for _, n in ranks})
+        between = (f"between ranks {', '.join(f'{r} (node {n})' for r, n in ranks[:-1])} and {ranks[-1][0]} (node "
+                   f"{ranks[-1][1]})" if len(ranks) <= 4 else f"among {len(ranks)} ranks on {nodes} node(s)")
+        parts = [f"{some_ranks([r for r, _ in w.ranks])} {'waits' if len(w.ranks) == 1 else 'wait'} in {w.where()}, "
+                 f"which {some_ranks(list(w.never))} never entered" for w in self.cycle[:MAX_CYCLE_CALLS]]
+        if len(self.cycle) > MAX_CYCLE_CALLS:
+            more = len(self.cycle) - MAX_CYCLE_CALLS
+            parts.append(f"{more} other call{'' if more == 1 else 's'}")
+        behind = sorted({r for r, _ in self.waiting} - {r for r, _ in ranks})
+        if behind:
+            parts.append(f"{some_ranks(behind)} {'waits' if len(behind) == 1 else 'wait'} behind them")
+        return (f"hang: a circular wait {between}: {'; '.join(parts)}; which of them skipped a call the records "
+                "cannot tell")
 
     def unknown_reason(self, where: str) -> str:
         """The line of a verdict that names nobody: what the records show, and why that does not decide."""
@@ -154,10 +209,10 @@ class Verdict:
         if not self.ranks and self.recorder_off:
             return ("hang: no records: the flight recorder is off in the workers (their dumps have no entries: "
                     "TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE is 0 in their environment)")
-        if where:
+        if where and not self.apart:  # apart: the ranks read wait in several calls (the note says which)
             if self.missing:
-                return (f"hang: every rank read is inside {where}; ranks {rank_list(list(self.missing))} could not "
-                        f"be read, so which rank holds it up cannot be told{note}")
+                return (f"hang: every rank read is inside {where}; {some_ranks(list(self.missing))} could not be "
+                        f"read, so which rank holds it up cannot be told{note}")
             return f"hang: every rank read is inside {where}: the collective itself is stuck (transport, network)"
         if self.note:
             return f"hang: no culprit can be told{note}"
@@ -177,6 +232,7 @@ class Verdict:
             "ranks_read": self.ranks,
             "ranks_unread": list(self.missing),
             "died": [{"rank": r, "node": n} for r, n in self.died],
+            "cycle": [w.to_dict() for w in self.cycle],
             "reason": self.reason(),
         }
 
@@ -206,6 +262,13 @@ def rank_list(ranks: list[int]) -> str:
         else:
             out.append(str(r))
     return ", ".join(out)
+
+
+def some_ranks(ranks: list[int]) -> str:
+    """`rank 1`, `ranks 0-2, 5`; a list of many runs shortened: `ranks 0, 2, 4, ... (4096 ranks)`."""
+    runs = rank_list(ranks).split(", ")
+    said = ", ".join(runs) if len(runs) <= MAX_RUNS else f"{', '.join(runs[:MAX_RUNS])}, ... ({len(ranks)} ranks)"
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {said}"
 
 
 def ranks_on_nodes(ranks: tuple[tuple[int, str], ...]) -> str:
@@ -383,7 +446,8 @@ def in_call(found: Verdict, records: list[RankRecord], read: list[RankRecord], s
 
     never_entered's precondition: ranks read wait in #k of the group, and ranks read of that group never entered
     #k (their records end before it) and wait in no other call. The ranks that gave up waiting (a collective
-    timeout) count as waiting.
+    timeout) count as waiting. The stuck call is asked first, then the others waited in (oldest first: a chain of
+    waits across process groups ends at a rank in no call), then whether the waits close a cycle.
     """
     node_of = {r.rank: r.node for r in records}
     found, calls = placed(found, records, read, stuck, now_ns, gave_up)
@@ -392,7 +456,44 @@ def in_call(found: Verdict, records: list[RankRecord], read: list[RankRecord], s
                          if r.rank not in calls and r.rank not in waits and takes_part(r, stuck[0])))
     if never:
         return replace(found, finding=Finding.NEVER_ENTERED, culprits=never)
-    return mismatch(found, calls, node_of) or alone(found, records, read, now_ns, gave_up) or found
+    return mismatch(found, calls, node_of) or across(found, records, read, stuck, now_ns, gave_up)
+
+
+def across(found: Verdict, records: list[RankRecord], read: list[RankRecord], stuck: tuple[str, int], now_ns: int,
+           gave_up: tuple[tuple[int, str], ...]) -> Verdict:
+    """The waits across process groups, when nobody in the stuck call's group is named.
+
+    In order: a rank read in no call that a rank waits for in another call (never_entered: the end of a chain of
+    waits across groups); a cycle of waits (circular_wait: nobody named, each rank's call said); one rank alone
+    elsewhere (`alone`); else nobody, saying where the ranks read wait when not all in the stuck call.
+    """
+    node_of = {r.rank: r.node for r in records}
+    waits = {r.rank for r in read if any(not c.done for c in r.calls)}
+    graph = WaitGraph.of(read)
+    if graph is None:
+        return replace(found, apart=True, note=f"ranks read wait in more than {MAX_WAITED_IN} different calls")
+    for where in (w for w in graph.waited_in if w != stuck):  # a chain across groups: the rank in no call at its end
+        if never := tuple(sorted((r, node_of[r]) for r in graph.missing[where] if r not in waits)):
+            found, _ = placed(found, records, read, where, now_ns, gave_up)
+            return replace(found, finding=Finding.NEVER_ENTERED, culprits=never)
+    if cycle := graph.cycle(node_of):
+        oldest = min((c.created_ns for c in graph.at.values() if c.created_ns), default=0)  # behind it too
+        return replace(found, finding=Finding.CIRCULAR_WAIT, cycle=cycle,
+                       waiting=tuple(sorted({(r, node_of[r]) for r in graph.at} | set(gave_up))),
+                       waited_s=max(0.0, (now_ns - oldest) / 1e9) if oldest else None)
+    if (lone := alone(found, records, read, now_ns, gave_up, graph)) is not None:
+        return lone
+    elsewhere = {rank: c for rank, c in graph.at.items() if (c.group, c.seq) != stuck}
+    if not elsewhere:
+        return found
+    by_call: dict[tuple[str, int, str], list[int]] = defaultdict(list)
+    for rank, c in sorted(elsewhere.items()):
+        by_call[(c.group, c.seq, c.op)].append(rank)
+    said = "; ".join(f"{some_ranks(rs)} in {op} #{seq} (process group {group})"
+                     for (group, seq, op), rs in list(by_call.items())[:MAX_CYCLE_CALLS])
+    more = ", ..." if len(by_call) > MAX_CYCLE_CALLS else ""
+    return replace(found, apart=True, note=f"ranks read wait in other calls too ({said}{more}): no wait among them "
+                                          "ends at a rank read in no call or closes a cycle")
 
 
 def placed(found: Verdict, records: list[RankRecord], read: list[RankRecord], stuck: tuple[str, int], now_ns: int,
@@ -411,18 +512,20 @@ def placed(found: Verdict, records: list[RankRecord], read: list[RankRecord], st
 
 
 def alone(found: Verdict, records: list[RankRecord], read: list[RankRecord], now_ns: int,
-          gave_up: tuple[tuple[int, str], ...]) -> Verdict | None:
+          gave_up: tuple[tuple[int, str], ...], graph: WaitGraph) -> Verdict | None:
     """One rank alone in a call elsewhere: it never entered the one the others read are in (None: no such rank).
 
     The finding is `never_entered`, with the call it is in instead.
 
     Precondition: at least two ranks read wait in one call #k; exactly one other rank read waits, in another call,
-    and it is a member of #k's group. (Two ranks or more elsewhere: a chain or a cycle of waits; nobody is named.)
+    and it is a member of #k's group that never entered #k; and no other rank read is shown to be a member of its
+    call's group (no record of that group: e.g. the group's first call), so the records show it waiting for none of
+    them. (A rank read of its call's group that never entered it and waits in #k: a circular wait, asked before.
+    Two ranks or more elsewhere: a chain to a rank in no call, or a cycle, asked before; else nobody is named.)
     """
     at: dict[tuple[str, int], list[RankRecord]] = defaultdict(list)
     for r in read:
-        if opened := [c for c in r.calls if not c.done]:
-            first = min(opened, key=lambda c: (c.created_ns, c.seq))
+        if (first := first_open(r)) is not None:
             at[(first.group, first.seq)].append(r)
     if len(at) != 2:
         return None
@@ -430,7 +533,9 @@ def alone(found: Verdict, records: list[RankRecord], read: list[RankRecord], now
     if len(lone) != 1 or len(crowd) < 2 or not takes_part(lone[0], where[0]):
         return None
     rank = lone[0]
-    elsewhere = min((c for c in rank.calls if not c.done), key=lambda c: (c.created_ns, c.seq))
+    if call_at(rank, *where) is not None or graph.waits_for(rank.rank):
+        return None
+    elsewhere = graph.at[rank.rank]
     found, _ = placed(found, records, read, where, now_ns, gave_up)
     return replace(found, finding=Finding.NEVER_ENTERED, culprits=((rank.rank, rank.node),),
                    odd=f"it is in {elsewhere.op} #{elsewhere.seq} (process group {elsewhere.group})")
@@ -477,7 +582,7 @@ def mismatch(found: Verdict, calls: dict[int, Call], node_of: dict[int, str]) ->
         normal, odd = ordered[0], sorted(r for ranks in ordered[1:] for r in ranks)
     else:  # no majority: nobody can tell who is right
         normal, odd = [], sorted(calls)
-    odd_calls = "; ".join(calls[ranks[0]].describe() + ("" if normal else f" (rank {rank_list(ranks)})")
+    odd_calls = "; ".join(calls[ranks[0]].describe() + ("" if normal else f" ({some_ranks(ranks)})")
                           for ranks in ordered if ranks is not normal)
     return replace(
         found, finding=Finding.MISMATCH, culprits=tuple((r, node_of[r]) for r in odd),
@@ -499,6 +604,103 @@ def first_stuck(read: list[RankRecord]) -> tuple[str, int] | None:
         return None
     first = min(open_calls, key=lambda c: (c.created_ns or 0, c.seq))
     return first.group, min(c.seq for c in open_calls if c.group == first.group)
+
+
+def first_open(record: RankRecord) -> Call | None:
+    """The open call the rank entered first (the one it waits in); None when it is in no call."""
+    opened = [c for c in record.calls if not c.done]
+    return min(opened, key=lambda c: (c.created_ns, c.seq)) if opened else None
+
+
+@dataclass(frozen=True)
+class WaitGraph:
+    """Who waits for whom, as the records show.
+
+    Each rank read that waits, in the call it entered first, waits for every rank read of that call's group
+    (takes_part) that never entered it. Bounded: a graph of ranks and the calls waited in (a rank -> its call -> the
+    ranks of the call's group that never entered it), linear in their sum.
+    """
+
+    at: dict[int, Call]  # each rank read that waits: the call it waits in
+    waited_in: tuple[tuple[str, int], ...]  # every call waited in, (group, seq), the one entered first first
+    missing: dict[tuple[str, int], tuple[int, ...]]  # each call waited in: the ranks read of its group not in it
+
+    @staticmethod
+    def of(read: list[RankRecord]) -> WaitGraph | None:
+        """The graph of the ranks read (None: they wait in more than MAX_WAITED_IN different calls)."""
+        at = {r.rank: c for r in read if (c := first_open(r)) is not None}
+        first: dict[tuple[str, int], int] = {}
+        for c in at.values():
+            first[(c.group, c.seq)] = min(first.get((c.group, c.seq), c.created_ns), c.created_ns)
+        if len(first) > MAX_WAITED_IN:
+            return None
+        entered = {r.rank: {(c.group, c.seq) for c in r.calls} for r in read}
+        members: dict[str, list[int]] = defaultdict(list)
+        for r in read:
+            for group in {c.group for c in r.calls} or {"0"}:
+                members[group].append(r.rank)
+        waited_in = tuple(sorted(first, key=lambda w: (first[w], w[1], w[0])))
+        missing = {w: tuple(r for r in members[w[0]] if w not in entered[r]) for w in waited_in}
+        return WaitGraph(at, waited_in, missing)
+
+    def waits_for(self, rank: int) -> tuple[int, ...]:
+        """The ranks read that `rank` waits for (() when it is in no call)."""
+        c = self.at.get(rank)
+        return tuple(r for r in self.missing[(c.group, c.seq)] if r != rank) if c is not None else ()
+
+    def cycle(self, node_of: dict[int, str]) -> tuple[Waited, ...]:
+        """Every call waited in by ranks on a cycle of waits, with those ranks and the cycle's ranks not in it.
+
+        () when the waits close no cycle. The ranks of the strongly connected components of more than one vertex;
+        the calls ordered by their lowest rank.
+        """
+        edges: dict[Vertex, list[Vertex]] = {("rank", "", rank): [("call", c.group, c.seq)]
+                                             for rank, c in self.at.items()}
+        edges.update({("call", group, seq): [("rank", "", r) for r in ranks if r in self.at]
+                      for (group, seq), ranks in self.missing.items()})
+        on = {v[2] for part in components(edges) if len(part) > 1 for v in part if v[0] == "rank"}
+        calls: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for rank in sorted(on):
+            calls[(self.at[rank].group, self.at[rank].seq)].append(rank)
+        return tuple(Waited(self.at[ranks[0]], tuple((r, node_of[r]) for r in ranks),
+                            tuple(r for r in self.missing[w] if r in on)) for w, ranks in calls.items())
+
+
+Vertex = tuple[str, str, int]  # the wait-for graph's: ("rank", "", rank) or ("call", group, seq)
+
+
+def components(edges: dict[Vertex, list[Vertex]]) -> list[list[Vertex]]:
+    """The strongly connected components of a graph (Tarjan's algorithm, without recursion: bounded stack)."""
+    index: dict[Vertex, int] = {}
+    low: dict[Vertex, int] = {}
+    stack: list[Vertex] = []
+    slot: dict[Vertex, int] = {}  # the vertices on the stack: where each is
+    out: list[list[Vertex]] = []
+    for root in (v for v in edges if v not in index):
+        work = [(root, 0)]
+        while work:
+            v, i = work.pop()
+            if i == 0:
+                index[v] = low[v] = len(index)
+                slot[v] = len(stack)
+                stack.append(v)
+            nexts = edges.get(v, [])
+            if i < len(nexts):  # the next edge: a vertex to visit, or one seen (on the stack: part of v's component)
+                work.append((v, i + 1))
+                w = nexts[i]
+                if w not in index:
+                    work.append((w, 0))
+                elif w in slot:
+                    low[v] = min(low[v], index[w])
+                continue
+            if low[v] == index[v]:  # v roots a component: the stack down to v
+                out.append(stack[slot[v]:])
+                for w in stack[slot[v]:]:
+                    del slot[w]
+                del stack[len(stack) - len(out[-1]):]
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+    return out
 
 
 def takes_part(record: RankRecord, group: str) -> bool:
@@ -554,7 +756,7 @@ def aborted(found: Verdict, records: list[RankRecord], read: list[RankRecord]) -
     unknown = unread + (0 if placed else len(died))
     ordered = sorted(sides.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
     (_, normal), rest = ordered[0], ordered[1:]
-    described = "; ".join(f"{calls[next(r for r in ranks if r in calls)].describe()} (rank {rank_list(ranks)})"
+    described = "; ".join(f"{calls[next(r for r in ranks if r in calls)].describe()} ({some_ranks(ranks)})"
                           for _, ranks in ordered)
     if len(normal) <= len(rest[0][1]) + unknown:
         return replace(found, note=f"the ranks read called {described}")
@@ -581,7 +783,7 @@ def claimed(found: Verdict, records: list[RankRecord], claims: dict[int, Call]) 
             sides[c.signature].append(rank)
     ordered = sorted(sides.values(), key=lambda ranks: (-len(ranks), ranks[0]))
     found = replace(found, group="", seq=max(c.seq for c in claims.values()))
-    described = "; ".join(f"{claims[ranks[0]].describe()} (rank {rank_list(ranks)})" for ranks in ordered)
+    described = "; ".join(f"{claims[ranks[0]].describe()} ({some_ranks(ranks)})" for ranks in ordered)
     unknown = len(records) - sum(len(ranks) for ranks in ordered)
     if len(ordered) < 2 or len(ordered[0]) <= len(ordered[1]) + unknown:
         return replace(found, note=f"c10d's words name {described}")

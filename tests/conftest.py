@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from ci_skips import need, verdict_under_ci
 
 from runner.testing.etcd_cluster import EtcdCluster, etcd_on_hosts
 from runner.testing.etcd_server import EtcdServer, etcd_server
@@ -25,6 +26,21 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "workers" / "worker_probe.py"
 EXAMPLES = ROOT / "examples" / "jobs"
+RUNNER = (sys.executable, "-m", "runner")  # the one way a test starts the runner: `[*RUNNER, ARGS...]`
+
+
+def runner_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60,
+               stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`runner ARGS` run to completion (bounded), its output captured as text; never raises on its exit code."""
+    return subprocess.run([*RUNNER, *args], cwd=cwd, env=env, input=stdin, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
+    """Under CI=true a skip is a failure unless tests/ci_skips.py's ALLOWED lists it (that module says why)."""
+    report = yield
+    return verdict_under_ci(report, call)
 
 
 def alive(pid: int) -> bool:
@@ -56,6 +72,20 @@ def wait_for(cond: Any, timeout: float = 60.0, what: str = "condition") -> None:
         time.sleep(0.05)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def own_state_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The runner's per-user state (runs index, node ledgers, a refused report's fallback) in this session's temp
+    folder: never the user's own, and apart for each xdist worker, whose tests may run jobs of one name at once.
+    Tests that need a state folder of their own still set XDG_STATE_HOME themselves."""
+    before = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = before
+
+
 class Job:
     """A job spec written to tmp_path, run with `python -m runner` as a real process."""
 
@@ -76,15 +106,12 @@ class Job:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run `runner ARGS job.yaml` (status, stop, validate...) to completion."""
-        return subprocess.run(
-            [sys.executable, "-m", "runner", *args, str(self.spec)],
-            cwd=self.tmp, env=self.env(), capture_output=True, text=True, timeout=60, check=False,
-        )
+        return runner_cli(*args, str(self.spec), cwd=self.tmp, env=self.env())
 
     def start(self, *args: str) -> subprocess.Popen[str]:
         """Start the runner on this spec (its cwd is tmp_path; logs under tmp_path/logs)."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runner", str(self.spec), *args],
+            [*RUNNER, str(self.spec), *args],
             cwd=self.tmp,
             env=self.env(),
             stdout=subprocess.PIPE,
@@ -104,6 +131,12 @@ class Job:
         dirs = [d for d in (self.logs).glob("*/*") if d.is_dir() and not d.is_symlink()]
         assert len(dirs) == 1, dirs
         return dirs[0]
+
+    def wait_run_dir(self, timeout: float = 60) -> Path:
+        """The run dir once it exists (the job's folder is made before it: never read that as the run dir)."""
+        wait_for(lambda: any(d.is_dir() and not d.is_symlink() for d in self.logs.glob("*/*")), timeout=timeout,
+                 what="the run dir")
+        return self.run_dir()
 
     def logged(self, event: str) -> list[dict[str, Any]]:
         """The agent's events called `event` so far (agent.jsonl of its run dir; none before the run dir exists)."""
@@ -185,10 +218,8 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[Lab]:
     """Simulated hosts (runner/testing/hosts.py) sharing tmp_path/shared; every host, namespace and veth deleted after
-    the test. Skipped, with the reason, where namespaces cannot be made (not root)."""
-    why = why_not()
-    if why:
-        pytest.skip(why)
+    the test. Skipped, with the reason, where namespaces cannot be made (not root); a failure under CI=true."""
+    need(why_not())
     with Lab(tmp_path / "shared") as made:
         yield made
 
@@ -211,3 +242,14 @@ def cluster(lab: Lab, host_etcd: EtcdCluster) -> Iterator[Cluster]:
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[str]]]:
+    """Processes a test starts: SIGKILLed and reaped after it (their children end with them or by their timeout)."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from conftest import PROBE, wait_for
 from multinode_helpers import Cluster, Node
 
+from runner.contract import SECRET_ENV
 from runner.rendezvous.etcd.job_secret import new_secret_file
 from runner.system.served import tcp_listeners
-from runner.testing.hosts import Host
+from runner.testing.hosts import Host, Lab
 
 HOSTED_PORT = 29400  # torchrun's c10d default: every host has its own ports
 
@@ -53,6 +55,19 @@ def job_secret_file(folder: Path, name: str = "job.secret") -> Path:
     if not path.exists():
         new_secret_file(path)
     return path
+
+
+def hosted_cluster(lab: Lab) -> Iterator[Cluster]:
+    """A Cluster on simulated hosts whose endpoint is host a's port (no etcd: a hosts it); every agent and CLI gets
+    the job's secret (RUNNER_SECRET_FILE, in the shared folder every host reads). A module's `cluster` fixture:
+    `cluster = pytest.fixture(hosted_cluster, name="cluster")`.
+    """
+    c = Cluster(lab.shared / "cluster", lab, f"a:{HOSTED_PORT}")
+    c.env[SECRET_ENV] = str(job_secret_file(lab.shared))
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 def port_of(cluster: Cluster) -> int:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conftest import EXAMPLES, PROBE
+from conftest import EXAMPLES, PROBE, RUNNER
 
 from runner.testing.hosts import Host, HostProcess, Lab
 
@@ -149,7 +148,7 @@ class Cluster:
         stdout, stderr = home / "stdout", home / "stderr"
         named = ("--node", name) if on else ()
         with stdout.open("wb") as out, stderr.open("wb") as err:
-            proc = host.popen([sys.executable, "-m", "runner", str(spec or self.spec), *named, *args], cwd=home,
+            proc = host.popen([*RUNNER, str(spec or self.spec), *named, *args], cwd=home,
                               env=self._env(host, home / "logs"), stdout=out, stderr=err)
         node = Node(name, proc, home, stdout, stderr, host)
         self.nodes[name] = node
@@ -159,7 +158,7 @@ class Cluster:
             on: str = "login") -> subprocess.CompletedProcess[str]:
         """Run `runner ARGS job.yaml` (status, stop) to completion on host `on` (a login host: no agent runs there)."""
         host = self.host(on)
-        return host.run([sys.executable, "-m", "runner", *args, str(spec or self.spec)], cwd=self.tmp,
+        return host.run([*RUNNER, *args, str(spec or self.spec)], cwd=self.tmp,
                         env=self._env(host, self.tmp / "cli-logs"), timeout=timeout)
 
     def status(self) -> dict[str, Any]:

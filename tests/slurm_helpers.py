@@ -46,6 +46,11 @@ def binary(name: str) -> str:
     return shutil.which(name) or str(Path("/usr/sbin", name))
 
 
+# Each slurmd's spool on its host's own /tmp: slurmstepd's Unix sockets live there, and a socket path may hold 108
+# bytes at most, which a test's folder under an xdist worker's temp dir (popen-gwN/...) overran.
+SPOOL = "/tmp/slurmd-spool"
+
+
 def slurm_conf(base: Path, lab: Lab, names: list[str], control_port: int, slurmd_port: int) -> str:
     """The cluster: the controller at the bridge's address, one node per host at the host's address."""
     nodes = "\n".join(f"NodeName={n} NodeAddr={lab.address(n)} CPUs={os.cpu_count()} State=UNKNOWN" for n in names)
@@ -60,7 +65,7 @@ def slurm_conf(base: Path, lab: Lab, names: list[str], control_port: int, slurmd
         CredType=cred/munge
         AuthInfo=socket={base}/munge.sock,cred_expire={CRED_EXPIRE_S}
         StateSaveLocation={base}/state
-        SlurmdSpoolDir={base}/spool.%n
+        SlurmdSpoolDir={SPOOL}.%n
         SlurmctldPidFile={base}/slurmctld.pid
         SlurmdPidFile={base}/slurmd.%n.pid
         SlurmctldLogFile={base}/slurmctld.log
@@ -105,6 +110,7 @@ class SlurmLab:
         wait_for(lambda: (self.base / "munge.sock").exists(), 30, "munged's socket")
         self._daemon([binary("slurmctld"), "-D", "-i", "-f", str(self.conf)], None)
         for name, host in self.hosts.items():
+            host.run(["mkdir", "-p", "-m", "0755", f"{SPOOL}.{name}"], timeout=10)
             self._daemon([binary("slurmd"), "-D", "-N", name, "-f", str(self.conf)], host)
         try:
             wait_for(lambda: set(self.node_states().values()) == {"idle"}, 60, "every Slurm node to be idle")

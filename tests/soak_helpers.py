@@ -1,11 +1,23 @@
-"""The chaos soak's options as bench/chaos.py's parser makes them, for tests that build a soak's real objects
-(tests/test_chaos_verdict.py, test_chaos_checks.py, test_soak_own_etcd.py, test_soak_hosts.py)."""
+"""The chaos soak for tests: its options as bench/chaos.py's parser makes them, for tests that build a soak's real
+objects (tests/test_chaos_verdict.py, test_chaos_checks.py, test_soak_own_etcd.py, test_soak_hosts.py); and a seeded
+soak run as a user runs it, with its verdict (test_soak_hosts.py, test_soak_hosts_hosted.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
 
 from bench.soak.state import Options
+
+CHAOS = ROOT / "bench" / "chaos.py"
 
 
 def soak_args(**over: object) -> Options:
@@ -13,3 +25,39 @@ def soak_args(**over: object) -> Options:
     args = Options(seed=1, duration=30.0, hosted=True, nodes=3, failure_every=4.0, steps=100, job_window=30.0,
                    classes="", standby=True, first_job=1, keep=False, replica_groups=False)
     return dataclasses.replace(args, **over)  # type: ignore[arg-type]
+
+
+def run_chaos(args: list[str], tmp: Path, *, timeout: float, teardown: float) -> str:
+    """`python bench/chaos.py ARGS` (its replay line printed first), its output; a soak past `timeout` s gets SIGTERM
+    (its teardown runs: hosts, namespaces, bridge) and `teardown` s more, and its output says so."""
+    argv = [sys.executable, str(CHAOS), *args]
+    print("replay: python " + " ".join(argv[1:]), flush=True)
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=teardown)
+        out += f"\n(the soak overran its {timeout:g} s and was stopped)"
+    print(out)
+    return out if proc.returncode == 0 else out + f"\n(exit code {proc.returncode})"
+
+
+def passed(out: str, what: str, known_bugs: Mapping[str, Callable[[str], bool]]) -> None:
+    """The soak's verdict: its OK line; a known runner bug's failure an xfail; any other failure a failure."""
+    if "OK: every invariant held, every enabled class fired" in out:
+        return
+    for bug, matches in known_bugs.items():
+        if matches(out):
+            pytest.xfail(bug)
+    pytest.fail(f"{what}:\n{out[-6000:]}")
+
+
+def row(out: str, first: str) -> list[str]:
+    """The cells of the soak's table row whose first cell is `first`."""
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells and cells[0] == first:
+            return cells
+    raise AssertionError(f"no row {first!r} in the soak's tables")

@@ -9,11 +9,12 @@ import re
 import select
 import struct
 import subprocess
-import sys
 import termios
 import textwrap
 import time
 from pathlib import Path
+
+from conftest import RUNNER
 
 
 def env(tmp_path: Path) -> dict[str, str]:
@@ -42,7 +43,7 @@ def start_on_a_terminal(folder: Path, spec_text: str, script: str, *args: str) -
     (folder / "job.yaml").write_text(textwrap.dedent(spec_text))
     main, sub = pty.openpty()
     fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 40 rows, 160 columns
-    proc = subprocess.Popen([sys.executable, "-m", "runner", str(folder / "job.yaml"), *args], cwd=folder,
+    proc = subprocess.Popen([*RUNNER, str(folder / "job.yaml"), *args], cwd=folder,
                             env=env(folder), stdin=subprocess.DEVNULL, stdout=sub, stderr=sub)
     os.close(sub)
     return proc, main

@@ -18,12 +18,14 @@ from runner.config import load_spec_text
 from runner.config.spec import Budgets, ClassBudget
 from runner.errors import SpecError
 from runner.outcomes import FailureClass
+from runner.rendezvous.base import RoundCharge
 from runner.rendezvous.etcd.budget import Charge, decide
 from runner.rendezvous.etcd.keys import JobKeys
 from runner.rendezvous.local import LocalRendezvous
 from runner.testing.etcd_server import EtcdServer
 
 CLASSES = [c.value for c in FailureClass]
+HANG, LOST, EXC = FailureClass.HANG, FailureClass.NODE_LOST, FailureClass.EXCEPTION
 WORDS = st.text(alphabet=st.characters(categories=("L", "N")), min_size=1, max_size=10)  # YAML itself is tested elsewhere
 
 
@@ -98,14 +100,14 @@ def test_crash_loop_0_turns_the_detection_off(job: Any) -> None:
 def test_local_backend_counts_each_class_and_the_job() -> None:
     async def body() -> list[int | None]:
         rdzv = LocalRendezvous("n", 1)
-        return [
-            await rdzv.charge_restart(2, "hang", 1),  # hang 1 of 1, job 1 of 2
-            await rdzv.charge_restart(2, "hang", 1),  # the class is spent
-            await rdzv.charge_restart(2, "node_lost", None, charged=False),  # counted apart: job stays 1
-            await rdzv.charge_restart(2, "exception", None),  # job 2 of 2
-            await rdzv.charge_restart(2, "node_lost", None, charged=False),  # uncharged: still restarts
-            await rdzv.charge_restart(2, "exception", None),  # the job's budget is spent
-        ]
+        return [c.count for c in [
+            await rdzv.charge_restart(2, HANG, 1),  # hang 1 of 1, job 1 of 2
+            await rdzv.charge_restart(2, HANG, 1),  # the class is spent
+            await rdzv.charge_restart(2, LOST, None, charged=False),  # counted apart: job stays 1
+            await rdzv.charge_restart(2, EXC, None),  # job 2 of 2
+            await rdzv.charge_restart(2, LOST, None, charged=False),  # uncharged: still restarts
+            await rdzv.charge_restart(2, EXC, None),  # the job's budget is spent
+        ]]
 
     assert asyncio.run(body()) == [1, None, 1, 2, 2, None]
 
@@ -118,14 +120,16 @@ def test_etcd_counts_classes_job_wide_and_every_node_gets_the_rounds_answer(etcd
         nodes = await open_nodes(spec, ["a", "b"])
         try:
             await rounds(nodes)
-            got = await asyncio.gather(*(n.rdzv.charge_restart(5, "hang", 1) for n in nodes))
-            assert got == [1, 1]
+            got = await asyncio.gather(*(n.rdzv.charge_restart(5, HANG, 1) for n in nodes))
+            assert [c.count for c in got] == [1, 1]
+            assert got[0] == got[1] and got[0].failure_class is HANG and got[0].charged  # one answer, every node
             await rounds(nodes, attempt=1)
-            assert await asyncio.gather(*(n.rdzv.charge_restart(5, "hang", 1) for n in nodes)) == [None, None]
+            spent = await asyncio.gather(*(n.rdzv.charge_restart(5, HANG, 1) for n in nodes))
+            assert [c.count for c in spent] == [None, None]
             await rounds(nodes, attempt=1)  # a round not restarted: the next failure is another round's
             await rounds(nodes, attempt=2)
-            lost = await asyncio.gather(*(n.rdzv.charge_restart(5, "node_lost", None, charged=False) for n in nodes))
-            assert lost == [1, 1]  # uncharged: the job-wide count stays 1
+            lost = await asyncio.gather(*(n.rdzv.charge_restart(5, LOST, None, charged=False) for n in nodes))
+            assert [(c.count, c.failure_class, c.charged) for c in lost] == [(1, LOST, False)] * 2  # job stays 1
             keys = JobKeys(spec.rendezvous.prefix, spec.name)
             session = nodes[0].rdzv.session
             counts = [await session.call(lambda c, k=k: c.get(keys.restarts + b"/" + k)) for k in (b"hang", b"node_lost")]
@@ -148,10 +152,12 @@ def test_a_peer_that_saw_a_reported_failure_lets_the_failing_node_charge_it(etcd
         nodes = await open_nodes(spec, ["a", "b"])
         try:
             await rounds(nodes)
-            peer = asyncio.ensure_future(nodes[0].rdzv.charge_restart(5, "node_lost", None, charged=False, defer=5.0))
+            peer = asyncio.ensure_future(nodes[0].rdzv.charge_restart(5, LOST, None, charged=False, defer=5.0))
             await asyncio.sleep(0.3)  # the peer asked first
-            own = await nodes[1].rdzv.charge_restart(5, "exception", None)
-            assert (await peer, own) == (1, 1)  # the restart is charged: the job-wide count is 1 for both
+            own = await nodes[1].rdzv.charge_restart(5, EXC, None)
+            assert (await peer).count == own.count == 1  # the restart is charged: the job-wide count is 1 for both
+            # and the peer gets the failing node's class and charge, not what it asked (node_lost, uncharged)
+            assert await peer == own == RoundCharge(1, EXC, charged=True, by="b")
         finally:
             await close_all(nodes)
 
@@ -168,14 +174,15 @@ def test_a_failure_caused_by_a_peers_membership_restart_is_not_charged(etcd: Etc
         nodes = await open_nodes(spec, ["a", "b"])
         try:
             await rounds(nodes)
-            assert await nodes[1].rdzv.charge_restart(5, charged=False) == 0  # b: the membership change's claim
-            assert await nodes[0].rdzv.charge_restart(5, "exception", None) == 0  # a: its worker's failure
+            claim = await nodes[1].rdzv.charge_restart(5, charged=False)  # b: the membership change's claim
+            assert claim == RoundCharge(0, None, charged=False, by="b")
+            assert await nodes[0].rdzv.charge_restart(5, EXC, None) == claim  # a: its worker's failure: b's claim
             keys = JobKeys(spec.rendezvous.prefix, spec.name)
             session = nodes[0].rdzv.session
             assert await session.call(lambda c: c.get(keys.restarts)) is None
             assert await session.call(lambda c: c.get(keys.restarts + b"/exception")) is None
             await rounds(nodes, attempt=1)  # the next round's failure is charged as usual
-            assert await nodes[0].rdzv.charge_restart(5, "exception", None) == 1
+            assert (await nodes[0].rdzv.charge_restart(5, EXC, None)).count == 1
         finally:
             await close_all(nodes)
 
@@ -262,7 +269,7 @@ def test_a_charge_decides_as_the_two_budgets_say(max_restarts: int, count: int, 
                                                 job_wide: bool) -> None:
     """The pure decision of runner/rendezvous/etcd/budget.py: spent (None) exactly when a job-wide charge finds the
     job's budget used up or the class's limit is reached; otherwise the job's count moves by one only job-wide."""
-    new = decide(Charge(max_restarts, "hang", class_limit, job_wide), count, used)
+    new = decide(Charge(max_restarts, HANG, class_limit, job_wide), count, used)
     spent = (job_wide and count >= max_restarts) or (class_limit is not None and used >= class_limit)
     assert (new is None) == spent
     if new is not None:

@@ -26,11 +26,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, wait_for
 from soak_helpers import soak_args
 
 from bench.soak.bounds import CLASSES, PREFIX
@@ -55,15 +54,6 @@ sys.stdin.readline()
 """
 
 
-def wait_until(what: str, check: Callable[[], object], within: float = WAIT_S) -> None:
-    """Poll `check` until it is true; fail naming `what` after `within` s."""
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {within:g} s: {what}")
-        time.sleep(0.02)
-
-
 def state(pid: int) -> str:
     """The process's state letter ('' once gone)."""
     st = stat(pid)
@@ -81,17 +71,6 @@ def soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Soak:
     s.state.jobs.append(job)
     s.state.job = job
     return s
-
-
-@pytest.fixture
-def procs() -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test starts: SIGKILLed and reaped after it (their workers end with them or by their timeout)."""
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-        p.wait(10)
 
 
 def agent_of(soak: Soak, procs: list[subprocess.Popen[str]], code: str, node: str = "n0") -> Agent:
@@ -192,12 +171,12 @@ def test_a_paused_worker_must_go_on_after_its_sigcont(soak: Soak, procs):
     _, worker = agent_with_worker(soak, procs)
     assert soak.faults.inject(job, "stop_worker", [0.0, 0.0, 0.0, 0.0])  # u[1] < 0.5: a pause, of 0.5 s (u[2] = 0)
     assert [f.detail for f in job.faults] == ["SIGSTOP, SIGCONT in 0.5 s"]
-    wait_until("the worker stopped", lambda: state(worker.pid) == "T")
+    wait_for(lambda: state(worker.pid) == "T", WAIT_S, "the worker stopped")
     assert job.expects == []  # nothing before the SIGCONT
     (what, action), = [(w, a) for _, w, a in job.timed]
     assert what == f"SIGCONT {worker.pid}"
     action()  # its time come (the soak's loop runs it then)
-    wait_until("the worker continued", lambda: state(worker.pid) not in ("T", ""))
+    wait_for(lambda: state(worker.pid) not in ("T", ""), WAIT_S, "the worker continued")
     e = expectation(job, "pause_went_on")
     assert e.cls == "stop_worker"
     assert e.check() is False  # resumed, but the training did not go on (yet)
@@ -220,7 +199,7 @@ def test_a_paused_worker_gone_before_its_sigcont_did_not_apply_and_says_why(soak
     assert agent.proc.stdin is not None
     agent.proc.stdin.write("reap\n")
     agent.proc.stdin.flush()
-    wait_until("the worker reaped", lambda: state(worker.pid) == "")
+    wait_for(lambda: state(worker.pid) == "", WAIT_S, "the worker reaped")
     for _, _what, action in job.timed:
         action()
     assert job.expects == []
@@ -239,7 +218,7 @@ def killed_worker_a_zombie(soak: Soak, procs):
     agent, worker = agent_with_worker(soak, procs)
     assert soak.faults.inject(job, "kill_worker", [0.0, 0.0, 0.0, 0.0])
     e = expectation(job, "nothing_survives")
-    wait_until("the worker a zombie", lambda: state(worker.pid) == "Z")
+    wait_for(lambda: state(worker.pid) == "Z", WAIT_S, "the worker a zombie")
     assert e.check() is False
     return agent, e
 
@@ -264,7 +243,7 @@ def test_a_killed_worker_whose_agent_is_gone_too_is_gone(soak: Soak, procs):
     agent, e = killed_worker_a_zombie(soak, procs)
     agent.proc.kill()
     agent.proc.wait(10)
-    wait_until("the killed worker counted gone", e.check)
+    wait_for(e.check, WAIT_S, "the killed worker counted gone")
 
 
 # ---------------------------------------------------------------------------- kill_agent / signal_agent
@@ -275,7 +254,7 @@ def test_a_kill_or_a_stop_signal_to_an_agent_that_already_exited_is_not_injected
     job = soak.state.jobs[0]
     agent = agent_of(soak, procs, "pass")
     agent.started -= 60  # (signal_agent waits 10 s for a new agent's handlers)
-    wait_until("the agent exited (a zombie: not yet reaped)", lambda: state(agent.proc.pid) == "Z")
+    wait_for(lambda: state(agent.proc.pid) == "Z", WAIT_S, "the agent exited (a zombie: not yet reaped)")
     assert agent.code is None  # the soak's loop has not seen it yet: still a target
     assert soak.faults.inject(job, "kill_agent", [0.0, 0.0, 0.0, 0.0]) is False
     assert soak.faults.inject(job, "signal_agent", [0.0, 0.0, 0.0, 0.0]) is False
@@ -376,3 +355,52 @@ def test_a_master_port_handed_out_again_did_not_apply_and_says_why(soak: Soak):
     soak.checks.check_job_result(job)
     count = soak.state.tally.per_invariant["one_world"]
     assert (count.held, count.moot) == (0, {"a MASTER_PORT the kernel handed out again to a later round": 1})
+
+
+AGENT_WITH_ETCD = """
+import subprocess, sys
+etcd, data, client, peer = sys.argv[1:5]
+p = subprocess.Popen([etcd, "--data-dir", data, "--listen-client-urls", client, "--advertise-client-urls", client,
+                      "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                      "--initial-cluster", "default=" + peer], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(p.pid, flush=True)
+sys.stdin.read()
+p.kill()
+p.wait()
+"""
+
+
+def test_the_hosted_etcd_is_the_one_serving_the_jobs_port_not_any_etcd_of_the_agent(soak: Soak, procs, tmp_path):
+    """An agent's etcd on another port (the auth bootstrap's loopback one, or one that lost the port to another
+    agent) is not the job's rendezvous: a fault on it expected an etcd back that rightly never came (CI, seed
+    970833). Only the etcd listening on the job's endpoint port is the hosted one."""
+    from runner.rendezvous.etcd.hosted_server import etcd_binary
+    from runner.rendezvous.ports import free_port
+    from runner.system.served import listens
+
+    port = free_port("127.0.0.1")
+    peer = free_port("127.0.0.1", avoid=(port,))
+    job = soak.state.jobs[0]
+    proc = subprocess.Popen([sys.executable, "-c", AGENT_WITH_ETCD, etcd_binary(), str(tmp_path / "etcd-data"),
+                             f"http://127.0.0.1:{port}", f"http://127.0.0.1:{peer}"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    procs.append(proc)
+    me = ident(proc.pid)
+    assert me is not None and proc.stdout is not None
+    agent = Agent("n0", 0, proc, me, job.dir / "n0.log", time.time())
+    etcd = int(proc.stdout.readline())
+    etcd_fd = os.pidfd_open(etcd)  # the agent's unreaped child: this pid is that etcd's
+    try:
+        wait_for(lambda: listens(etcd, port), timeout=30, what="the agent's etcd listening")
+        job.endpoint = f"127.0.0.1:{free_port('127.0.0.1', avoid=(port, peer))}"
+        assert soak.procs.hosted_etcd(agent) is None  # an etcd of the agent, not on the job's port
+        job.endpoint = f"127.0.0.1:{port}"
+        found = soak.procs.hosted_etcd(agent)
+        assert found is not None and found.pid == etcd
+    finally:  # the agent kills and reaps its etcd once its stdin closes; SIGKILLed (the procs fixture), it could not
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(30)
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(etcd_fd, signal.SIGKILL)
+        os.close(etcd_fd)

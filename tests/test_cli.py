@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-from conftest import EXAMPLES
+from conftest import EXAMPLES, runner_cli
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run `python -m runner ARGS`."""
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=60, check=False)
+    return runner_cli(*args, cwd=cwd)
 
 
 def test_validate_ok():

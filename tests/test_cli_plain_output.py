@@ -11,11 +11,10 @@ import html
 import json
 import re
 import subprocess
-import sys
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, Job
+from conftest import EXAMPLES, RUNNER, Job
 from failing_jobs import failing_job
 
 from runner.cli.commands import names
@@ -41,7 +40,7 @@ def test_the_scan_itself_catches_a_repr() -> None:
 
 def human(j: Job, *args: str, target: str | None = None) -> str:
     """stdout and stderr of `runner ARGS [target]` (the spec unless given), checked not to be a traceback."""
-    argv = [sys.executable, "-m", "runner", *args, *([target] if target is not None else [])]
+    argv = [*RUNNER, *args, *([target] if target is not None else [])]
     done = subprocess.run(argv, cwd=j.tmp, env=j.env(), capture_output=True, text=True, timeout=120, check=False)
     both = done.stdout + done.stderr
     assert "Traceback" not in both, both

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import ipaddress
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
+from conftest import RUNNER
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -115,7 +115,7 @@ def test_validate_cli_warns_and_exits_0(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text('name: w\nentrypoint: {script: t.py}\nnodes: 2\nrendezvous: {backend: etcd, hosted: true, '
                     'endpoints: "127.0.0.1:29400"}\n')
-    done = subprocess.run([sys.executable, "-m", "runner", "validate", str(path)], capture_output=True, text=True,
+    done = subprocess.run([*RUNNER, "validate", str(path)], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, done.stderr
     assert "warning: rendezvous.endpoints: '127.0.0.1:29400' is a loopback address" in done.stderr
@@ -124,14 +124,14 @@ def test_validate_cli_warns_and_exits_0(tmp_path: Path) -> None:
 def test_convert_then_template_does_not_render_a_loopback_job(tmp_path: Path) -> None:
     """torchrun --nnodes 2 --rdzv-endpoint 127.0.0.1:29400: convert says so, and the template refuses it (exit 2)."""
     (tmp_path / "train.py").write_text("")
-    done = subprocess.run([sys.executable, "-m", "runner", "convert", "--", "torchrun", "--nnodes", "2",
+    done = subprocess.run([*RUNNER, "convert", "--", "torchrun", "--nnodes", "2",
                            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "train.py"],
                           capture_output=True, text=True, check=True, cwd=tmp_path)
     assert "is this machine's loopback, but --nnodes allows 2 nodes" in done.stderr
     assert "# note: rendezvous.endpoints 127.0.0.1:29400 is this machine's loopback" in done.stdout
     (tmp_path / "job.yaml").write_text(done.stdout)
     for kind in ("slurm", "kubernetes"):
-        rendered = subprocess.run([sys.executable, "-m", "runner", "template", kind, "job.yaml"], cwd=tmp_path,
+        rendered = subprocess.run([*RUNNER, "template", kind, "job.yaml"], cwd=tmp_path,
                                   capture_output=True, text=True, check=False)
         assert rendered.returncode == 2, rendered.stdout
         assert "rendezvous.endpoints" in rendered.stderr and rendered.stdout == ""

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import RUNNER
 
 from runner.config import load_spec, load_spec_text
 from runner.config.limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_PROBLEMS, MAX_VALUES
@@ -34,7 +34,7 @@ def one(text: str, environ: dict[str, str] | None = None) -> SpecProblem:
 
 def validate(path: Path | str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """The real CLI in a child process: a segfault or a hang would show here, not kill the test run."""
-    return subprocess.run([sys.executable, "-m", "runner", "validate", str(path)], capture_output=True, text=True,
+    return subprocess.run([*RUNNER, "validate", str(path)], capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 

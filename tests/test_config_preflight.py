@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import RUNNER
 
 from runner.config import load_spec_text
 from runner.config.preflight import preflight
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def runner(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([*RUNNER, *args], capture_output=True, text=True, cwd=cwd,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, timeout=120, check=False)
 
 

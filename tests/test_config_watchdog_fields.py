@@ -91,7 +91,8 @@ def test_explicit_true_with_heartbeat_timeout_is_accepted_by_the_cli(tmp_path: P
 
 @pytest.mark.parametrize(
     ("written", "field"),
-    [("check_interval: 1s", "check_interval"), ("capture_stacks: false", "capture_stacks")],
+    [("check_interval: 1s", "check_interval"),
+     ("capture_stacks: false\n  stall_timeout: null", "capture_stacks")],  # the stall detector (on) takes stacks
 )
 def test_explicit_false_with_a_changed_timer_field_is_refused(written: str, field: str) -> None:
     err = refused(f"watchdog:\n  enabled: false\n  {written}\n")
@@ -103,7 +104,7 @@ def test_explicit_false_with_a_changed_timer_field_is_refused(written: str, fiel
 
 def test_every_silenced_field_is_reported_at_once() -> None:
     err = refused("watchdog:\n  enabled: false\n  check_interval: 1s\n  capture_stacks: false\n"
-                  "  heartbeat_timeout: 5s\n  max_run_time: 1h\n")
+                  "  heartbeat_timeout: 5s\n  max_run_time: 1h\n  stall_timeout: null\n")
     assert [p.path for p in err.problems] == [
         "watchdog.check_interval", "watchdog.capture_stacks", "watchdog.heartbeat_timeout",
     ]
@@ -168,7 +169,8 @@ def test_enabled_is_what_the_user_wrote_or_follows_heartbeat_timeout(
 
     timeout = None if heartbeat is ABSENT else seconds(heartbeat)
     explicit_off = enabled is False
-    silenced = explicit_off and (timeout is not None or check_interval == "1s" or capture_stacks is False)
+    # capture_stacks applies to the stall detector, on by default (watchdog.stall_timeout) with the watchdog off too
+    silenced = explicit_off and (timeout is not None or check_interval == "1s")
     bad_timeout = timeout is not None and timeout <= 0  # unparsable, over the limit, or 0: refused as such
     if spec is not None:
         assert spec.watchdog.enabled is (enabled is True or (enabled is ABSENT and timeout is not None))

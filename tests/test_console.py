@@ -1,5 +1,5 @@
-"""The agent's console: calm lines on a terminal (a real pty), JSON lines otherwise, and a closed console never
-stops the job. Unit tests drive the renderer with events shaped like the agent's; the rest run real jobs."""
+"""The agent's console: calm lines on a terminal (a real pty), JSON lines where asked (`logs.format: json`), and a
+closed console never stops the job (tests/test_console_language.py: the same plain lines off a terminal). Unit tests drive the renderer with events shaped like the agent's; the rest run real jobs."""
 
 from __future__ import annotations
 
@@ -14,14 +14,13 @@ import select
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import textwrap
 from pathlib import Path
 
 import pytest
 import structlog
-from conftest import EXAMPLES
+from conftest import EXAMPLES, RUNNER
 from hypothesis import given
 from hypothesis import strategies as st
 from terminal import (
@@ -140,7 +139,7 @@ def test_routine_events_wait_for_verbose_but_warnings_always_show() -> None:
         render(started)
     assert render(started, verbose=True).endswith("worker_started  rank=0 local_rank=0 pid=42")
     warn = render({"event": "workers_killed", "level": "warning", "signal": "SIGKILL", "ranks": [0, 1]})
-    assert warn == f"{LOCAL}! workers_killed  signal=SIGKILL ranks=0,1"
+    assert warn == f"{LOCAL}! rank(s) 0, 1 still ran after the stop: killed with SIGKILL"  # words (phrases.py)
 
 
 def test_quiet_drops_info_for_the_console_only() -> None:
@@ -185,7 +184,7 @@ def run_on_a_terminal(tmp_path: Path, *args: str) -> tuple[int, str]:
     """Run the job with stdout and stderr on a real pseudo-terminal; everything it printed."""
     spec = write_job(tmp_path)
     main, sub = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "runner", str(spec), *args], cwd=tmp_path, env=env(tmp_path),
+    proc = subprocess.Popen([*RUNNER, str(spec), *args], cwd=tmp_path, env=env(tmp_path),
                             stdin=subprocess.DEVNULL, stdout=sub, stderr=sub)
     os.close(sub)
     return finish(main, proc, [])
@@ -227,9 +226,10 @@ def test_quiet_and_verbose_change_the_console_not_the_run_log(tmp_path: Path) ->
     assert out.count("worker_started") == 4 and "RENDEZVOUS → RUNNING" in re.sub(r"\x1b\[[0-9;]*m", "", out), out
 
 
-def test_not_a_terminal_keeps_json_lines(tmp_path: Path) -> None:
+def test_logs_format_json_gives_json_lines_off_a_terminal(tmp_path: Path) -> None:
     spec = write_job(tmp_path)
-    res = subprocess.run([sys.executable, "-m", "runner", str(spec)], cwd=tmp_path, env=env(tmp_path),
+    spec.write_text(spec.read_text().replace("logs: {dir: logs}", "logs: {dir: logs, format: json}"))
+    res = subprocess.run([*RUNNER, str(spec)], cwd=tmp_path, env=env(tmp_path),
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr
     events = [json.loads(ln) for ln in res.stderr.splitlines() if ln.startswith("{")]
@@ -250,7 +250,7 @@ def run_with_console_closed(tmp_path: Path) -> tuple[int, list[dict]]:
             print(f"line {i} " + "x" * 200, flush=True)
         sys.exit(7 if os.environ["RANK"] == "1" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" else 0)
         """))
-    proc = subprocess.Popen([sys.executable, "-m", "runner", str(spec)], cwd=tmp_path, env=env(tmp_path),
+    proc = subprocess.Popen([*RUNNER, str(spec)], cwd=tmp_path, env=env(tmp_path),
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         assert proc.stdout is not None

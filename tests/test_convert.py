@@ -9,11 +9,11 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import RUNNER, runner_cli
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.distributed.elastic.multiprocessing.api import Std, to_map
@@ -245,7 +245,7 @@ def test_the_command_echoed_in_the_comment_keeps_to_one_line() -> None:
 
 def test_cli_refuses_an_argument_that_is_not_utf8() -> None:
     """A byte that is not UTF-8 in the command line: exit 2, one line naming the argument, no traceback."""
-    done = subprocess.run([sys.executable, "-m", "runner", "convert", "--", "torchrun", "t.py", b"caf\xe9"],
+    done = subprocess.run([*RUNNER, "convert", "--", "torchrun", "t.py", b"caf\xe9"],
                           capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "not UTF-8" in done.stderr and "entrypoint.args[0]" in done.stderr, done.stderr
@@ -321,8 +321,7 @@ def test_command_line_read_as_torchrun_reads_it(tokens: list[str], env: dict[str
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`python -m runner convert ARGS`."""
-    return subprocess.run([sys.executable, "-m", "runner", "convert", *args], capture_output=True, text=True,
-                          check=False, env={**os.environ, **(env or {})}, timeout=60)
+    return runner_cli("convert", *args, env={**os.environ, **(env or {})})
 
 
 def test_cli_prints_yaml_that_loads_and_notes_on_stderr() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import signal
 import socket
 import sys
@@ -89,6 +90,12 @@ def triggers_after_running(node: Node) -> list[str]:
     edges = node.edges()
     first = next(i for i, e in enumerate(edges) if e[2] == "RUNNING")
     return [e[1] for e in edges[first + 1:]]
+
+
+def last_round(node: Node) -> int:
+    """The round the node last ran in (-1 before its first)."""
+    line = next((t.get("reason", "") for t in reversed(node.transitions()) if t["dst"] == "RUNNING"), "")
+    return int(line.split()[1].rstrip(":")) if line.startswith("round ") else -1
 
 
 def kill_agent(node: Node) -> int:
@@ -237,6 +244,34 @@ def test_vanished_machine_costs_one_ttl(cluster: Cluster, host_etcd: EtcdCluster
     for node in (a, b):
         assert_peer_lost_then_running(node, "c")
     finish(cluster, a, b)
+
+
+def test_a_machine_back_under_its_name_within_its_ttl_is_still_seen_lost(cluster: Cluster, host_etcd: EtcdCluster,
+                                                                         lab: Lab) -> None:
+    """Host c lost, and a new c (a rebooted machine, a scheduler's requeue) started at once under the same name, while
+    the dead run's lease still runs: the new agent's live state takes the dead one's key (on its own lease), so that
+    key never vanishes. a and b must still see c lost when the dead run's lease lapses (its join record of their
+    round goes with it), and form the next round with the new c. Found by the hosted soak on hosts (CI, 2026-11-28:
+    the others waited 225 s in a world with the dead c, the new c alone in the next round)."""
+    cluster.write(long_spec(cluster.endpoint, cluster.out, ttl="12s"))
+    a, b, c = (cluster.start(n) for n in "abc")
+    wait_workers(cluster, 0, 3, (a, b, c))
+    lease = lease_of(c)
+    rounds = {n.name: last_round(n) for n in (a, b, c)}
+    assert len(set(rounds.values())) == 1, rounds
+    c.host.lose()
+    c.wait()
+    lab.add("c")  # the same name, a new machine
+    again = cluster.start("c")
+    wait_for(lambda: any('"rendezvous_joined"' in line for line in again.output().splitlines()), 30,
+             "the new c joined")
+    assert lease_alive(host_etcd, lease), "the dead c's lease lapsed before the new c joined: no test"
+    for node in (a, b, again):  # a round after the loss, of three nodes: the new c with a and b
+        wait_for(lambda n=node: any(int(r) > rounds["a"] for r in re.findall(r"round (\d+): 3 node\(s\)", n.output())),
+                 RECOVERY_WAIT_S, f"{node.name} in a later round of 3 nodes")
+    for node in (a, b):
+        assert_peer_lost_then_running(node, "c")
+    finish(cluster, a, b, again)
 
 
 endpoints = st.lists(st.tuples(st.text(min_size=1, max_size=20), st.integers(1, 65535), st.booleans()),

@@ -21,7 +21,8 @@ from pathlib import Path
 from cli_words import check_words, subparsers
 
 from runner.cli.commands import COMMANDS, DEFAULT, names
-from runner.core.machine import TRANSITIONS, GroupState
+from runner.core.group_state import GroupState
+from runner.core.machine import TRANSITIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.MULTILINE | re.DOTALL)

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ci_skips import need
 from cli_words import check_words, subparsers
-from conftest import ROOT, wait_for
+from conftest import ROOT, RUNNER, wait_for
 
 from runner.config import load_spec_text
 from runner.config.torchrun_flags import BY_OPTION
@@ -227,7 +228,7 @@ def check_runner(rest: list[str]) -> list[str]:
     problems = check_words(sub, args, parsers[sub], "runner " + " ".join(rest))
     files = [w for w in args if w.endswith((".yaml", ".yml"))]
     if not problems and sub in CHEAP and all((ROOT / f).is_file() for f in files):
-        done = subprocess.run([sys.executable, "-m", "runner", sub, *args], cwd=ROOT, capture_output=True,
+        done = subprocess.run([*RUNNER, sub, *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=60, check=False, env=dict(os.environ, **ENV))
         if done.returncode != 0:
             problems.append(f"`runner {' '.join(rest)}` exits {done.returncode}: {done.stderr.strip()[-400:]}")
@@ -265,7 +266,7 @@ def test_clusters_from_torchrun_says_what_convert_does() -> None:
         for option in filter(None, (first, second)):
             assert field in BY_OPTION[option].spec, f"{option} → {field}: the table says {BY_OPTION[option].spec}"
     for claim in re.findall(r"`runner convert -- (torchrun [^`]+)`", section):
-        done = subprocess.run([sys.executable, "-m", "runner", "convert", "--", *claim.split()], cwd=ROOT,
+        done = subprocess.run([*RUNNER, "convert", "--", *claim.split()], cwd=ROOT,
                               capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, (claim, done.stderr)
 
@@ -285,7 +286,7 @@ def test_trying_multinode_on_one_machine_leaves_no_etcd(tmp_path: Path) -> None:
     me = "tests/test_docs_run.py::test_trying_multinode_on_one_machine_leaves_no_etcd"
     block = next(b for b in ALL if b.marker == ("run", me))
     if not port_free(2379) or Path("/tmp/etcd-test").exists():
-        pytest.skip("port 2379 or /tmp/etcd-test is in use on this machine (the block uses etcd's defaults)")
+        need("port 2379 or /tmp/etcd-test is in use on this machine (the block uses etcd's defaults)")
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", STEPS="3",
                XDG_STATE_HOME=str(tmp_path / "state"))

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES
+from conftest import EXAMPLES, RUNNER
 
 pytestmark = pytest.mark.integration
 
@@ -16,7 +15,7 @@ pytestmark = pytest.mark.integration
 def run_example(name: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """`python -m runner examples/jobs/<name>` with logs under tmp_path (logs.dir is relative to the cwd)."""
     return subprocess.run(
-        [sys.executable, "-m", "runner", str(EXAMPLES / name)],
+        [*RUNNER, str(EXAMPLES / name)],
         cwd=tmp_path, env=dict(os.environ, **env), capture_output=True, text=True, timeout=300, check=False,
     )
 

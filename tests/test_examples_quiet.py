@@ -15,7 +15,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES
+from conftest import EXAMPLES, RUNNER
 from ft_records import records
 from torchft_mark import needs_torchft
 
@@ -33,7 +33,7 @@ WORKER_LINE = re.compile(r"^\[[^\]/]+/g(\d+):(\d+)\] (.*)$")
 
 
 def test_the_shipped_spec_prints_a_few_dozen_lines_and_no_known_noise(tmp_path: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "runner", str(EXAMPLES / "ft_train.yaml")], cwd=tmp_path,
+    res = subprocess.run([*RUNNER, str(EXAMPLES / "ft_train.yaml")], cwd=tmp_path,
                          env=dict(os.environ, STEPS=str(STEPS)), capture_output=True, text=True, timeout=120,
                          check=False)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ci_skips import need
 from conftest import wait_for
 from failing_jobs import WORKER, failing_job, report, worker_pid
 from hypothesis import given
@@ -128,11 +129,11 @@ def memory_limited() -> Iterator[Path]:
     """A memory-limited cgroup the runner can be started in; skipped where the machine offers none."""
     path = v2_memory_cgroup("oom") or v1_memory_cgroup("oom")
     if path is None:
-        pytest.skip("no cgroup memory control here (cgroup v2 memory controller not delegated, no writable v1 "
+        need("no cgroup memory control here (cgroup v2 memory controller not delegated, no writable v1 "
                     "memory hierarchy): an OOM kill cannot be caused safely")
     if not (path / "memory.max").exists() and not os.access("/dev/kmsg", os.R_OK):
         path.rmdir()
-        pytest.skip("cgroup v1 only and /dev/kmsg unreadable: no evidence of an OOM kill could be read here")
+        need("cgroup v1 only and /dev/kmsg unreadable: no evidence of an OOM kill could be read here")
     yield path
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

@@ -68,19 +68,37 @@ def test_a_peers_report_reads_the_same_with_or_without_its_cause(node: str, caus
     assert not peer_reported(Failure(kind=FailureKind.PEER, reason=f"node {node} lost: lease expired", attempt=0))
 
 
+@given(st.text(max_size=200), st.text(max_size=200))
+def test_a_peers_report_is_read_from_the_loss_whatever_the_words_say_after_a_hangs_analysis(reason: str,
+                                                                                           detected: str) -> None:
+    """A hang's analysis rewrites a peer failure's reason and `detected` (a mismatch: "collective mismatch #4 ...",
+    "node a reported FAILED"): the loss it carries still says the peer reported FAILED, so this node lets the peer
+    charge the round first (before, the words decided: CI saw a node charge a peer's SIGABRT as node_lost)."""
+    from runner.events import PEER_REPORTED, PeerLost
+    from runner.outcomes import FailureKind
+    from runner.workers.failures import Failure, peer_reported
+
+    def peer(why: str) -> Failure:
+        return Failure(kind=FailureKind.PEER, reason=reason, attempt=0, detected=detected, peer=PeerLost("a", why))
+
+    assert peer_reported(peer(PEER_REPORTED))
+    assert not peer_reported(peer("lease expired"))
+
+
 @given(st.text(max_size=400), st.text(max_size=400))
 def test_a_failed_node_publishes_its_own_cause_or_the_peer_it_lost(why: str, cause: str) -> None:
-    """FAILED publishes one bounded line: its own root cause (`cause`), or, a waiter, the peer it failed of (`lost`,
-    which the peers name instead of it); nothing while not FAILED."""
+    """FAILED publishes one bounded line: its own root cause (`cause`, with its `class`), or, a waiter, the peer it
+    failed of (`lost`, which the peers name instead of it); nothing while not FAILED."""
     from runner.agent.services import CAUSE_CHARS, root_cause
-    from runner.core.machine import GroupState
+    from runner.core.group_state import GroupState
     from runner.events import PeerLost
     from runner.outcomes import FailureKind
     from runner.workers.failures import Failure
 
     own = Failure(kind=FailureKind.WORKER, reason=f"rank 1 exited with code 1: {cause}", attempt=0)
     published = root_cause(own, GroupState.FAILED)
-    assert set(published) == {"cause"} and isinstance(published["cause"], str)
+    assert set(published) == {"cause", "class"} and isinstance(published["cause"], str)
+    assert published["class"] == own.failure_class.value == "exception"
     assert len(published["cause"]) <= CAUSE_CHARS and "\n" not in published["cause"]
     waiter = Failure(kind=FailureKind.PEER, reason="node c lost", attempt=0, peer=PeerLost("c", why or "x", cause))
     assert waiter.to_dict()["peer"] == waiter.peer.to_dict()  # report.json: a JSON object, not the event's repr
@@ -88,3 +106,20 @@ def test_a_failed_node_publishes_its_own_cause_or_the_peer_it_lost(why: str, cau
     assert isinstance(lost, dict) and lost["node"] == "c"
     assert all(isinstance(v, str) and len(v) <= CAUSE_CHARS and "\n" not in v for v in lost.values())
     assert root_cause(own, GroupState.RUNNING) == root_cause(None, GroupState.FAILED) == {}
+
+
+def test_a_peers_published_class_is_the_class_of_the_failure_it_causes_here() -> None:
+    """A peer that reported FAILED with its class (its worker killed by a signal): this node's failure is of that
+    class, not node_lost, so that a charge made here first is made under it; without a class, node_lost as before."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from runner.events import PEER_REPORTED, PeerLost
+    from runner.outcomes import FailureClass
+    from runner.states.running import on_peer_lost
+
+    for published, expected in ((FailureClass.SIGNAL, FailureClass.SIGNAL), (None, FailureClass.NODE_LOST)):
+        ctx = SimpleNamespace(run=SimpleNamespace(attempt=0, failure=None, group=None), recorder=None)
+        asyncio.run(on_peer_lost(ctx, PeerLost("a", PEER_REPORTED, "rank 0 killed by SIGABRT", published)))  # type: ignore[arg-type]
+        assert ctx.run.failure.failure_class is expected, ctx.run.failure
+        assert ctx.run.failure.to_dict()["peer"].get("class") == (published.value if published else None)

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from ci_skips import need
 from conftest import wait_for
 
 from runner.rendezvous.ports import free_port
@@ -37,12 +38,12 @@ time.sleep(1.0 + rank)
 def full_tmpfs(tmp_path):
     """A 4 MiB tmpfs mounted at tmp_path/logs (root only), unmounted at the end."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root and mount(8)")
+        need("mounting a tmpfs needs root and mount(8)")
     mnt = tmp_path / "logs"
     mnt.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, check=False)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        need(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     try:
         yield mnt
     finally:

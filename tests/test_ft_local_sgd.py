@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
-from conftest import EXAMPLES, Job, alive, kill_proven, wait_for
-from ft_records import committed, records
+from conftest import EXAMPLES, RUNNER, Job, alive, kill_proven, wait_for
+from ft_records import committed, first_attempt_logs, records
 from torchft_mark import needs_torchft
 
 pytestmark = [
@@ -44,11 +43,7 @@ def test_local_sgd_groups_survive_a_kill_and_end_with_the_same_weights(tmp_path)
     """)
     j.start()
     try:
-        run = lambda: j.run_dir()  # noqa: E731 - read once the run dir exists
-        wait_for(lambda: (j.logs / "lsgd").exists() and any((run() / "group_1").glob("attempt_0/rank_0/stdout.log")),
-                 timeout=60, what="group 1's first worker")
-        log0 = run() / "group_0" / "attempt_0" / "rank_0" / "stdout.log"
-        log1 = run() / "group_1" / "attempt_0" / "rank_0" / "stdout.log"
+        run, log0, log1 = first_attempt_logs(j)
         wait_for(lambda: any(n == 2 and s >= 3 for s, _, n in committed(log1)), timeout=90,
                  what="both groups in a committed sync")
         start = records(log1, "start")[0]
@@ -61,17 +56,17 @@ def test_local_sgd_groups_survive_a_kill_and_end_with_the_same_weights(tmp_path)
             j.proc.communicate()
     assert j.proc.returncode == 0, err[-3000:]
     killed_at = max(s for s, _, _ in committed(log1))
-    back_log = run() / "group_1" / "attempt_1" / "rank_0" / "stdout.log"
+    back_log = run / "group_1" / "attempt_1" / "rank_0" / "stdout.log"
     back = committed(back_log)
     assert back, back_log.read_text()[-3000:]
     assert back[0][0] > killed_at, (killed_at, back[:3])  # healed from group 0: rejoined at the live sync
-    assert not (run() / "group_0" / "attempt_1").exists()  # group 0 was never restarted
+    assert not (run / "group_0" / "attempt_1").exists()  # group 0 was never restarted
     steps0 = [s for s, _, _ in committed(log0)]
     assert steps0 == sorted(set(steps0)) and steps0[-1] == OUTER  # group 0 committed every sync once, in order
     final0, final1 = records(log0, "final"), records(back_log, "final")
     assert final0 and final1 and final0[0]["step"] == final1[0]["step"] == str(OUTER)
     assert final0[0]["params_sha"] == final1[0]["params_sha"]  # one model: the last sync averaged both groups
-    report = json.loads((run() / "report.json").read_text())
+    report = json.loads((run / "report.json").read_text())
     by_group = {g["group"]: g for g in report["groups"]}
     assert (by_group[0]["attempts"], by_group[1]["attempts"]) == (1, 2)
     assert not alive(pid) and not alive(report["replica_groups"]["lighthouse"]["pid"])
@@ -82,7 +77,7 @@ def test_the_shipped_spec_trains_to_its_end(tmp_path):
     sync with the same weights. Long enough that a group whose worker starts a moment later still joins the other's
     quorum (with 3 outer steps, seen in the suite, one group finished all its syncs alone before the other's first:
     each then ended with weights of its own)."""
-    res = subprocess.run([sys.executable, "-m", "runner", str(EXAMPLES / "ft_local_sgd.yaml")], cwd=tmp_path,
+    res = subprocess.run([*RUNNER, str(EXAMPLES / "ft_local_sgd.yaml")], cwd=tmp_path,
                          env=dict(os.environ, OUTER_STEPS="30", SYNC_EVERY="3"), capture_output=True, text=True,
                          timeout=150, check=False)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 from conftest import EXAMPLES, Job, alive, kill_proven, wait_for
-from ft_records import committed, records
+from ft_records import committed, first_attempt_logs, records
 from torchft_mark import needs_torchft
 
 pytestmark = [
@@ -41,14 +41,10 @@ def test_a_killed_group_restarts_alone_and_rejoins_with_the_survivors_weights(tm
     """)
     j.start()
     try:
-        run = lambda: j.run_dir()  # noqa: E731 - read once the run dir exists
-        wait_for(lambda: (j.logs / "ft").exists() and any((run() / "group_1").glob("attempt_0/rank_0/stdout.log")),
-                 timeout=60, what="group 1's first worker")
-        log0 = run() / "group_0" / "attempt_0" / "rank_0" / "stdout.log"
-        log1 = run() / "group_1" / "attempt_0" / "rank_0" / "stdout.log"
+        run, log0, log1 = first_attempt_logs(j)
         wait_for(lambda: any(n == 2 and s >= 20 for s, _, n in committed(log1)), timeout=90,
                  what="both groups stepping in one quorum")
-        status = json.loads((run() / "group_1" / "status.json").read_text())
+        status = json.loads((run / "group_1" / "status.json").read_text())
         [worker] = status["workers"]
         pid = worker["pid"]
         start = records(log1, "start")[0]
@@ -61,7 +57,7 @@ def test_a_killed_group_restarts_alone_and_rejoins_with_the_survivors_weights(tm
             j.proc.kill()
             j.proc.communicate()
     assert j.proc.returncode == 0, err[-3000:]
-    back_log = run() / "group_1" / "attempt_1" / "rank_0" / "stdout.log"
+    back_log = run / "group_1" / "attempt_1" / "rank_0" / "stdout.log"
     back = committed(back_log)
     assert back, back_log.read_text()[-3000:]
     t_back = back[0][1]
@@ -70,13 +66,13 @@ def test_a_killed_group_restarts_alone_and_rejoins_with_the_survivors_weights(tm
     in_flight = list(itertools.takewhile(lambda sn: sn[1] == 2, after_kill))
     alone = after_kill[len(in_flight):]
     assert len(in_flight) <= 1 and len(alone) >= 5 and {n for _, n in alone} == {1}, after_kill  # group 0 went on
-    assert not (run() / "group_0" / "attempt_1").exists()  # and was never restarted
+    assert not (run / "group_0" / "attempt_1").exists()  # and was never restarted
     killed_at = max(s for s, _, _ in committed(log1))
     assert back[0][0] > killed_at, (killed_at, back[:3])  # rejoined at the live step, not from scratch
     final0, final1 = records(log0, "final"), records(back_log, "final")
     assert final0 and final1 and final0[0]["step"] == final1[0]["step"] == str(STEPS)
     assert final0[0]["params_sha"] == final1[0]["params_sha"]
-    report = json.loads((run() / "report.json").read_text())
+    report = json.loads((run / "report.json").read_text())
     by_group = {g["group"]: g for g in report["groups"]}
     assert (by_group[0]["attempts"], by_group[1]["attempts"]) == (1, 2)
     assert by_group[0]["step"] == by_group[1]["step"] == STEPS  # what the workers reported, read by runner

@@ -68,6 +68,8 @@ def test_the_root_cause_names_the_rank_that_held_the_others_up(job, mode, findin
     assert failure["rank"] == 1
     assert f"root cause (attempt 0): hang: {words.format(node=node)}" in stderr
     assert "detected: watchdog: rank" in stderr  # what the watchdog itself saw is kept
+    # One node: that it stays in the next round only restates the job's shape (agent.jsonl keeps it)
+    assert "culprit_kept_in" not in stderr and '"culprit_kept_in"' in (j.run_dir() / "agent.jsonl").read_text()
     if mode != "stop":  # a stopped process cannot answer: its records are not read
         assert hang["waiting"] == [{"rank": 0, "node": node}]
         assert hang["collective"] == "all_reduce [[10]]" and hang["collective_seq"] == 4
@@ -240,3 +242,48 @@ def test_a_rank_alone_in_a_call_of_another_group_is_named(job):
     assert [w["rank"] for w in hang["waiting"]] == [0, 1]
     assert "never entered all_reduce #4 (process group 0) (it is in all_reduce #1 (process group 1)); ranks 0-1" in (
         stderr)
+
+
+CYCLE = """\
+import os, time
+from pathlib import Path
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+beat = Path(os.environ["RUNNER_HEARTBEAT_FILE"])
+sub = dist.new_group(list(range(world)))
+t = torch.ones(10)
+for step in range(8):
+    beat.touch()
+    if step == 3 and rank == world - 1:  # the other order: the subgroup's broadcast first
+        dist.broadcast(t, 0, group=sub)
+        dist.all_reduce(t)
+    else:
+        dist.all_reduce(t)
+        dist.broadcast(t, 0, group=sub)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ranks_calling_two_groups_collectives_in_opposite_orders_are_a_circular_wait(job, tmp_path, nproc):
+    """Every step calls the world's all_reduce, then a broadcast on a second group of every rank; at step 3 the last
+    rank calls them the other way round. Each side waits for the other, and the records cannot tell which order
+    was meant: a circular wait, nobody named, the rank the watchdog timed out stays the root cause. Was (issue 39,
+    point 6): with 3 ranks, `never_entered` naming rank 2, which waited in the broadcast; with 2, `unknown`, "every
+    rank read is inside all_reduce #4 ... the collective itself is stuck"."""
+    script = tmp_path / "cycle.py"
+    script.write_text(CYCLE)
+    j = job(SPEC.format(script=script, args="[]", nproc=nproc, extra=""))
+    res = j.run(timeout=120)
+    assert res.returncode == 1, res.stderr[-3000:]
+    (failure,) = json.loads((j.run_dir() / "report.json").read_text())["failures"]
+    hang = failure["hang"]
+    assert hang["finding"] == "circular_wait" and hang["culprits"] == [], hang["reason"]
+    last = nproc - 1
+    assert [([r["rank"] for r in c["ranks"]], c["process_group"], c["never_entered"]) for c in hang["cycle"]] == [
+        (list(range(last)), "0", [last]), ([last], "1", list(range(last)))]
+    assert failure["reason"].startswith("watchdog: rank ") and "culprit: hang: a circular wait between ranks 0 (node" in (
+        res.stderr)
+    assert (f"wait{'s' if nproc == 2 else ''} in all_reduce #4 (process group 0), which rank {last} never entered; "
+            f"rank {last} waits in broadcast #4 (process group 1), which rank") in res.stderr

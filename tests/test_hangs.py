@@ -3,25 +3,54 @@
 from __future__ import annotations
 
 import json
+import re
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from runner.events import TimerExpired
 from runner.hangs import (
+    C10D_PRINT,
+    MAX_CYCLE_CALLS,
+    MAX_NAME,
+    WIRE_CALLS,
+    WIRE_RANKS,
     Answer,
+    Call,
     Culprit,
     Finding,
     RankRecord,
     Verdict,
+    Waited,
     analyse,
     claims_of,
+    from_wire,
     mismatch_words,
     parse_dump,
     rank_list,
     read_dump,
+    to_wire,
 )
+from runner.report.page import hang_lines
+from runner.workers.failures import watchdog_failure
 
 NOW = 1_800_000_000 * 10**9
+
+
+# A verdict's line in words that agree: "rank" with one rank, "ranks" with several, the verb with its subject.
+MISAGREED = {
+    "'ranks' before one rank": re.compile(r"\branks \d+(?![\d,\-]| \(node [^)]*\)(,| and))"),
+    "'rank' before several": re.compile(r"\brank \d+(-\d|, \d)"),
+    "'1 ... calls'": re.compile(r"\b1 other calls\b"),
+    "'ranks ... was'": re.compile(r"\branks [^;:]*? was\b"),
+    "'rank ... were'": re.compile(r"\brank \d+ \([^)]*\) were\b"),
+}
+
+
+def agrees(line: str) -> str:
+    """The line itself when its words agree; else what disagrees in it (an assert shows it)."""
+    wrong = [name for name, pattern in MISAGREED.items() if pattern.search(line)]
+    return f"{line!r}: {', '.join(wrong)}" if wrong else line
 
 
 def entry(seq: int, *, done: bool = True, op: str = "gloo:all_reduce", sizes: object = ((10,),), pg: int = 0,
@@ -168,6 +197,7 @@ def test_any_records_give_a_verdict_whose_culprits_and_waiters_are_known_ranks(r
     assert {r for r, _ in verdict.culprits} <= known and {r for r, _ in verdict.waiting} <= known
     assert not {r for r, _ in verdict.culprits} & {r for r, _ in verdict.waiting}
     assert verdict.reason().startswith(("hang: ", "collective mismatch"))
+    assert agrees(verdict.reason()) == verdict.reason()
     json.dumps(verdict.to_dict())
 
 
@@ -232,6 +262,7 @@ def test_the_culprit_is_named_or_nobody_is_never_a_rank_that_was_waiting(n, k, d
     if not named:
         assert verdict.finding is Finding.UNKNOWN
     assert verdict.reason().startswith("hang: ")
+    assert agrees(verdict.reason()) == verdict.reason()
 
 
 def test_the_reported_case_four_ranks_the_waiters_timed_out_and_leave_the_one_that_answered_is_named():
@@ -332,6 +363,7 @@ def test_a_mismatch_that_aborts_never_names_a_rank_whose_call_was_right(n, data)
                else record(r, gathered(20 if bigger else 5) if r == odd else gathered(10)) for r in range(n)]
     verdict = analyse(records, NOW)
     assert {r for r, _ in verdict.culprits} <= {odd}
+    assert agrees(verdict.reason()) == verdict.reason()
     if not gone:
         assert verdict.culprits == ((odd, "a"),)
 
@@ -364,22 +396,40 @@ def test_c10d_fingerprints_name_the_rank_whose_call_differed_when_every_rank_lea
     assert mismatch_words("x" * 5000 + " Is there a distributed collective mismatch") == "x" * 300
 
 
-def test_one_rank_alone_in_a_call_elsewhere_is_named_and_a_rank_waiting_elsewhere_never_is():
-    """Ranks 0-2 wait in all_reduce #4 of the default group; rank 3 waits alone in broadcast #2 of group 1 (ranks
-    2-3): rank 3 never entered #4. Rank 2, a member of group 1 that never entered its #2, waits: it is not named."""
-    crowd = [*calls_up_to(3, last_open=False), entry(1, pg=1, op="gloo:broadcast"), entry(4, done=False)]
-    lone = [*calls_up_to(3, last_open=False), entry(1, pg=1, op="gloo:broadcast"),
-            entry(2, pg=1, op="gloo:broadcast", done=False, at=NOW - 20 * 10**9)]  # entered first: the oldest call
-    verdict = analyse([record(0, crowd), record(1, crowd), record(2, crowd), record(3, lone)], NOW)
+def test_one_rank_alone_in_a_group_the_others_never_called_is_named_and_in_one_they_called_a_circular_wait():
+    """Ranks 0-2 wait in all_reduce #4 of the default group; rank 3 waits alone in broadcast #1 of group 1, which
+    no other rank's records show (its first call, as in hang_culprit.py `elsewhere`): the records show rank 3
+    waiting for none of them, and it never entered #4: it is named. When group 1 has a past (ranks 2-3 called its
+    #1), rank 3 in its #2 waits for rank 2, which waits in #4 for rank 3: a circular wait, nobody is named. (Was:
+    rank 3, a waiter; before that, with rank 3 entering first, rank 2.)"""
+    crowd = [*calls_up_to(3, last_open=False), entry(4, done=False)]
+    first = [*calls_up_to(3, last_open=False), entry(1, pg=1, op="gloo:broadcast", done=False, at=NOW - 20 * 10**9)]
+    verdict = analyse([record(0, crowd), record(1, crowd), record(2, crowd), record(3, first)], NOW)
     assert verdict.finding is Finding.NEVER_ENTERED and verdict.culprits == ((3, "a"),)
     assert verdict.waiting == ((0, "a"), (1, "a"), (2, "a")) and verdict.seq == 4 and verdict.group == "0"
     assert verdict.reason().startswith("hang: rank 3 (node a) never entered all_reduce #4 (process group 0) (it is in "
-                                       "broadcast #2 (process group 1)); ranks 0-2 waited")
-    older = [*lone[:-1], {**lone[-1], "time_created_ns": NOW - 200 * 10**9}]  # entered before the others entered #4
-    assert analyse([record(0, crowd), record(1, crowd), record(2, crowd), record(3, older)], NOW).culprits == (
-        (3, "a"),)  # was: rank 2, which never entered group 1's #2 (but waits in #4)
-    two = analyse([record(0, crowd), record(1, crowd), record(2, lone), record(3, lone)], NOW)  # a cycle: nobody
-    assert not two.named
+                                       "broadcast #1 (process group 1)); ranks 0-2 waited")
+    later = [*first[:-1], {**first[-1], "time_created_ns": NOW - 10**9}]  # entered after the others entered #4
+    assert analyse([record(0, crowd), record(1, crowd), record(2, crowd), record(3, later)], NOW).culprits == (
+        (3, "a"),)
+    past = entry(1, pg=1, op="gloo:broadcast")
+    member = [*calls_up_to(3, last_open=False), past, entry(4, done=False)]
+    lone = [*calls_up_to(3, last_open=False), past, entry(2, pg=1, op="gloo:broadcast", done=False,
+                                                             at=NOW - 20 * 10**9)]
+    for at in (NOW - 20 * 10**9, NOW - 200 * 10**9):  # entered after or before the others entered #4
+        cycle = analyse([record(0, crowd), record(1, crowd), record(2, member),
+                         record(3, [*lone[:-1], {**lone[-1], "time_created_ns": at}])], NOW)
+        assert not cycle.named and cycle.finding is Finding.CIRCULAR_WAIT
+        assert [w.ranks for w in cycle.cycle] == [((2, "a"),), ((3, "a"),)] and cycle.waiting == tuple((r, "a") for r in range(4))
+        assert cycle.reason() == (
+            "hang: a circular wait between ranks 2 (node a) and 3 (node a): rank 2 waits in all_reduce #4 (process "
+            "group 0), which rank 3 never entered; rank 3 waits in broadcast #2 (process group 1), which rank 2 never "
+            "entered; ranks 0-1 wait behind them; which of them skipped a call the records cannot tell")
+    two = analyse([record(0, crowd), record(1, crowd), record(2, lone), record(3, lone)], NOW)  # group 1 all in #2
+    assert not two.named and two.finding is Finding.UNKNOWN
+    assert two.reason() == ("hang: no culprit can be told (ranks read wait in other calls too (ranks 2-3 in broadcast "
+                            "#2 (process group 1)): no wait among them ends at a rank read in no call or closes a "
+                            "cycle)")
 
 
 def test_a_chain_of_waits_names_the_rank_at_its_end():
@@ -392,16 +442,229 @@ def test_a_chain_of_waits_names_the_rank_at_its_end():
     assert verdict.group == "1" and verdict.waiting == ((2, "a"),)
 
 
+# -- waits across process groups (issue 39, point 6) ----------------------------------------------------------
+
+def grouped(rank_calls: list[tuple[int, int, bool]], *, history: list[int], at: int) -> list[dict[str, object]]:
+    """A rank's records: the calls of `history` (process groups, in order: each the group's next number on every
+    member) done, then its own `(group, seq, open)` calls entered at `at` s before NOW."""
+    seqs: dict[int, int] = {}
+    out = []
+    for i, pg in enumerate(history):
+        seqs[pg] = seqs.get(pg, 0) + 1
+        out.append(entry(seqs[pg], pg=pg, op="gloo:broadcast" if pg else "gloo:all_reduce", at=NOW - (500 - i) * 10**9))
+    out += [entry(seq, pg=pg, done=not opened, op="gloo:broadcast" if pg else "gloo:all_reduce", at=NOW - at * 10**9)
+            for pg, seq, opened in rank_calls]
+    return out
+
+
+def test_two_ranks_waiting_in_each_others_group_are_a_circular_wait_and_nobody_is_named():
+    """Process group 0 (the world) and group 1 (both ranks): rank 0 waits in the world's all_reduce #4, rank 1 in
+    group 1's broadcast #2. Each waits for the other; their records end each just before the call the other is in,
+    so which one skipped its call cannot be told. Was: `unknown`, "every rank read is inside all_reduce #4 ... the
+    collective itself is stuck" (rank 1 was not)."""
+    history = [0, 0, 0, 1]
+    records = [record(0, grouped([(0, 4, True)], history=history, at=9)),
+               record(1, grouped([(1, 2, True)], history=history, at=5), "b")]
+    verdict = analyse(records, NOW)
+    assert not verdict.named
+    assert verdict.finding is Finding.CIRCULAR_WAIT
+    assert verdict.reason() == (
+        "hang: a circular wait between ranks 0 (node a) and 1 (node b): rank 0 waits in all_reduce #4 (process "
+        "group 0), which rank 1 never entered; rank 1 waits in broadcast #2 (process group 1), which rank 0 never "
+        "entered; which of them skipped a call the records cannot tell")
+    assert verdict.waited_s == 9.0 and verdict.waiting == ((0, "a"), (1, "b"))
+    assert verdict.to_dict()["cycle"] == [
+        {"process_group": "0", "collective_seq": 4, "collective": "all_reduce [[10]]",
+         "ranks": [{"rank": 0, "node": "a"}], "never_entered": [1]},
+        {"process_group": "1", "collective_seq": 2, "collective": "broadcast [[10]]",
+         "ranks": [{"rank": 1, "node": "b"}], "never_entered": [0]}]
+    assert verdict.to_dict()["culprits"] == [] and verdict.to_dict()["finding"] == "circular_wait"
+
+
+def test_a_rank_waiting_alone_while_its_peers_moved_on_to_another_groups_call_is_not_named():
+    """The issue's case: rank 0 waits in the world's all_reduce #4; ranks 1-2 moved on to group 1's broadcast #2
+    (group 1: all three, as their records show), which rank 0 never reaches. Was: rank 0 named, `never_entered`
+    broadcast #2 "(it is in all_reduce #4)": a waiter. Now a circular wait of the three, each rank's call said."""
+    history = [0, 1, 0, 0]
+    records = [record(0, grouped([(0, 4, True)], history=history, at=9)),
+               *(record(r, grouped([(1, 2, True)], history=history, at=5)) for r in (1, 2))]
+    verdict = analyse(records, NOW)
+    assert not verdict.named, verdict.reason()
+    assert verdict.finding is Finding.CIRCULAR_WAIT
+    assert verdict.reason().startswith(
+        "hang: a circular wait between ranks 0 (node a), 1 (node a) and 2 (node a): rank 0 waits in all_reduce #4 "
+        "(process group 0), which ranks 1-2 never entered; ranks 1-2 wait in broadcast #2 (process group 1), which "
+        "rank 0 never entered")
+
+
+def test_a_cycle_over_three_overlapping_groups_and_the_ranks_waiting_behind_it():
+    """Groups 1 = {0, 1}, 2 = {1, 2}, 3 = {0, 2}: rank 0 waits in group 1's call for rank 1, rank 1 in group 2's
+    for rank 2, rank 2 in group 3's for rank 0. Rank 3 waits in the world's all_reduce #3 behind them all."""
+    history = [0, 0, 1, 2, 3]
+    mine = {0: [1, 3], 1: [1, 2], 2: [2, 3], 3: []}
+    at = {0: (1, 2), 1: (2, 2), 2: (3, 2), 3: (0, 3)}
+
+    def records_of(r: int) -> list[dict[str, object]]:
+        return grouped([(*at[r], True)], history=[pg for pg in history if pg == 0 or pg in mine[r]], at=10 + r)
+
+    verdict = analyse([record(r, records_of(r)) for r in range(4)], NOW)
+    assert not verdict.named and verdict.finding is Finding.CIRCULAR_WAIT
+    assert [w.ranks for w in verdict.cycle] == [((0, "a"),), ((1, "a"),), ((2, "a"),)]
+    assert verdict.reason() == (
+        "hang: a circular wait between ranks 0 (node a), 1 (node a) and 2 (node a): rank 0 waits in broadcast #2 "
+        "(process group 1), which rank 1 never entered; rank 1 waits in broadcast #2 (process group 2), which rank "
+        "2 never entered; rank 2 waits in broadcast #2 (process group 3), which rank 0 never entered; rank 3 waits "
+        "behind them; which of them skipped a call the records cannot tell")
+
+
+def test_a_chain_through_another_group_names_its_end_whichever_call_was_entered_first():
+    """Groups 2 = {0, 1, 2} and 1 = {2, 3}: ranks 0-1 wait in group 2's #2 for rank 2, which waits in group 1's #2
+    for rank 3, asleep (in no call). Rank 2 entered its call after the others entered theirs. Was: rank 2 named,
+    alone elsewhere (a waiter)."""
+    crowd = grouped([(2, 2, True)], history=[0, 2, 0], at=20)
+    middle = grouped([(1, 2, True)], history=[0, 2, 1, 0], at=5)
+    asleep = grouped([], history=[0, 1, 0], at=0)
+    verdict = analyse([record(0, crowd), record(1, crowd), record(2, middle), record(3, asleep, "b")], NOW)
+    assert verdict.culprits == ((3, "b"),), verdict.reason()
+    assert verdict.finding is Finding.NEVER_ENTERED and verdict.group == "1" and verdict.waiting == ((2, "a"),)
+    assert verdict.reason().startswith("hang: rank 3 (node b) never entered broadcast #2 (process group 1); rank 2")
+
+
+def test_a_circular_wait_reads_well_in_the_failure_and_the_report_page():
+    """No single culprit: the watchdog's rank stays the root cause, the circular wait is the culprit line (the
+    console and report.json), report.json's `hang` has each call of the cycle, the report page says where each waits."""
+    history = [0, 0, 0, 1]
+    verdict = analyse([record(0, grouped([(0, 4, True)], history=history, at=9)),
+                       record(1, grouped([(1, 2, True)], history=history, at=5), "b")], NOW)
+    expired = TimerExpired(local_rank=0, rank=0, pid=1, scope="heartbeat", overdue_s=1.0,
+                           reason="watchdog: rank 0 sent no heartbeat for 4.0 s", culprit=Culprit(verdict, {}, 0.1))
+    failure = watchdog_failure(expired, 0, local_ranks={0: 0}, log_dir="/logs/0", recorder=True,
+                               rank_dir=lambda local: f"/logs/{local}")
+    assert failure.reason == "watchdog: rank 0 sent no heartbeat for 4.0 s" and failure.rank == 0
+    assert "  culprit: hang: a circular wait between ranks 0 (node a) and 1 (node b): rank 0 waits in all_reduce #4" in (
+        failure.report())
+    hang = json.loads(json.dumps(failure.to_dict()))["hang"]
+    assert hang["finding"] == "circular_wait" and hang["culprits"] == [] and len(hang["cycle"]) == 2
+    lines = hang_lines(hang)
+    assert '<div class="hang">finding: circular_wait</div>' in lines
+    assert ('<div class="hang">circular wait: rank 0 (node a) in all_reduce [[10]] #4 (process group 0); rank 1 '
+            '(node b) in broadcast [[10]] #2 (process group 1)</div>') in lines
+    assert not any("collective:" in line or "culprit:" in line for line in lines)
+
+
+def test_a_long_circular_wait_stays_one_short_line():
+    """4096 ranks on each side, interleaved: the line counts the ranks instead of listing them."""
+    history = [0, 1]
+    records = [record(r, grouped([(r % 2, 2, True)], history=history, at=5), f"n{r // 8}") for r in range(8192)]
+    verdict = analyse(records, NOW)
+    assert verdict.finding is Finding.CIRCULAR_WAIT and len(verdict.cycle) == 2
+    assert verdict.reason().startswith(
+        "hang: a circular wait among 8192 ranks on 1024 node(s): ranks 0, 2, 4, 6, 8, 10, 12, 14, ... (4096 ranks) "
+        "wait in all_reduce #2 (process group 0), which ranks 1, 3, 5")
+    assert len(verdict.reason()) < 500
+
+
+# -- the oracle across process groups: subgroups, overlapping groups ------------------------------------------
+
+@st.composite
+def across_groups(draw: st.DrawFn) -> tuple[list[set[int]], list[int], dict[int, int | None], list[int]]:
+    """n ranks; group 0 is the world, groups 1-3 any sets of two ranks or more (subgroups, overlapping, equal);
+    a past in which every group called at least once (so the records show its members), in any order; then each
+    rank is asleep (None: in no call) or waits in the next call of one of its groups, entered in any order. No call
+    has every member of its group in it (such a call would complete)."""
+    n = draw(st.integers(2, 8))
+    groups = [set(range(n)), *draw(st.lists(st.sets(st.integers(0, n - 1), min_size=2), min_size=1, max_size=3))]
+    past = [*draw(st.permutations(range(len(groups)))), *draw(st.lists(st.integers(0, len(groups) - 1), max_size=6))]
+    where = {r: draw(st.sampled_from([None, *(g for g, members in enumerate(groups) if r in members)]))
+             for r in range(n)}
+    assume(any(g is not None for g in where.values()))
+    assume(all(any(where[m] != g for m in groups[g]) for g in set(where.values()) if g is not None))
+    return groups, past, where, draw(st.permutations(range(n)))
+
+
+def oracle(groups: list[set[int]], where: dict[int, int | None]) -> tuple[dict[int, set[int]], set[int], set[int]]:
+    """The true wait-for graph (each rank that waits waits for every member of its call's group not in it), the
+    ranks asleep that a rank waits for, and the ranks on a cycle of waits."""
+    edges = {r: {q for q in groups[g] if q != r and where[q] != g} for r, g in where.items() if g is not None}
+    sinks = {q for qs in edges.values() for q in qs if where[q] is None}
+
+    def reaches_itself(r: int) -> bool:
+        seen, todo = set(), list(edges[r])
+        while todo:
+            q = todo.pop()
+            if q == r:
+                return True
+            if q not in seen and q in edges:
+                seen.add(q)
+                todo.extend(edges[q])
+        return False
+
+    return edges, sinks, {r for r in edges if reaches_itself(r)}
+
+
+@settings(max_examples=500, deadline=None)
+@given(across_groups(), st.data())
+def test_across_process_groups_no_waiter_is_named_and_a_circular_wait_is_said_exactly_when_there_is_one(
+        scenario, data):
+    """The verdict against the oracle's wait-for graph: a rank named is never one that waits in a call (it is one
+    in no call that a waiter waits for); when such a rank exists, it is named (never_entered); otherwise the waits
+    close a cycle, and the finding is circular_wait, naming nobody, with exactly the ranks on cycles, each with the
+    call it waits in and the ranks of the cycle it waits for there."""
+    groups, past, where, order = scenario
+    nodes = data.draw(st.lists(st.sampled_from(["a", "b"]), min_size=len(where), max_size=len(where)))
+    records = []
+    for r, g in where.items():
+        seqs = [0] * len(groups)
+        entries = []
+        for i, pg in enumerate(past):
+            seqs[pg] += 1
+            if r in groups[pg]:
+                entries.append(entry(seqs[pg], pg=pg, at=NOW - (1000 - i) * 10**9))
+        if g is not None:
+            entries.append(entry(seqs[g] + 1, pg=g, done=False, at=NOW - (10 + order[r]) * 10**9))
+        records.append(record(r, entries, nodes[r]))
+    verdict = analyse(records, NOW)
+    edges, sinks, cycle = oracle(groups, where)
+    named = {r for r, _ in verdict.culprits}
+    assert not named & set(edges), (verdict.reason(), where, groups)
+    assert named <= sinks, (verdict.reason(), where, groups)
+    assert (verdict.finding is Finding.CIRCULAR_WAIT) == (bool(cycle) and not sinks), (verdict.reason(), where, groups)
+    if sinks:
+        assert verdict.finding is Finding.NEVER_ENTERED and named, (verdict.reason(), where, groups)
+    else:
+        assert not named and {r for w in verdict.cycle for r, _ in w.ranks} == cycle, (verdict.reason(), where)
+        for w in verdict.cycle:
+            for r, node in w.ranks:
+                assert (w.call.group, node) == (str(where[r]), nodes[r])
+                assert set(w.never) == edges[r] & cycle
+            assert f"{w.call.op} #{w.call.seq} (process group {w.call.group})" in verdict.reason()
+        assert verdict.reason().startswith("hang: a circular wait ")
+        # the longest waiter dates the hang, be it on the cycle or waiting behind it
+        assert verdict.waited_s == max(10 + order[r] for r, g in where.items() if g is not None)
+    assert agrees(verdict.reason()) == verdict.reason()
+    json.dumps(verdict.to_dict())
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=600) | st.builds(lambda a, b, c: C10D.format(me=a, mine=b, other=a + 1, theirs=c),
                                           st.integers(0, 10**6), st.text("0123456789, ", max_size=12),
                                           st.text("0123456789, ", max_size=12)))
 def test_any_error_text_shortens_and_parses_without_raising(text):
-    """A worker's error line, shortened to travel (bounded) and read back as c10d's claims: never raises."""
+    """A worker's error line, shortened to travel (bounded) and read back as c10d's claims: never raises, and each
+    claim is one of the text's own fingerprints (any text may hold one: `OpType=A` is read as op `a`)."""
     words = mismatch_words(text)
     assert len(words) <= 300 or words.startswith("c10d: ")
+    ops = {m[2].lower() for m in C10D_PRINT.findall(text[:4000])}
     for rank, call in claims_of(words).items():
-        assert rank >= 0 and call.op == "allgather"
+        assert rank >= 0 and call.op in ops
+    if text.startswith("RuntimeError: Detected mismatch"):  # c10d's own words (the second strategy)
+        assert {call.op for call in claims_of(words).values()} == {"allgather"}
+
+
+def test_a_fingerprint_in_any_text_is_read_with_its_own_op() -> None:
+    """Hypothesis found it: a fingerprint with `OpType=A` in a line of no c10d error is read as op `a`, not dropped."""
+    text = "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=3, OpType=A, TensorShape=[,]"
+    assert {r: (c.op, c.seq) for r, c in claims_of(mismatch_words(text)).items()} == {1: ("a", 3)}
 
 
 NCCL_ENTRY = {"collective_seq_id": 3, "pg_id": 0, "profiling_name": "nccl:all_reduce", "input_sizes": [[4]],
@@ -429,3 +692,78 @@ def test_a_second_dump_that_is_not_one_leaves_the_first_as_it_was(second: bytes 
     from runner.hangs import merge_dumps
 
     assert merge_dumps(OFF, second) == OFF or json.loads(merge_dumps(OFF, second))["entries"]
+
+
+# ---------------------------------------------------------------------------------------- the wire (etcd's copy)
+
+NAMES = st.text(max_size=MAX_NAME)
+CALLS = st.builds(Call, group=NAMES, seq=st.integers(0, 2**40), op=NAMES.filter(lambda s: ":" not in s),
+                  sizes=st.lists(st.lists(st.integers(0, 2**20), max_size=4).map(tuple), max_size=4).map(tuple),
+                  done=st.booleans(), created_ns=st.integers(0, 2**62))
+RECORDS = st.builds(RankRecord, rank=st.integers(0, 2**20), node=NAMES, answer=st.sampled_from(Answer),
+                    calls=st.lists(CALLS, max_size=WIRE_CALLS).map(tuple), detail=st.text(max_size=300))
+WIRE_JUNK = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=8), inner, max_size=6),
+    max_leaves=40,
+)
+
+
+@settings(deadline=None)  # up to 5 x 64 calls through JSON: no deadline on a loaded machine
+@given(st.lists(RECORDS, max_size=5))
+def test_hang_records_round_trip_through_their_wire_form(records: list[RankRecord]) -> None:
+    """What a node publishes of its ranks' records (to_wire, JSON through etcd) reads back the same (from_wire)."""
+    assert from_wire(json.loads(json.dumps(to_wire(records)))) == records
+
+
+@settings(deadline=None)
+@given(WIRE_JUNK | st.lists(st.fixed_dictionaries({"rank": WIRE_JUNK, "node": WIRE_JUNK, "answer": WIRE_JUNK,
+                                                      "calls": st.lists(st.lists(WIRE_JUNK, max_size=7))}), max_size=4))
+def test_any_value_read_as_hang_records_gives_bounded_records_or_none(value: object) -> None:
+    """Another node's answer is input: any JSON value gives records within the bounds (never raises)."""
+    records = from_wire(value)
+    assert len(records) <= WIRE_RANKS
+    for r in records:
+        assert isinstance(r.rank, int) and not isinstance(r.rank, bool) and len(r.node) <= MAX_NAME
+        assert len(r.calls) <= WIRE_CALLS and len(r.detail) <= 300
+        assert all(len(c.op) <= MAX_NAME and len(c.group) <= MAX_NAME for c in r.calls)
+
+
+def test_wire_bounds_keep_the_last_calls_and_the_first_ranks() -> None:
+    """A rank's last WIRE_CALLS calls are kept (the divergence is at the end), and a node's first WIRE_RANKS ranks."""
+    calls = tuple(Call("0", i, "all_reduce", ((1,),), done=True, created_ns=i) for i in range(WIRE_CALLS + 5))
+    records = [RankRecord(r, "n0", Answer.ANSWERED, calls, "x" * 400) for r in range(WIRE_RANKS + 2)]
+    wire = to_wire(records)
+    back = from_wire(wire)
+    assert [r.rank for r in back] == list(range(WIRE_RANKS))
+    assert [c.seq for c in back[0].calls] == list(range(5, WIRE_CALLS + 5))
+    assert back[0].detail == "x" * 300
+    # a longer answer than to_wire makes (another node's, or a stranger's) is bounded the same way when read
+    wire[0]["calls"] = [[c.group, c.seq, c.op, [list(x) for x in c.sizes], c.done, c.created_ns] for c in calls]  # type: ignore[index]
+    wire[0]["detail"] = "y" * 400  # type: ignore[index]
+    longer = from_wire(wire + wire[:5])
+    assert [c.seq for c in longer[0].calls] == list(range(5, WIRE_CALLS + 5)) and longer[0].detail == "y" * 300
+    assert len(longer) == WIRE_RANKS
+
+
+def test_every_verdict_line_says_rank_or_ranks_and_was_or_were_as_its_ranks_count():
+    """The lines a few ranks make, each where its words once disagreed ("ranks 1-2 (node a) was in no collective",
+    "ranks 2 could not be read", "(rank 1-2)", "1 other calls"); the checker itself catches each old slip."""
+    away = Verdict(Finding.AWAY, ((1, "a"), (2, "a")), waiting=((0, "a"),), odd="all_reduce #3", missing=(3,))
+    assert "ranks 1-2 (node a) were in no collective" in away.reason() and "(rank 3 not read)" in away.reason()
+    alone = Verdict(Finding.AWAY, ((1, "a"),), waiting=((0, "a"),), odd="all_reduce #3", missing=(2, 3))
+    assert "rank 1 (node a) was in no collective" in alone.reason() and "(ranks 2-3 not read)" in alone.reason()
+    unread = Verdict(Finding.UNKNOWN, (), group="0", seq=4, op="all_reduce [[10]]", missing=(2,))
+    assert "; rank 2 could not be read, so" in unread.reason()
+    tie = analyse([died(0), record(1, gathered(10)), record(2, gathered(10)), record(3, gathered(20)),
+                   record(4, gathered(20))], NOW)  # two against two, rank 0's words place it nowhere
+    assert "all_gather [[10]] (ranks 1-2); all_gather [[20]] (ranks 3-4)" in tie.reason()
+    call = Call(group="0", seq=2, op="all_reduce", sizes=((10,),), done=False, created_ns=NOW)
+    cycle = tuple(Waited(call, ((r, "a"),), (r + 1,)) for r in range(MAX_CYCLE_CALLS + 1))
+    long = Verdict(Finding.CIRCULAR_WAIT, (), cycle=cycle)
+    assert "; 1 other call; which" in long.reason()
+    for line in (away.reason(), alone.reason(), unread.reason(), tie.reason(), long.reason()):
+        assert agrees(line) == line
+    for slip in ("hang: ranks 1-2 (node a) was in no collective", "ranks 2 could not be read", "x (rank 1-2)",
+                 "; 1 other calls", "hang: rank 1 (node a) were in no collective"):
+        assert agrees(slip) != slip, slip

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+from ci_skips import need
 from conftest import alive, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
@@ -56,7 +57,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], capture_output=True,
                           text=True, check=False)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+        need(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
     try:
         yield where
     finally:

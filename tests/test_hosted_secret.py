@@ -13,14 +13,13 @@ import stat
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import PROBE, wait_for
+from conftest import PROBE, RUNNER, wait_for
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
-from hosted_helpers import HOSTED_PORT, hosted_event, hosted_spec, job_secret_file, port_of, start_host
+from hosted_helpers import HOSTED_PORT, hosted_cluster, hosted_event, hosted_spec, job_secret_file, port_of, start_host
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from multinode_helpers import Cluster, probe_args
@@ -35,6 +34,7 @@ from runner.testing.hosts import Lab
 from runner.workers.launch_plan import without_agent_secrets
 
 ETCDCTL = str(Path(sys.executable).parent / "etcdctl")
+cluster = pytest.fixture(hosted_cluster, name="cluster")  # host a hosts; every node has the secret
 
 
 # --- the secret and what derives from it (no hosts) ---------------------------------------------------------------
@@ -42,16 +42,25 @@ ETCDCTL = str(Path(sys.executable).parent / "etcdctl")
 def test_new_secret_is_private_and_never_overwritten(tmp_path: Path) -> None:
     """`runner secret --new` writes 64 hex digits, mode 0600; a second call refuses (exit 2) and keeps the file."""
     path = tmp_path / "s"
-    done = subprocess.run([sys.executable, "-m", "runner", "secret", "--new", str(path)], capture_output=True,
+    done = subprocess.run([*RUNNER, "secret", "--new", str(path)], capture_output=True,
                           text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     first = path.read_text()
     assert len(bytes.fromhex(first.strip())) == 32
-    again = subprocess.run([sys.executable, "-m", "runner", "secret", "--new", str(path)], capture_output=True,
+    again = subprocess.run([*RUNNER, "secret", "--new", str(path)], capture_output=True,
                            text=True, check=False)
     assert again.returncode == 2 and "never overwritten" in again.stderr and "Traceback" not in again.stderr
     assert path.read_text() == first
+
+
+def test_new_secret_says_an_export_line_that_works_in_any_folder(tmp_path: Path) -> None:
+    """`runner secret --new job.secret` said `export RUNNER_SECRET_FILE=job.secret`: pasted on another node, in
+    another folder, that names no file. The line it prints has the absolute path."""
+    done = subprocess.run([*RUNNER, "secret", "--new", "job.secret"], capture_output=True,
+                          text=True, check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith(f"export RUNNER_SECRET_FILE={tmp_path / 'job.secret'}"), done.stdout
 
 
 def test_a_secret_others_can_read_is_refused_naming_chmod(tmp_path: Path) -> None:
@@ -115,7 +124,7 @@ def test_a_secret_file_for_an_etcd_of_ones_own_is_refused(tmp_path: Path) -> Non
     """rendezvous.secret_file means nothing to an etcd the user runs (it has its own TLS and users): refused."""
     spec_path = tmp_path / "job.yaml"
     spec_path.write_text(hosted_spec(HOSTED_PORT).replace("hosted: true", "hosted: false\n  secret_file: s"))
-    done = subprocess.run([sys.executable, "-m", "runner", "validate", str(spec_path)], capture_output=True,
+    done = subprocess.run([*RUNNER, "validate", str(spec_path)], capture_output=True,
                           text=True, check=False, env={**os.environ, "LOGS": str(tmp_path)})
     assert done.returncode == 2, done.stdout + done.stderr
     assert "secret_file applies to a hosted rendezvous" in done.stderr and "Traceback" not in done.stderr
@@ -131,15 +140,6 @@ def test_a_revoke_ticket_carries_the_ca_text() -> None:
 
 # --- an attacker on simulated hosts -------------------------------------------------------------------------------
 
-@pytest.fixture
-def cluster(lab: Lab) -> Iterator[Cluster]:
-    """Hosts a (hosting) and b run the job with the secret; c, the stranger, knows the endpoint only."""
-    c = Cluster(lab.shared / "cluster", lab, f"a:{HOSTED_PORT}")
-    c.env[SECRET_ENV] = str(job_secret_file(lab.shared))
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def as_stranger(cluster: Cluster, *args: str, secret: Path | None = None,

@@ -21,6 +21,7 @@ MAX_TOP_LEVEL_MODULES = 10
 LAYERS = (
     "runner",  # foundation: errors, events, outcomes, the worker contract's names, the version
     "runner.system",  # process primitives: pidfds, the guard, cgroups, private files, signals
+    "runner.rundir",  # the run dir's layout (every path) and its records (report, status), one codec each
     "runner.config",  # the spec: load, validate, resolve
     "runner.config.clusters",  # Slurm and Kubernetes templates of a spec
     "runner.observe",  # console, live line, progress, logs, metrics, time to recover
@@ -98,6 +99,46 @@ def test_no_two_folders_import_each_other():
     assert not pairs
 
 
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module in `graph` (module -> modules it imports)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            part = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(part) > 1:
+                cycles.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return cycles
+
+
+def test_no_import_cycle_between_modules_type_checking_imports_included() -> None:
+    """Issue 41: no file imports, however indirectly, a file that imports it, not even for a type checker."""
+    found = modules()
+    graph = {m: {t for t in imported(p) if t in found and t != m} for m, p in found.items()}
+    assert not import_cycles(graph)
+
+
+def test_the_cycle_finder_sees_a_cycle_of_three_and_none_in_a_chain() -> None:
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
 def test_the_top_level_keeps_at_most_ten_modules():
     top = sorted(p.name for p in ROOT.glob("*.py"))
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
@@ -116,3 +157,36 @@ def test_a_class_over_twenty_methods_says_why_it_is_one_concern() -> None:
                 if len(methods) > MAX_METHODS and "One concern" not in (ast.get_docstring(node) or ""):
                     silent.append(f"{path.relative_to(ROOT.parent)}:{node.name} ({len(methods)} methods)")
     assert not silent, silent
+
+
+def test_no_process_is_started_with_a_preexec_fn() -> None:
+    """Neither the agent nor a test runs Python between fork and exec: where grpc is loaded (the etcd client, in the
+    agent or in a pytest process that ran an etcd test), its fork handlers start a poller in the child that the
+    child's closing of descriptors breaks, and the child aborts (-6) before it execs (CI, stop 44). Set a limit in the
+    child itself (a small Python that then execs), or with start_new_session / pass_fds."""
+    found = [f"{path.relative_to(ROOT.parent)}:{node.value.lineno}"
+             for path in sorted([*ROOT.rglob("*.py"), *ROOT.parent.joinpath("tests").rglob("*.py")])
+             for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.keyword) and node.arg == "preexec_fn"]
+    assert not found, found
+
+
+def test_every_thread_of_the_agent_is_started_keeping_the_stop_signals_off_it() -> None:
+    """A thread of the agent that can take a stop signal lets the main thread see the workers' exits the signal
+    caused before the stop is recorded (a stopped job read as succeeded: CI, stop 45). Threads are started through
+    runner/system/thread_signals.py: `start(thread)`, or the agent's default executor; never `.start()` directly,
+    never a pool of their own."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.name == "thread_signals.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            direct_start = name == "start" and not node.args and isinstance(func, ast.Attribute) and (
+                "thread" in ast.unparse(func.value).lower())
+            if direct_start or name in {"ThreadPoolExecutor", "Timer"}:
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} {ast.unparse(node)}")
+    assert not found, found

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from conftest import RUNNER, wait_for
 from metrics_scrape import has_series, value
 from torchft_mark import needs_torchft
 
@@ -35,23 +34,28 @@ def scrape(port: int) -> str:
         return resp.read().decode()
 
 
+def start_metered(tmp_path: Path, worker: str, name: str, shape: str) -> tuple[Path, int, subprocess.Popen[bytes]]:
+    """Start the runner on a job `name` of `worker` (given its out folder) with metrics on a free port; `shape`: the
+    spec's lines for its workers and restarts. (out folder, metrics port, the runner's process)."""
+    out, port = tmp_path / "out", free_port("127.0.0.1")
+    out.mkdir()
+    (tmp_path / "worker.py").write_text(worker)
+    (tmp_path / "job.yaml").write_text(f"""\
+name: {name}
+entrypoint: {{script: worker.py, args: ["{out}"]}}
+{shape}
+shutdown: {{grace_period: 5s}}
+logs: {{dir: "{tmp_path / 'logs'}", tee: false}}
+metrics: {{enabled: true, host: 127.0.0.1, port: {port}}}
+""")
+    proc = subprocess.Popen([*RUNNER, str(tmp_path / "job.yaml")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out, port, proc
+
+
 def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Path) -> None:
     """Attempt 0 fails (rank 1 exits 7), attempt 1 runs: the endpoint shows RUNNING, attempt 1, one restart used,
     one failed exit, two rendezvous rounds and the FAILED -> RESTARTING transition."""
-    out, port = tmp_path / "out", free_port("127.0.0.1")
-    out.mkdir()
-    (tmp_path / "worker.py").write_text(WORKER)
-    (tmp_path / "job.yaml").write_text(textwrap.dedent(f"""\
-        name: metrics
-        entrypoint: {{script: worker.py, args: ["{out}"]}}
-        nproc_per_node: 2
-        restart: {{max_restarts: 2}}
-        shutdown: {{grace_period: 5s}}
-        logs: {{dir: "{tmp_path / 'logs'}", tee: false}}
-        metrics: {{enabled: true, host: 127.0.0.1, port: {port}}}
-        """))
-    proc = subprocess.Popen([sys.executable, "-m", "runner", str(tmp_path / "job.yaml")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out, port, proc = start_metered(tmp_path, WORKER, "metrics", "nproc_per_node: 2\nrestart: {max_restarts: 2}")
     try:
         wait_for(lambda: (out / "running-0").exists() and (out / "running-1").exists(), 120, "attempt 1")
         wait_for(lambda: value(scrape(port), 'runner_state{runner_state="RUNNING"}') == 1.0, 60, "RUNNING")
@@ -114,20 +118,9 @@ while not os.path.exists(os.path.join(out, "release")):
 @needs_torchft
 def test_replica_groups_export_each_groups_state_restarts_and_committed_step(tmp_path: Path) -> None:
     """Two groups, group 1's first attempt fails: every series is labelled with its group."""
-    out, port = tmp_path / "out", free_port("127.0.0.1")
-    out.mkdir()
-    (tmp_path / "worker.py").write_text(GROUP_WORKER)
-    (tmp_path / "job.yaml").write_text(textwrap.dedent(f"""\
-        name: groupmetrics
-        entrypoint: {{script: worker.py, args: ["{out}"]}}
-        replica_groups: {{count: 2, nproc_per_node: 1}}
-        restart: {{max_restarts: 2, backoff: {{initial: 0s}}}}
-        shutdown: {{grace_period: 5s}}
-        logs: {{dir: "{tmp_path / 'logs'}", tee: false}}
-        metrics: {{enabled: true, host: 127.0.0.1, port: {port}}}
-        """))
-    proc = subprocess.Popen([sys.executable, "-m", "runner", str(tmp_path / "job.yaml")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out, port, proc = start_metered(tmp_path, GROUP_WORKER, "groupmetrics",
+                                    "replica_groups: {count: 2, nproc_per_node: 1}\n"
+                                    "restart: {max_restarts: 2, backoff: {initial: 0s}}")
     try:
         wait_for(lambda: (out / "running-0").exists() and (out / "running-1").exists(), 120, "both groups")
         wait_for(lambda: value(scrape(port), 'runner_group_committed_step{group="1"}') == 41.0, 60, "group 1's step")

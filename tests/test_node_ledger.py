@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
+from conftest import RUNNER
 from failing_jobs import failing_job, report
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -99,7 +99,7 @@ def test_two_jobs_of_one_name_keep_their_own_ledgers(job, tmp_path):
     for j, failures in zip(jobs, (1, 2), strict=True):
         (rec,) = json.loads(j.cli("status", "--json").stdout)["ledger"]
         assert rec["counts"] == {"exception": failures}
-    by_name = subprocess.run([sys.executable, "-m", "runner", "status", "--json", "fc"], cwd=tmp_path,
+    by_name = subprocess.run([*RUNNER, "status", "--json", "fc"], cwd=tmp_path,
                              env=jobs[1].env(), capture_output=True, text=True, timeout=60, check=False)
     assert by_name.returncode == 0, by_name.stderr
     (rec,) = json.loads(by_name.stdout)["ledger"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import structlog.testing
 from aetcd import rpc
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,8 +17,8 @@ from rdzv_helpers import Node, close_all, make_spec, open_nodes, rounds, run
 
 from runner.events import PeerLost
 from runner.rendezvous.etcd.admin import read_status
-from runner.rendezvous.etcd.identity import ClusterIdentity
-from runner.rendezvous.etcd.keys import JobKeys
+from runner.rendezvous.etcd.client import ClusterIdentity
+from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.testing.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.integration
@@ -83,13 +84,13 @@ def test_running_nodes_get_peer_lost_and_meet_in_the_new_etcd(etcd: EtcdServer) 
         spec = make_spec(etcd.endpoint, lease_ttl=2.0)
         nodes = await open_nodes(spec, ["a", "b"])
         first = await rounds(nodes)
-        assert await asyncio.gather(*(n.rdzv.charge_restart(5) for n in nodes)) == [1, 1]
+        assert [c.count for c in await asyncio.gather(*(n.rdzv.charge_restart(5) for n in nodes))] == [1, 1]
         first = await rounds(nodes, attempt=1)
         old_epoch = await epoch(nodes[0])
         await asyncio.to_thread(etcd.restart_empty)
         lost = await asyncio.gather(*(n.event(PeerLost) for n in nodes))
         assert {e.node for e in lost} == {"etcd"} and all("lost the job's keys" in e.why for e in lost)
-        assert await asyncio.gather(*(n.rdzv.charge_restart(5) for n in nodes)) == [2, 2]
+        assert [c.count for c in await asyncio.gather(*(n.rdzv.charge_restart(5) for n in nodes))] == [2, 2]
         again = await rounds(nodes, attempt=2)
         assert [r.round for r in again] == [0, 0]
         assert again[0].nodes == again[1].nodes == ("a", "b")
@@ -119,4 +120,33 @@ def test_node_waiting_in_a_round_joins_again_in_the_new_etcd(etcd: EtcdServer) -
         assert result_a.nodes == result_b.nodes == ("a", "b") and result_a.round == result_b.round == 0
         assert await epoch(a) == await epoch(b) != b""
         await close_all([a, b])
+    run(body)
+
+
+
+def test_only_the_holder_of_the_leader_key_writes_the_rounds_result(etcd: EtcdServer) -> None:
+    """a leads round 0 (2 to 4 nodes, last call 3 s); b and c join. In the last call a's leader key vanishes (as
+    when a's lease lapsed while it was cut off, or when etcd came back without its data; the CI soak found the
+    latter: a leader back from a partition wrote its stale table, with a node long gone, into a wiped etcd). b or
+    c claims the round and leads it. a must not write the result from its table when its last call ends: the
+    holder of the key does, and every node gets that one result."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint, nmin=2, nmax=4, last_call=3.0)
+        a, b, c = await open_nodes(spec, ["a", "b", "c"])
+        keys = JobKeys("/runner", "job")
+        with structlog.testing.capture_logs() as logs:
+            waiting_a = asyncio.ensure_future(a.rdzv.next_round(0))
+            await asyncio.sleep(0.5)  # a joins first: it leads
+            waiting = [waiting_a, *(asyncio.ensure_future(n.rdzv.next_round(0)) for n in (b, c))]
+            await asyncio.sleep(1.0)  # b and c joined: the last call runs
+            assert not any(w.done() for w in waiting)
+            assert await c.rdzv.session.call(lambda cl: cl.delete(keys.leader(0))) == 1
+            results = await asyncio.wait_for(asyncio.gather(*waiting), 30)
+        holder = await c.rdzv.session.call(lambda cl: cl.get(keys.leader(0)))
+        assert holder is not None and load(holder.value) in ("b", "c")
+        writers = [e["node"] for e in logs if e["event"] == "rendezvous_round_closed" and e["written"]]
+        assert writers == [load(holder.value)], logs
+        assert [r.nodes for r in results] == [("a", "b", "c")] * 3
+        assert len({r.master_port for r in results}) == 1
+        await close_all([a, b, c])
     run(body)

@@ -13,6 +13,7 @@ from rdzv_helpers import WAIT_S, Node, close_all, make_spec, open_nodes, rounds,
 from runner.config.spec import TLS, Auth
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
 from runner.events import MembershipChanged, PeerLost, StopRequested
+from runner.outcomes import FailureClass
 from runner.rendezvous.etcd.admin import read_status, request_stop
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.etcd.monitor import RoundMonitor
@@ -153,6 +154,26 @@ def test_failed_state_reports_peer_lost(etcd: EtcdServer) -> None:
     run(body)
 
 
+@pytest.mark.parametrize(("published", "expected"), [("signal", FailureClass.SIGNAL), ("exception", FailureClass.EXCEPTION),
+                                                   ("no such class", None), (7, None)])
+def test_a_failed_peers_class_reaches_every_member(etcd: EtcdServer, published: object,
+                                                   expected: FailureClass | None) -> None:
+    """a fails with its root cause and class (a worker killed by a signal); c, watching a, finds it and writes the
+    round's `lost` key; b hears it from that key. Both carry a's class (not node_lost): a node that charges the round
+    before a does (a slow a, under load) charges it as what it was (CI, 2026-11-28: a collective mismatch's SIGABRT
+    charged as node_lost on the other node). A value that is not a class's name is none."""
+    async def body() -> None:
+        nodes = await open_nodes(make_spec(etcd.endpoint, nmin=3, nmax=3), ["a", "b", "c"])
+        await rounds(nodes)
+        await nodes[0].rdzv.publish({"state": "FAILED", "attempt": 0, "cause": "rank 0 killed by SIGABRT",
+                                     "class": published})
+        for other in (nodes[1], nodes[2]):
+            got = await other.event(PeerLost)
+            assert (got.node, got.cause, got.failure_class) == ("a", "rank 0 killed by SIGABRT", expected), other.name
+        await close_all(nodes, "failed")
+    run(body)
+
+
 @pytest.mark.parametrize(("lost", "expected"), [
     ({"node": "c", "why": "node ended (stopped)"}, ("c", "node ended (stopped)", "")),
     ({"node": "c", "why": "reported FAILED", "cause": "rank 4 exited with code 1"},
@@ -238,10 +259,11 @@ def test_restart_budget_charged_once_per_round(etcd: EtcdServer) -> None:
     async def body() -> None:
         nodes = await open_nodes(make_spec(etcd.endpoint, nmin=3, nmax=3), ["a", "b", "c"])
         await rounds(nodes)
-        counts = await asyncio.gather(*(n.rdzv.charge_restart(1) for n in nodes))
+        counts = [c.count for c in await asyncio.gather(*(n.rdzv.charge_restart(1) for n in nodes))]
         assert counts == [1, 1, 1]
         await rounds(nodes, attempt=1)
-        assert await asyncio.gather(*(n.rdzv.charge_restart(1) for n in nodes)) == [None, None, None]
+        spent = await asyncio.gather(*(n.rdzv.charge_restart(1) for n in nodes))
+        assert [c.count for c in spent] == [None, None, None]
         await close_all(nodes, "failed")
     run(body)
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner.rendezvous.etcd.lost import CAUSE_CHARS, LostRecord, parse_lost
+from runner.rendezvous.etcd.monitor import CAUSE_CHARS, LostRecord, parse_lost
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),

@@ -9,8 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd.keys import decode_closed, encode_closed
-from runner.rendezvous.etcd.round_result import RoundResult, parse_result, result_of
+from runner.rendezvous.etcd.round import RoundResult, decode_closed, encode_closed, parse_result, result_of
 
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),

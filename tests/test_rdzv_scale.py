@@ -15,8 +15,8 @@ from rdzv_helpers import WAIT_S, Node, close_all, lifecycle, make_spec, open_nod
 
 from runner.events import PeerLost
 from runner.rendezvous.etcd.client import Unavailable, translate
-from runner.rendezvous.etcd.keys import JobKeys, decode_closed, dump, encode_closed
-from runner.rendezvous.etcd.round_result import RoundResult
+from runner.rendezvous.etcd.keys import JobKeys, dump
+from runner.rendezvous.etcd.round import RoundResult, decode_closed, encode_closed
 from runner.rendezvous.etcd.watch import Watch
 from runner.testing.etcd_server import EtcdServer
 
@@ -206,10 +206,14 @@ def test_a_watch_stream_that_ends_before_its_first_write_is_a_reconnect_not_a_cr
 
 def test_an_etcd_too_busy_to_apply_is_retried_not_a_refusal() -> None:
     """etcd answers "too many requests" (code UNKNOWN) while its apply lags its commits by more than 5000 entries, as
-    when 8192 agents join at once: the call is retried (Unavailable), not failed as a refused request."""
+    when 8192 agents join at once: the call is retried (Unavailable), not failed as a refused request. So is the
+    server's "context deadline exceeded" (code UNKNOWN): the call's own deadline, met while etcd held it."""
     busy = grpc.aio.AioRpcError(grpc.StatusCode.UNKNOWN, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                 details="etcdserver: too many requests")
     assert isinstance(translate(busy), Unavailable)
+    for details in ("context deadline exceeded", "context canceled"):  # the call's own deadline, ended server-side
+        late = grpc.aio.AioRpcError(grpc.StatusCode.UNKNOWN, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+        assert isinstance(translate(late), Unavailable), details
     refused = grpc.aio.AioRpcError(grpc.StatusCode.PERMISSION_DENIED, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                    details="etcdserver: permission denied")
     assert not isinstance(translate(refused), Unavailable)

@@ -34,7 +34,14 @@ def spec(args: str, *, count: int = 2, nproc: int = 1, min_active: int = 1, rest
 
 
 def pids(j: Job) -> dict[str, int]:
-    return {p.stem: json.loads(p.read_text())["pid"] for p in j.out.glob("*.pid")}
+    """Each group's worker pid, from the files written so far (one still being written is not read yet)."""
+    found = {}
+    for p in j.out.glob("*.pid"):
+        try:
+            found[p.stem] = json.loads(p.read_text())["pid"]
+        except (ValueError, KeyError):  # created, not yet written (CI read one empty)
+            continue
+    return found
 
 
 def report(j: Job) -> dict:
@@ -90,7 +97,7 @@ def test_a_group_over_its_budget_leaves_while_the_others_finish(tmp_path):
     by_group = {g["group"]: g for g in r["groups"]}
     assert by_group[0]["outcome"] == "succeeded" and by_group[0]["step"] == 30
     assert by_group[1]["outcome"] == "failed" and by_group[1]["attempts"] == 2
-    assert "group 1: failed after 2 attempt(s)" in res.stderr
+    assert "group 1: failed after 2 attempts (1 restart)" in res.stderr
     nothing_left(j, r["replica_groups"]["lighthouse"]["pid"])
 
 
@@ -183,16 +190,15 @@ def test_each_groups_report_lists_only_its_own_write_failures(tmp_path):
     """Group 1's worker log hits the agent's file size limit (RLIMIT_FSIZE: EFBIG, a failing disk's kind of error);
     group 0 writes nothing that fails. Group 1's report lists `worker_log_write_failed`, group 0's does not (before,
     every group's report listed every write failure of the process); the job's report lists it."""
-    import resource
-
     j = Job(tmp_path, spec("").replace(f'script: "{WORKER}", args: ["--out", "${{OUT}}", ]', "script: loud.py"))
     (tmp_path / "loud.py").write_text(LOUD_WORKER)
-
-    def limit_file_size() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-
-    res = subprocess.run([sys.executable, "-m", "runner", str(j.spec)], cwd=tmp_path, env=j.env(),
-                         capture_output=True, text=True, timeout=120, check=False, preexec_fn=limit_file_size)
+    # the limit is set by a small Python that then becomes the agent, never by a preexec_fn: this pytest process may
+    # have loaded grpc (another test's etcd client), whose fork handlers start a poller in the forked child that the
+    # child's closing of descriptors breaks (CI saw the child abort, -6, "epoll_wait error: Bad file descriptor")
+    limited = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20)); "
+               "os.execv(sys.executable, [sys.executable, '-m', 'runner', sys.argv[1]])")
+    res = subprocess.run([sys.executable, "-c", limited, str(j.spec)], cwd=tmp_path, env=j.env(),
+                         capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     r = report(j)
     by_group = {g["group"]: g for g in r["groups"]}

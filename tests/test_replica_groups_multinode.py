@@ -1,10 +1,12 @@
 """Replica groups on several nodes (etcd): each node takes a seat, i.e. one group's share; seat (0, 0) hosts the
-lighthouse. Real agents on loopback, a real etcd, real TorchFT training (examples/jobs/ft_train.py).
+lighthouse first. Real agents on simulated hosts, a real etcd, real TorchFT training (examples/jobs/ft_train.py).
 
 - A group's worker SIGKILLed: that node's group restarts alone; the other node's group commits steps meanwhile
   (from its own output); the restarted group rejoins with the survivor's weights.
 - A whole node SIGKILLed: its guard kills its workers and frees its seat; a node started in its place takes that
   seat, so it joins the group that lost a node, and the job ends with both groups at the same step.
+- The lighthouse's host lost whole (three groups, never replaced): a survivor hosts the next lighthouse, the other
+  follows; each group restarts once at most and both end with the same weights.
 - The spec's checks: nodes must be count x nodes_per_group; a hosted etcd is refused (it would die with a node).
 """
 
@@ -12,15 +14,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, alive, kill_proven, wait_for
+from conftest import EXAMPLES, RUNNER, alive, kill_proven, wait_for
 from ft_records import committed, records
-from multinode_helpers import Cluster, Node
+from groups_helpers import both_seated, ended_together, group_of, log_of, worker_pid
+from multinode_helpers import Cluster
 from torchft_mark import needs_torchft
 
 STEPS = 300
@@ -43,38 +45,6 @@ restart: {{max_restarts: 3, backoff: {{initial: 0s}}, standby: {standby}}}
 shutdown: {{grace_period: 5s}}
 logs: {{dir: "${{LOGS}}"}}
 """
-
-
-def group_of(node: Node) -> int | None:
-    """The group this node's agent runs (its run dir's only group_<k> folder), None before it has one."""
-    try:
-        found = [p.name for p in node.run_dir().glob("group_*")]
-    except AssertionError:
-        return None
-    return int(found[0].split("_")[1]) if len(found) == 1 else None
-
-
-def log_of(node: Node, attempt: int) -> Path:
-    """stdout of rank 0 of this node's group, attempt `attempt`."""
-    return node.run_dir() / f"group_{group_of(node)}" / f"attempt_{attempt}" / "rank_0" / "stdout.log"
-
-
-def worker_pid(node: Node) -> int:
-    """The pid of the node's current worker as this test's PID namespace numbers it (status.json has its host's),
-    proven to run ft_train.py."""
-    status = json.loads((node.run_dir() / f"group_{group_of(node)}" / "status.json").read_text())
-    [worker] = status["workers"]
-    pid = node.host.pids()[int(worker["pid"])]
-    assert "ft_train.py" in Path(f"/proc/{pid}/cmdline").read_text()
-    return pid
-
-
-def both_seated(c: Cluster, names: tuple[str, str]) -> dict[int, Node]:
-    """Wait until the two nodes took the two seats; group -> node."""
-    wait_for(lambda: all(group_of(c.nodes[n]) is not None for n in names), timeout=60, what="both seats taken")
-    by_group = {group_of(c.nodes[n]): c.nodes[n] for n in names}
-    assert set(by_group) == {0, 1}, by_group
-    return {k: v for k, v in by_group.items() if k is not None}
 
 
 def stepping_together(log: Path) -> bool:
@@ -152,7 +122,7 @@ def problems(tmp_path: Path, text: str) -> tuple[int, str]:
 
     path = tmp_path / "job.yaml"
     path.write_text(text)
-    done = subprocess.run([sys.executable, "-m", "runner", "validate", str(path)], capture_output=True, text=True,
+    done = subprocess.run([*RUNNER, "validate", str(path)], capture_output=True, text=True,
                           timeout=60, check=False)
     return done.returncode, done.stderr
 
@@ -207,6 +177,35 @@ def test_the_lighthouse_node_lost_and_replaced_the_groups_move_to_its_new_lighth
     final0, final1 = records(log_of(spare, 0), "final"), records(log_of(other, last), "final")
     assert final0 and final1 and final0[0]["step"] == final1[0]["step"] == str(STEPS)
     assert final0[0]["params_sha"] == final1[0]["params_sha"]
+
+
+@pytest.mark.integration
+@needs_torchft
+def test_the_lighthouse_host_lost_a_survivor_hosts_the_next_and_every_group_restarts_once_at_most(
+        cluster: Cluster) -> None:
+    """Three groups on three hosts; the lighthouse's host (seat (0, 0)) lost whole, never replaced. Its address goes
+    with its lease; one survivor claims the key and hosts a new lighthouse, the other follows it; each surviving
+    group restarts once at most, and both end at the same step with the same weights."""
+    cluster.write(spec(cluster.endpoint, ', "--quorum-timeout", "5", "--global-batch", "36"').replace("nodes: 2", "nodes: 3")
+                  .replace("count: 2", "count: 3"))
+    for name in ("a", "b", "c"):
+        cluster.start(name)
+    wait_for(lambda: all(group_of(cluster.nodes[n]) is not None for n in "abc"), timeout=90, what="three seats taken")
+    by_group = {group_of(cluster.nodes[n]): cluster.nodes[n] for n in "abc"}
+    host, survivors = by_group[0], [by_group[1], by_group[2]]
+    wait_for(lambda: all(any(n == 3 and s >= 20 for s, _, n in committed(log_of(node, 0))) for node in survivors),
+             timeout=120, what="the three groups in one quorum")
+    host.host.lose()
+    codes = {node.name: node.wait(240) for node in survivors}
+    assert codes == {node.name: 0 for node in survivors}, [node.output()[-2000:] for node in survivors]
+    logs = {node.name: (node.run_dir() / "agent.jsonl").read_text() for node in survivors}
+    took = [name for name, text in logs.items() if "lighthouse_taken_over" in text]
+    assert len(took) == 1, logs
+    [follower] = [name for name in logs if name not in took]
+    assert "lighthouse_moved" in logs[follower]
+    hosted = json.loads((cluster.nodes[took[0]].run_dir() / "status.json").read_text())["lighthouse"]["address"]
+    assert hosted.startswith(f"http://{took[0]}:"), hosted  # the new host advertises itself by its name
+    ended_together(survivors, STEPS)
 
 
 @pytest.mark.integration

@@ -1,6 +1,7 @@
 """`runner report`: one self-contained HTML page of a real run, checked as HTML and in a real headless Chromium.
 
-Chromium is Debian's `chromium` package (.ci/run installs it); the browser tests skip, saying so, without it."""
+Chromium is Debian's `chromium` package (.ci/run installs it); the browser tests skip, saying so, without it
+(and fail under CI=true: tests/ci_skips.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import EXAMPLES
+from ci_skips import needs
+from conftest import EXAMPLES, RUNNER
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from multinode_helpers import Cluster, probe_args, spec_text
@@ -25,7 +26,7 @@ from runner.report.page import CHAR_PX, render, timeline
 from runner.report.story import read_story
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install -y chromium)")
+needs_chromium = needs("chromium not installed (apt-get install -y chromium)" if CHROMIUM is None else None)
 
 
 class Page(html.parser.HTMLParser):
@@ -52,7 +53,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def runner(tmp_path: Path, *args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", *args], cwd=cwd or tmp_path, env=env(tmp_path),
+    return subprocess.run([*RUNNER, *args], cwd=cwd or tmp_path, env=env(tmp_path),
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -217,8 +218,10 @@ def test_the_page_reads_any_report_json_without_raising(failures: list, groups: 
     from runner.report.ledger_page import ledger_section
     from runner.report.page import groups_table
     from runner.report.story import NodeStory, Story
+    from runner.rundir.records import Report
 
-    node = NodeStory(node="n0", job="j", run_dir="/x", failures=failures, report=report, start=1.0, end=2.0)
+    node = NodeStory(node="n0", job="j", run_dir="/x", failures=failures, report=Report.from_dict(report), start=1.0,
+                     end=2.0)
     story = Story([node], groups)
     story.root_cause()
     assert "</table>" in groups_table(story)

@@ -8,11 +8,10 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
+from conftest import RUNNER, runner_cli, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -105,13 +104,12 @@ def env(tmp_path: Path, **more: str) -> dict[str, str]:
 
 
 def cli(tmp_path: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runner", *args], cwd=cwd, env=env(tmp_path),
-                          capture_output=True, text=True, timeout=60, check=False)
+    return runner_cli(*args, cwd=cwd, env=env(tmp_path))
 
 
 def test_runs_and_status_by_name_from_another_directory(tmp_path: Path) -> None:
     spec = make_job(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "runner", str(spec)], cwd=spec.parent, env=env(tmp_path),
+    done = subprocess.run([*RUNNER, str(spec)], cwd=spec.parent, env=env(tmp_path),
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     elsewhere = tmp_path / "elsewhere"
@@ -135,7 +133,7 @@ def test_runs_and_status_by_name_from_another_directory(tmp_path: Path) -> None:
 def test_status_watch_follows_a_real_job_to_its_end(tmp_path: Path) -> None:
     """Off a terminal, --watch prints on a change only; the totals in status.json are refreshed while it runs."""
     spec = make_job(tmp_path, "watched")
-    job = subprocess.Popen([sys.executable, "-m", "runner", str(spec)], cwd=spec.parent, env=env(tmp_path, NAP="6"),
+    job = subprocess.Popen([*RUNNER, str(spec)], cwd=spec.parent, env=env(tmp_path, NAP="6"),
                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     watch = None
     try:
@@ -160,7 +158,7 @@ def test_status_watch_follows_a_real_job_to_its_end(tmp_path: Path) -> None:
         first = wall_s()
         # No state changes while the workers nap: only the refresh (every 2 s) moves the totals on.
         wait_for(lambda: wall_s() >= first + 1.5, timeout=10, what="status.json's wall time refreshed while RUNNING")
-        watch = subprocess.Popen([sys.executable, "-m", "runner", "status", "--watch", "watched", "--interval", "0.2"],
+        watch = subprocess.Popen([*RUNNER, "status", "--watch", "watched", "--interval", "0.2"],
                                  cwd=tmp_path, env=env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
         out, err = watch.communicate(timeout=120)

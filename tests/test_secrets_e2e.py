@@ -14,14 +14,13 @@ import os
 import signal
 import stat
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import alive, wait_for
+from conftest import RUNNER, alive, wait_for
 
 from runner.testing.etcd_server import etcd_server
 
@@ -129,7 +128,7 @@ def run_job(home: Path, rendezvous: str, extra_env: dict[str, str]) -> Observed:
     env = {**os.environ, "OUT": str(out), "LOGS": str(home / "logs"), "PYTHONUNBUFFERED": "1",
            "XDG_STATE_HOME": str(home / "state"), "XDG_CACHE_HOME": str(home / "cache"), **extra_env}
     seen = Observed(home)
-    proc = subprocess.Popen([sys.executable, "-m", "runner", str(home / "job.yaml")], cwd=home, env=env,
+    proc = subprocess.Popen([*RUNNER, str(home / "job.yaml")], cwd=home, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         files = [out / f"rank{r}.attempt1.json" for r in (0, 1)]
@@ -144,7 +143,7 @@ def run_job(home: Path, rendezvous: str, extra_env: dict[str, str]) -> Observed:
         seen.console, _ = proc.communicate(timeout=90)
         seen.returncode = proc.returncode
         for args in (("status", "--json"), ("plan", "--json"), ("plan",), ("validate",)):
-            done = subprocess.run([sys.executable, "-m", "runner", *args, str(home / "job.yaml")], cwd=home, env=env,
+            done = subprocess.run([*RUNNER, *args, str(home / "job.yaml")], cwd=home, env=env,
                                   capture_output=True, text=True, timeout=60, check=False)
             seen.cli_output += done.stdout + done.stderr
     finally:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ci_skips import need
 from conftest import ROOT, alive, cgroup_here, wait_for
 
 from runner.system import procs
@@ -64,7 +65,7 @@ class Agent:
 @pytest.fixture(params=["cgroup", "no-cgroup"])
 def mode(request: pytest.FixtureRequest) -> str:
     if request.param == "cgroup" and not HAS_CGROUP:
-        pytest.skip("no writable cgroup v2 here: the fallback is tested by the other parameter")
+        need("no writable cgroup v2 here: the fallback is tested by the other parameter")
     return str(request.param)
 
 
@@ -124,7 +125,7 @@ def test_agent_sigterm_stops_cleanly(tmp_path: Path, agents: list[Agent]) -> Non
 def test_agent_sigkilled_env_scrubbed_escapee_dies_with_cgroup(tmp_path: Path, agents: list[Agent]) -> None:
     """An escapee that left the session *and* cleared its environment: the job's cgroup still holds it."""
     if not HAS_CGROUP:
-        pytest.skip("no writable cgroup v2 here; without one such a process outlives a SIGKILLed agent (docs/faults.md)")
+        need("no writable cgroup v2 here; without one such a process outlives a SIGKILLed agent (docs/faults.md)")
     a = Agent(tmp_path / "out", 1, cgroup=True, worker_args=["--scrub-env"])
     agents.append(a)
     pids = a.job_pids()
@@ -174,7 +175,7 @@ def test_guard_never_kills_a_recycled_pid(tmp_path: Path) -> None:
     guard must not kill it (the old guard did killpg on that id)."""
     unshare = shutil.which("unshare")
     if unshare is None or os.geteuid() != 0:
-        pytest.skip("needs root and unshare(1) for a private PID namespace")
+        need("needs root and unshare(1) for a private PID namespace")
     done = subprocess.run(
         [unshare, "--pid", "--fork", "--mount-proc", sys.executable, "-c", RECYCLE],
         env=dict(os.environ, PYTHONPATH=str(ROOT), RUNNER_CGROUP="off"), capture_output=True, text=True,

@@ -160,8 +160,9 @@ def on_term(signum, frame):
     sys.exit(code)  # a handler that saved and stopped (0), or one that reports an error (1)
 signal.signal(signal.SIGTERM, on_term)
 me = os.environ.get("REPLICA_GROUP_ID", os.environ["RANK"])  # one worker per group, or two ranks
-with open(os.path.join(out, f"rank{me}.json"), "w") as f:
+with open(os.path.join(out, f"rank{me}.json.tmp"), "w") as f:  # then renamed: the test reads it once it exists
     json.dump({"pid": os.getpid()}, f)
+os.replace(os.path.join(out, f"rank{me}.json.tmp"), os.path.join(out, f"rank{me}.json"))
 while True:
     time.sleep(0.2)
 """

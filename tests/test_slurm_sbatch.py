@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ci_skips import need
 from conftest import ROOT, wait_for
 
 from runner.rendezvous.ports import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("slurm")]  # one Slurm lab at a time
 
 KILL_WAIT_S = 10  # SIGTERM -> SIGKILL of a cancelled job's processes
 DAEMONS = ("slurmctld", "slurmd", "munged", "sbatch", "scontrol", "scancel", "squeue")
@@ -79,9 +80,9 @@ def slurm_conf(base: Path, host: str) -> str:
 def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Start munged, slurmctld and slurmd in the foreground (children of this test, always reaped)."""
     if MISSING:
-        pytest.skip(f"Slurm not installed (missing {', '.join(MISSING)}): apt-get install -y slurm-wlm munge")
+        need(f"Slurm not installed (missing {', '.join(MISSING)}): apt-get install -y slurm-wlm munge")
     if os.geteuid() != 0:
-        pytest.skip("slurmd must run as root to start jobs")
+        need("slurmd must run as root to start jobs")
     base = tmp_path_factory.mktemp("slurm")
     for sub in ("state", "spool"):
         (base / sub).mkdir()

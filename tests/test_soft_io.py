@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import structlog
+from ci_skips import need
 
 from runner.cli.main import internal_error
 from runner.observe.logs import JsonLines, RunLog
@@ -47,13 +48,13 @@ def fresh() -> Iterator[list[dict[str, Any]]]:
 def full_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs, filled to the last byte (root only); unmounted at the end."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root and mount(8)")
+        need("mounting a tmpfs needs root and mount(8)")
     mnt = tmp_path / "full"
     mnt.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True,
                           check=False)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        need(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
     try:
         fill(mnt / "filler")
         yield mnt

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
-from conftest import ROOT, Job
+from conftest import ROOT, RUNNER, Job
 
 from runner.contract import CODE_ENDED_FILE
 
@@ -48,7 +47,7 @@ def run(tmp_path, *, standby: str, fail_rank: str = "") -> tuple[Job, dict]:
         logs: {{dir: "${{LOGS}}"}}
     """)
     env = dict(j.env(), RUNNER_STANDBY=standby)
-    res = subprocess.run([sys.executable, "-m", "runner", str(j.spec)], cwd=tmp_path, env=env, capture_output=True,
+    res = subprocess.run([*RUNNER, str(j.spec)], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=120, check=False)
     report = json.loads((j.run_dir() / "report.json").read_text())
     report["_exit"] = res.returncode

@@ -3,8 +3,10 @@ etcd's own record of the node's state key (its version: one per put) on a real o
 
 from __future__ import annotations
 
+import base64
 import json
 import time
+from typing import Any
 
 import pytest
 from conftest import wait_for
@@ -26,15 +28,35 @@ def puts_while_running(cluster: Cluster, host_etcd: EtcdCluster, interval: str, 
     node = cluster.start(host)  # a host (and run dir) of its own
     key = JobKeys("/runner", name).state(host).decode()
 
-    def version() -> int:
+    def read() -> tuple[int, dict[str, Any]]:
+        """The state key's version and value."""
         kvs = json.loads(host_etcd.etcdctl("get", key, "-w", "json").stdout).get("kvs", [])
-        return int(kvs[0]["version"]) if kvs else 0
+        return (int(kvs[0]["version"]), json.loads(base64.b64decode(kvs[0]["value"]))) if kvs else (0, {})
 
-    wait_for(lambda: node.state() == "RUNNING" and version() > 0, what=f"{host} RUNNING, its state published")
+    def version() -> int:
+        return read()[0]
+
+    def launched() -> bool:
+        """RUNNING, and its last change published: its workers started (their pids). RUNNING and the launch are
+        two changes, published in turn (CI once sampled between them). The probe never says it is ready (no
+        heartbeat): that change never comes."""
+        workers = read()[1].get("workers") or []
+        return node.state() == "RUNNING" and bool(workers) and all(w.get("pid") for w in workers)
+
+    def running(record: dict[str, Any]) -> bool:
+        """The record of a node whose workers all still run: the puts of their exit and of the end are changes,
+        made before the console says so (CI counted both, under load, while the console still read RUNNING)."""
+        workers = record.get("workers") or []
+        return record.get("state") == "RUNNING" and all(w.get("exit_code") is None for w in workers)
+
+    wait_for(launched, what=f"{host} RUNNING, its workers' launch published")
     first = last = version()
     deadline = time.monotonic() + RUN_S + 60
-    while node.proc.poll() is None and node.state() == "RUNNING" and time.monotonic() < deadline:
-        last = max(last, version())  # sampled until the workers end (the key goes with the agent's lease)
+    while node.proc.poll() is None and time.monotonic() < deadline:
+        now, record = read()
+        if not running(record):
+            break
+        last = max(last, now)  # sampled until the workers end (the key goes with the agent's lease)
         time.sleep(0.2)
     assert node.wait(60) == 0, node.output()
     return last - first

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from conftest import RUNNER
 
 from runner.config.clusters.common import ETCD_ENV
 from runner.config.clusters.render import render_file
@@ -154,8 +154,8 @@ def test_hosted_rendezvous_on_the_first_node_renders_for_both(tmp_path: Path) ->
 
 def test_hosted_rendezvous_gets_the_jobs_secret_from_both_templates(tmp_path: Path) -> None:
     """A hosted job for several nodes: the sbatch script makes a secret per job id (kept across requeues, mode 0600)
-    and exports RUNNER_SECRET_FILE before srun; each pod mounts the job's Secret (0400) and points the variable at
-    it. A spec naming rendezvous.secret_file gets neither."""
+    and exports RUNNER_SECRET_FILE before srun; each pod mounts the job's Secret (0440, group fsGroup) and points the
+    variable at the agent's copy of it. A spec naming rendezvous.secret_file gets neither."""
     extra = """\
     nodes: 3
     rendezvous: {backend: etcd, hosted: true, endpoints: ["${RUNNER_FIRST_NODE}:29400"]}
@@ -169,9 +169,9 @@ def test_hosted_rendezvous_gets_the_jobs_secret_from_both_templates(tmp_path: Pa
     pod = by_kind(k8s_docs(tmp_path, extra), "Job")[0]["spec"]["template"]["spec"]
     container = pod["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["RUNNER_SECRET_FILE"] == "/etc/runner-secret/secret"
+    assert env["RUNNER_SECRET_FILE"] == "/var/run/runner-secret/secret"  # the agent's own copy (test_template_fit.py)
     assert {"name": "runner-secret", "mountPath": "/etc/runner-secret", "readOnly": True} in container["volumeMounts"]
-    assert {"name": "runner-secret", "secret": {"secretName": "train-job-v2-runner-secret", "defaultMode": 0o400}} \
+    assert {"name": "runner-secret", "secret": {"secretName": "train-job-v2-runner-secret", "defaultMode": 0o440}} \
         in pod["volumes"]
     own = extra.replace("hosted: true,", "hosted: true, secret_file: /etc/s,")
     assert "RUNNER_SECRET_FILE" not in rendered("slurm", tmp_path, own)
@@ -190,7 +190,7 @@ def test_loopback_endpoint_with_several_nodes_is_refused(tmp_path: Path, kind: s
         rendezvous: {{backend: etcd, hosted: {hosted}, endpoints: ["{endpoint}"]}}
         cluster: {{kubernetes: {{image: "reg/train:1"}}}}
         """))
-    done = subprocess.run([sys.executable, "-m", "runner", "template", kind, str(spec_file)], capture_output=True,
+    done = subprocess.run([*RUNNER, "template", kind, str(spec_file)], capture_output=True,
                           text=True, check=False)
     assert done.returncode == 2, done.stdout
     assert "rendezvous.endpoints" in done.stderr and "RUNNER_FIRST_NODE" in done.stderr
@@ -222,19 +222,19 @@ def test_kubernetes_refuses_absolute_cwd_and_script(tmp_path: Path) -> None:
 
 
 def test_gpu_per_node_renders_without_a_gpu(tmp_path: Path) -> None:
-    """nproc_per_node: gpu on a machine without one (a login node): counted on each node, so both templates render;
-    `runner validate` says so as a warning."""
+    """nproc_per_node: gpu on a machine without one (a login node): counted on each node, so both templates render
+    (with the GPUs to ask for in cluster.gpus_per_node); `runner validate` says so as a warning."""
     extra = """\
-    cluster: {kubernetes: {image: "reg/train:1"}}
+    cluster: {gpus_per_node: 4, kubernetes: {image: "reg/train:1"}}
     """
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text(BASE.replace("nproc_per_node: 4", "nproc_per_node: gpu") + textwrap.dedent(extra))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU visible, whatever this machine has
     for kind in ("slurm", "kubernetes"):
-        done = subprocess.run([sys.executable, "-m", "runner", "template", kind, str(spec_file)],
+        done = subprocess.run([*RUNNER, "template", kind, str(spec_file)],
                               capture_output=True, text=True, check=False, env=env)
         assert done.returncode == 0, done.stderr
-    done = subprocess.run([sys.executable, "-m", "runner", "validate", str(spec_file)], capture_output=True,
+    done = subprocess.run([*RUNNER, "validate", str(spec_file)], capture_output=True,
                           text=True, check=False, env=env)
     assert done.returncode == 0, done.stderr
     assert "warning: nproc_per_node: nproc_per_node: gpu but no GPU is visible" in done.stderr
@@ -244,7 +244,7 @@ def test_gpu_per_node_renders_without_a_gpu(tmp_path: Path) -> None:
 def test_checked_in_examples_match_the_renderer(spec: str, kind: str, name: str) -> None:
     """examples/templates/ holds exactly what `runner template` prints for the example specs (run from the repo
     root); regenerate with the commands in docs/clusters.md."""
-    done = subprocess.run([sys.executable, "-m", "runner", "template", kind, spec], cwd=ROOT,
+    done = subprocess.run([*RUNNER, "template", kind, spec], cwd=ROOT,
                           capture_output=True, text=True, check=False, env={"PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     assert (TEMPLATES / name).read_text() == done.stdout
@@ -276,3 +276,16 @@ def test_replica_groups_on_several_nodes_render_one_agent_per_node(tmp_path: Pat
     assert indexed["spec"]["completions"] == indexed["spec"]["parallelism"] == 4
     script = rendered("slurm", tmp_path, extra)
     assert "#SBATCH --nodes=4" in script and "#SBATCH --ntasks-per-node=1" in script
+
+
+def test_every_refusal_of_a_template_comes_at_once(tmp_path: Path) -> None:
+    """A converted torchrun job (`runner convert`: absolute cwd, no image) rendered for Kubernetes: the missing
+    image and the absolute cwd in one refusal, not one, then the other after the first fix; with them a GPU request
+    the spec cannot tell (nproc_per_node: gpu, no cluster.gpus_per_node), which a later stage used to raise alone."""
+    spec_file = tmp_path / "converted.yaml"
+    spec_file.write_text(f"name: conv\nentrypoint: {{script: train.py}}\ncwd: {tmp_path}\nnodes: 2\n"
+                         "nproc_per_node: gpu\nrendezvous: {backend: etcd, endpoints: [etcd.example:2379]}\n")
+    with pytest.raises(SpecError) as err:
+        render_file("kubernetes", str(spec_file))
+    assert sorted(p.path for p in err.value.problems) == [
+        "cluster.gpus_per_node", "cluster.kubernetes.image", "cwd"], err.value.problems

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import structlog
+from ci_skips import need
 from structlog.testing import capture_logs
 
 from runner.errors import RunnerError
@@ -169,7 +170,7 @@ def test_stacks_are_captured_before_the_signal(tmp_path: Path) -> None:
     """With py-spy usable, Expiry.stacks shows where the worker was stuck."""
     problem = py_spy_problem()
     if problem:
-        pytest.skip(problem)
+        need(problem)
 
     async def body(h: Harness) -> None:
         await h.spawn("hang", 1.0)

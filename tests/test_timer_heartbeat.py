@@ -184,3 +184,31 @@ def test_a_progress_monitor_times_only_workers_that_reported_a_step(tmp_path: Pa
     assert [r for r, _ in stalled] == [0, 1]
     assert 5.0 <= stalled[0][1] <= 5.0 + 1.25 + 1e-6  # one check interval late at most
     assert stalled[1][1] >= 12 + 5.0
+
+
+def test_a_worker_that_never_beat_is_not_timed_and_is_told_once(tmp_path: Path) -> None:
+    """first_sign (heartbeat_timeout): a worker is timed from its first beat. Two workers that never touch their
+    file are never reported, and on_unsent hears once, for the first of them, `timeout` after its start; timer
+    activity before a first beat times nobody. A worker that beat once and then went silent is still reported."""
+    clock = AutojumpClock()
+    silent: list[tuple[int, float]] = []
+    unsent: list[tuple[int, float]] = []
+    last: dict[int, float] = {}
+
+    async def main() -> None:
+        monitor = HeartbeatMonitor(4.0, lambda r, s: silent.append((r, clock.monotonic())), clock=clock,
+                                   activity=last.get, first_sign=True,
+                                   on_unsent=lambda r, s: unsent.append((r, s)))
+        for rank, name in enumerate(("never0", "never1", "once")):
+            monitor.watch(rank, tmp_path / name)
+        await asyncio.sleep(2)
+        last[0] = clock.monotonic()  # a timer request from rank 0 at 2 s: no heartbeat, so it neither times nor hides
+        await asyncio.sleep(1)
+        (tmp_path / "once").touch()  # rank 2's only beat, at 3 s
+        await asyncio.sleep(600)
+
+    clock.run(main())
+    assert [r for r, _ in silent] == [2]
+    assert 3.0 + 4.0 <= silent[0][1] <= 3.0 + 1.0 + 4.0 + 1.0 + 1e-6  # seen at a check (<= 1 s late), then timed
+    assert len(unsent) == 1
+    assert unsent[0][0] == 0 and 4.0 <= unsent[0][1] <= 4.0 + 1.0 + 1e-6  # rank 0: its timer request did not count

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import RUNNER
 
 pytestmark = pytest.mark.integration
 
@@ -96,13 +97,13 @@ def both(cmdline: list[str], tmp: Path, launcher: tuple[str, ...] = (TORCHRUN,),
         done = launch([*launcher, *cmdline], t_work, tmp / "torchrun_out")
     torchrun = Ran(done.returncode, done.stdout, done.stderr, tmp / "torchrun_out", t_work)
     shown = ["torchrun", *cmdline] if launcher == (TORCHRUN,) else ["python", *launcher[1:], *cmdline]
-    converted = launch([sys.executable, "-m", "runner", "convert", "--", *shown], r_work, tmp / "runner_out")
+    converted = launch([*RUNNER, "convert", "--", *shown], r_work, tmp / "runner_out")
     assert converted.returncode == 0, converted.stderr
     spec = tmp / "elsewhere" / "job.yaml"  # not next to the scripts: the spec's cwd must find them
     spec.parent.mkdir()
     spec.write_text(converted.stdout)
     for _ in range(runs):
-        done = launch([sys.executable, "-m", "runner", str(spec)], tmp / "elsewhere", tmp / "runner_out")
+        done = launch([*RUNNER, str(spec)], tmp / "elsewhere", tmp / "runner_out")
     return torchrun, Ran(done.returncode, done.stdout, done.stderr, tmp / "runner_out", r_work)
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, ROOT, RUNNER
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +16,7 @@ pytestmark = pytest.mark.integration
 def run(tmp_path: Path, spec: Path) -> subprocess.CompletedProcess[str]:
     """Run a spec through the CLI with logs in tmp_path."""
     return subprocess.run(
-        [sys.executable, "-m", "runner", str(spec)],
+        [*RUNNER, str(spec)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -62,15 +61,17 @@ def test_scopes_released_in_time_are_not_failures(tmp_path):
     res = run(tmp_path, spec)
     assert res.returncode == 0, res.stderr
     assert transitions(tmp_path, "watchdog")[-1] == ("RUNNING", "workers_succeeded", "SHUTDOWN")
-    assert "after 1 attempt(s)" in res.stderr
+    assert "after 1 attempt;" in res.stderr
 
 
-def test_silent_heartbeat_is_a_hang(tmp_path):
-    """A worker that stops touching RUNNER_HEARTBEAT_FILE is killed and reported; the budget then gives up."""
+@pytest.mark.parametrize("beats", [1, 5])
+def test_silent_heartbeat_is_a_hang(tmp_path, beats):
+    """A worker that stops touching RUNNER_HEARTBEAT_FILE (after one touch, or five) is killed and reported; the
+    budget then gives up."""
     spec = tmp_path / "job.yaml"
     spec.write_text(f"""
 name: hb
-entrypoint: {{script: {ROOT / "tests/workers/heartbeat_worker.py"}, args: ["5"]}}
+entrypoint: {{script: {ROOT / "tests/workers/heartbeat_worker.py"}, args: ["{beats}"]}}
 nproc_per_node: 1
 watchdog: {{enabled: true, heartbeat_timeout: 1s}}
 restart: {{max_restarts: 0}}
@@ -80,6 +81,34 @@ shutdown: {{grace_period: 2s}}
     assert res.returncode == 1
     assert ("RUNNING", "timer_expired", "FAILED") in transitions(tmp_path, "hb")
     assert "watchdog: rank 0 sent no heartbeat for" in res.stderr
+
+
+def test_a_script_that_never_heartbeats_is_not_hung_and_is_told_once(tmp_path):
+    """heartbeat_timeout 1 s, two workers that never touch their heartbeat file and work for 4 s: not timed, the
+    job succeeds; the run says once (one event in agent.jsonl, one console line) what to add to the script."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text("""
+name: nohb
+entrypoint: {command: [sleep, "4"]}
+nproc_per_node: 2
+watchdog: {heartbeat_timeout: 1s}
+restart: {max_restarts: 0}
+logs: {format: console}
+""")
+    res = run(tmp_path, spec)
+    assert res.returncode == 0, res.stderr
+    assert transitions(tmp_path, "nohb")[-1] == ("RUNNING", "workers_succeeded", "SHUTDOWN")
+    assert "heartbeat_silent" not in res.stderr and "sent no heartbeat for" not in res.stderr
+    (run_dir,) = [d for d in (tmp_path / "runner-logs" / "nohb").iterdir() if not d.is_symlink()]
+    events = [e for e in map(json.loads, (run_dir / "agent.jsonl").read_text().splitlines())
+              if e.get("event") == "heartbeat_never_sent"]
+    assert len(events) == 1, events
+    assert events[0]["level"] == "warning" and events[0]["rank"] in (0, 1)
+    said = [line for line in res.stderr.splitlines() if "sent no heartbeat in its first" in line]
+    assert len(said) == 1, res.stderr
+    assert "does not touch RUNNER_HEARTBEAT_FILE, so watchdog.heartbeat_timeout does not time its workers" in said[0]
+    hints = [line for line in res.stderr.splitlines() if 'Path(os.environ["RUNNER_HEARTBEAT_FILE"]).touch()' in line]
+    assert len(hints) == 1 and hints[0].split()[0] == "hint", res.stderr
 
 
 def test_max_run_time_ends_the_job_with_its_own_reason(tmp_path):
@@ -119,12 +148,13 @@ restart: {{max_restarts: 0}}
     assert sorted(files) == [0, 1]
     assert files[0] != files[1]
     assert all(f.endswith(f"/timer/rank_{r}.fifo") for r, f in files.items())
-    assert "timer_requests_rejected" in res.stderr
+    assert "unreadable watchdog timer request(s) of local rank" in res.stderr  # the timer_requests_rejected warning
     assert "other_rank" in res.stderr
 
 
 def test_timer_requests_count_as_heartbeats(tmp_path):
-    """A worker that never touches its heartbeat file but keeps re-arming a timer scope is alive: no kill."""
+    """A worker that touched its heartbeat file once (so it is timed) and then only keeps re-arming a timer scope is
+    alive: no kill."""
     spec = tmp_path / "job.yaml"
     spec.write_text(f"""
 name: tick
@@ -136,4 +166,4 @@ restart: {{max_restarts: 0}}
     res = run(tmp_path, spec)
     assert res.returncode == 0, res.stderr
     assert transitions(tmp_path, "tick")[-1] == ("RUNNING", "workers_succeeded", "SHUTDOWN")
-    assert "heartbeat_silent" not in res.stderr
+    assert "sent no heartbeat for" not in res.stderr  # no heartbeat_silent warning, no failure

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ci_skips import need
 from conftest import alive, cgroup_here, wait_for
 from workers.plans import plan
 
@@ -29,7 +30,7 @@ HAS_CGROUP = cgroup_here()
 def shepherd(request: pytest.FixtureRequest) -> Iterator[Shepherd]:
     """A shepherd with and without a cgroup (the second is the fallback: group, session, tag)."""
     if request.param == "cgroup" and not HAS_CGROUP:
-        pytest.skip("no writable cgroup v2 here: the fallback is tested by the other parameter")
+        need("no writable cgroup v2 here: the fallback is tested by the other parameter")
     s = Shepherd(agent=False, cgroup=request.param == "cgroup")
     yield s
     s.close()
@@ -69,7 +70,7 @@ def test_escaped_grandchild_dies_with_the_group(tmp_path: Path, shepherd: Shephe
 def test_env_scrubbed_escapee_needs_the_cgroup(tmp_path: Path) -> None:
     """An escapee that also cleared its environment is found by the cgroup (where the machine has one)."""
     if not HAS_CGROUP:
-        pytest.skip("no writable cgroup v2 here; without one only the agent's subreaper finds such a process")
+        need("no writable cgroup v2 here; without one only the agent's subreaper finds such a process")
     shepherd = Shepherd(agent=False, cgroup=True)
 
     async def main() -> dict[str, int]:
@@ -111,8 +112,24 @@ def test_exited_worker_stays_unreaped_until_its_group_is_gone(tmp_path: Path, sh
         kill_left(ids["pid"], ids["escapee"])
 
 
-def test_stop_forwards_the_signal_number(tmp_path: Path) -> None:
-    """stop(SIGINT) gives the worker SIGINT (KeyboardInterrupt in Python), as torchrun forwards what it got."""
+@pytest.fixture
+def sigint_handled() -> Iterator[None]:
+    """SIGINT handled in this process for the test (as the agent does), whatever it was; restored after."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_stop_forwards_the_signal_number(tmp_path: Path, sigint_handled: None) -> None:
+    """stop(SIGINT) gives the worker SIGINT (KeyboardInterrupt in Python), as torchrun forwards what it got.
+
+    The agent handles SIGINT itself, so its workers start with SIGINT at its default (exec resets a handler, and
+    Python then installs KeyboardInterrupt's). This test process stands in for it with a handler of its own: a test
+    process that ignores SIGINT (CI's xdist workers did, late in two runs) would give the worker an ignored SIGINT,
+    which exec keeps, and Python raises no KeyboardInterrupt then (seen: the worker ran out its 30 s grace).
+    """
     shepherd = Shepherd(agent=False, cgroup=False)
 
     async def main() -> tuple[dict[str, int], int]:
@@ -145,7 +162,7 @@ def test_unkillable_worker_is_reported_after_a_bounded_wait(tmp_path: Path) -> N
     """A worker SIGKILL cannot end (frozen by the cgroup v1 freezer: state D) does not hang stop(): it returns after
     kill_timeout and reports pid, state and wchan. Thawed, it dies and collect() reaps it."""
     if not os.access(FREEZER, os.W_OK):
-        pytest.skip("needs a writable cgroup v1 freezer to make a process that SIGKILL does not end")
+        need("needs a writable cgroup v1 freezer to make a process that SIGKILL does not end")
     frozen = FREEZER / f"runner-test-{os.getpid()}"
     frozen.mkdir()
     shepherd = Shepherd(agent=False, cgroup=False)

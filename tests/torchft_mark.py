@@ -10,9 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
+from ci_skips import needs
 
 LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
 HAS_TORCHFT = importlib.util.find_spec("torchft") is not None and os.access(LIGHTHOUSE, os.X_OK)
 WHY_NOT = "torchft is not installed (pip install -c constraints.txt -e '.[ft]'): its Manager and torchft_lighthouse"
-needs_torchft = pytest.mark.skipif(not HAS_TORCHFT, reason=WHY_NOT)
+needs_torchft = needs(None if HAS_TORCHFT else WHY_NOT)

@@ -4,10 +4,14 @@
                           [--steps N] [--job-window S] [--classes a,b,...] [--no-standby] [--first-job N] [--keep]
     python bench/chaos.py --replica-groups --seed N --duration SECONDS [...]
     python bench/chaos.py --hosts [--etcd-members 1|3] --seed N --duration SECONDS [...]
+    python bench/chaos.py --hosts --hosted [--hosted-members 1|3] --seed N --duration SECONDS [...]
 
 --hosts runs every node on a simulated host of its own (runner/testing/hosts.py: its own network, address, hostname,
 /tmp and processes), the etcd on a host of its own (or 3 members on 3, --etcd-members 3), and adds the classes
-host_loss and link_cut, with invariants across hosts: bench/soak/hosts.py (root only).
+host_loss and link_cut, with invariants across hosts: bench/soak/hosts.py (root only). With --hosted, the job's own
+nodes host the etcd instead (`rendezvous.hosted`, `hosted_members` 3 by default: members on n0, n1 and n2, each host
+given the job's secret), and host_loss and link_cut hit member hosts too: a job a member host's loss ended, while the
+others kept a quorum, fails the soak (member_loss_survived); no etcd nor its data is left on any host (no_etcd_left).
 
 --replica-groups soaks single-node replica-group jobs (2 TorchFT groups, the hosted lighthouse) instead, with faults
 and invariants of their own: bench/soak/replicas.py.
@@ -22,7 +26,8 @@ after --steps steps). The rendezvous is a real etcd (runner/testing/etcd_server.
 Faults, their classes dealt from a seeded deck (every enabled class once per round: bench/soak/schedule.py), their
 parameters drawn from random.Random("SEED:JOB"), about every --failure-every seconds while a job runs (for at most
 --job-window seconds per job; then the job must finish, and the next one starts until --duration is spent; job N's
-schedule does not depend on the jobs before it, so `--first-job N` replays it alone):
+schedule does not depend on the jobs before it, so `--first-job N` replays it alone; an enabled class that never
+fired with a target by then gets one make-up job, drawing only such classes):
 
 | class | what |
 |---|---|
@@ -92,8 +97,14 @@ def pick_soak(p: argparse.ArgumentParser, args: argparse.Namespace) -> type[Soak
         from bench.soak.hosts import HostSoak
         from runner.testing.hosts import why_not
 
-        if args.hosted:
-            p.error("--hosts runs the etcd on hosts of its own: --hosted does not apply (drop one of them)")
+        if args.hosted and args.etcd_members != 1:
+            p.error("--hosts --hosted: the job's nodes host the etcd (--hosted-members): --etcd-members does not apply")
+        args.hosted_members = args.hosted_members or (3 if args.hosted else 1)
+        if args.hosted_members != 1 and not args.hosted:
+            p.error("--hosted-members needs --hosted (without it the etcd runs on hosts of its own: --etcd-members)")
+        if args.hosted_members > 1 and args.nodes < args.hosted_members:
+            p.error(f"--hosted-members {args.hosted_members} needs --nodes {args.hosted_members} or more (a job of "
+                    f"fewer nodes keeps one member: docs/multinode.md)")
         why = why_not()
         return f"--hosts: {why}" if why else HostSoak
     return Soak
@@ -109,6 +120,20 @@ def check_classes(p: argparse.ArgumentParser, soak: type[Soak], args: argparse.N
     for cls, why in sorted(soak.ruled_out(Options.of(args)).items()):
         if cls in asked:
             p.error(f"--classes {cls}: the other options rule it out: it {why}; change them or leave {cls} out")
+
+
+def check_modes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse the options a mode does not take (argparse's error: exit 2 with the reason)."""
+    if args.single_member_faults and not (args.hosts and args.hosted):
+        p.error("--single-member-faults needs --hosts --hosted")
+    if args.etcd_members != 1 and not args.hosts:
+        p.error("--etcd-members needs --hosts (the default mode runs one etcd on this machine)")
+    if args.hosted_members is not None and not args.hosts:
+        p.error("--hosted-members needs --hosts --hosted (the default mode runs every node on one machine: one member)")
+    if not args.hosts:
+        args.hosted_members = 1
+    if args.replica_groups and args.hosts:
+        p.error("--replica-groups runs one node: --hosts does not apply")
 
 
 def main() -> int:
@@ -133,11 +158,14 @@ def main() -> int:
                         "bench/soak/hosts.py (root)")
     p.add_argument("--etcd-members", type=int, default=1, choices=(1, 3),
                    help="with --hosts: etcd members, each on a host of its own (default 1)")
+    p.add_argument("--hosted-members", type=int, default=None, choices=(1, 3),
+                   help="with --hosts --hosted: rendezvous.hosted_members, the etcd members the job's first nodes "
+                        "run (default 3)")
+    p.add_argument("--single-member-faults", action="store_true",
+                   help="with --hosted-members 3: every fault that may take a member away waits until 3 members vote "
+                        "and all are up (default: three in four do; the rest test the growth window and double faults)")
     args = p.parse_args()
-    if args.etcd_members != 1 and not args.hosts:
-        p.error("--etcd-members needs --hosts (the default mode runs one etcd on this machine)")
-    if args.replica_groups and args.hosts:
-        p.error("--replica-groups runs one node: --hosts does not apply")
+    check_modes(p, args)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**6)
     picked = pick_soak(p, args)

@@ -25,6 +25,7 @@ class EtcdReader:
     def __init__(self, endpoint: str, trust: tuple[Path, str] | None = None) -> None:
         self.endpoint = endpoint
         self.trust = trust  # a hosted etcd closed by the job's secret: (its CA file, root's password)
+        self.error = ""  # why the last call failed ('' when it did not)
 
     def etcdctl(self, *args: str) -> str | None:
         """etcdctl's output, None when it failed or took too long."""
@@ -38,8 +39,10 @@ class EtcdReader:
         try:
             done = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=READ_TIMEOUT_S, check=False,
                                   env=env)
-        except (OSError, subprocess.TimeoutExpired):
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.error = str(e)
             return None
+        self.error = "" if done.returncode == 0 else (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
         return done.stdout if done.returncode == 0 else None
 
     def keys(self, prefix: str) -> list[tuple[str, int]] | None:
@@ -61,4 +64,15 @@ class EtcdReader:
         try:
             return int(json.loads(out).get("ttl", -1))
         except (ValueError, TypeError):
+            return None
+
+    def members(self) -> list[tuple[str, bool]] | None:
+        """(name, is a learner) of every member of the cluster (a learner not started yet has no name: ''); None when
+        etcd cannot be read."""
+        out = self.etcdctl("member", "list", "-w", "json")
+        if out is None:
+            return None
+        try:
+            return [(str(m.get("name", "")), bool(m.get("isLearner", False))) for m in json.loads(out)["members"]]
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None

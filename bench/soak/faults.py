@@ -70,11 +70,12 @@ class Faults:
         self.heal()
 
     def targets(self, job: Job) -> list[Agent]:
-        """Agents a process fault may hit: live, left alone so far, and the training not finished (a fault after
-        the first worker said done would race with the job's own end)."""
+        """Agents a process fault may hit: live, left alone so far, not a late node whose admission is still being
+        judged (a fault on it would make late_join_admitted moot, and a short run would never see it hold), and the
+        training not finished (a fault after the first worker said done would race with the job's own end)."""
         if job.trained():
             return []
-        return sorted((a for a in job.live() if not a.fate), key=lambda a: (a.node, a.serial))
+        return sorted((a for a in job.live() if not a.fate and not a.joining), key=lambda a: (a.node, a.serial))
 
     def requeue(self, job: Job, node: str, delay: float) -> None:
         """Start the node again `delay` s from now (a scheduler's requeue), unless the job is over by then; never
@@ -354,16 +355,22 @@ class Faults:
         what = "data dir deleted, SIGKILL" if cls == "etcd_wipe" else "SIGKILL"
         self.state.record(job, cls, target, f"{what} pid {etcd.pid} (its agent restarts it)")
 
-        def back() -> bool | None:
-            if host.proc.poll() is not None:
-                return None
-            now = self.procs.hosted_etcd(host)
-            return now is not None and now != etcd
-
-        self.state.expect(job, "etcd_restarted", ETCD_BACK_BOUND_S, back,
+        self.state.expect(job, "etcd_restarted", ETCD_BACK_BOUND_S, lambda: self.etcd_back(job, host, etcd),
                           lambda: f"{host.label} did not start its etcd again within {ETCD_BACK_BOUND_S:g} s\n"
                           + evidence(job, EVIDENCE), met=f"{host.label}'s etcd started again")
         return True
+
+    def etcd_back(self, job: Job, host: Agent, killed: Proc) -> bool | None:
+        """Whether `host` runs the job's etcd again (a process other than `killed`); None: moot (it ended, or two
+        agents of one machine: the other one's etcd took the job's port while this one's was down, and this agent
+        rightly joins it: CI, seed 512665)."""
+        if host.proc.poll() is not None:
+            return None
+        now = self.procs.hosted_etcd(host)
+        if now is not None and now != killed:
+            return True
+        other = self.procs.host(job)
+        return None if other is not None and other is not host else False
 
     def fault_disk_full(self, job: Job, u: list[float]) -> bool:
         if self.filled or not self.state.mounted:

@@ -24,11 +24,31 @@ but its PID 1); `lease_expired` (a lost host's lease gone within lease_ttl + 10 
 (at no moment do live workers of two worlds exist: a world is an attempt's MASTER_ADDR:MASTER_PORT, fresh for each,
 so a cut-off node's workers must be gone before the others' next world starts). `one_world` (at the job's end: in
 each world, every rank was held by one worker, of one world size) is the base soak's now (bench/soak/checks.py).
+
+`--hosted` (`--hosted-members 3` by default, or 1): no etcd host; the jobs' nodes host it (`rendezvous.hosted: true`,
+`hosted_members: N`, endpoints naming n0..nN-1 on a port of the job's, each host given the job's secret in a file of
+its own /tmp, mode 0600, named by RUNNER_SECRET_FILE: docs/security.md). host_loss and link_cut may hit any node, the
+hosting node n0 and the other member hosts included; the etcd classes are not drawn (a member's etcd is hit through
+its host, or its agent: kill_agent). Before each host_loss, link_cut, kill_agent or signal_agent the soak reads the
+member list; once the fault fired, it judges the target's loss:
+- hosted_members 1: the hosting node's host lost or cut off, as its agent SIGKILLed, is a documented loss (the job
+  cannot go on: docs/multinode.md §8), and a cut hosting node is not expected to fence (its lease lives on its own
+  etcd);
+- hosted_members 3: a voting member's loss while the others keep a quorum without it must not end the job
+  (`member_loss_survived`, checked at the job's end: the training finished); nor, with two voters, the loss of the
+  one that is not the founder (n0's first agent of the job, up and linked: it goes on alone,
+  runner/rendezvous/etcd/founder.py). The others are a documented loss: fewer than 3 voting members at the fault
+  otherwise (the growth window, docs/multinode.md, or a lost member not yet replaced), another member already down
+  (two of three), or a member list that could not be read;
+and after every job, no etcd process and no `runner-etcd-*` data folder on any live node host (`no_etcd_left`; a
+folder of an agent the soak SIGKILLed is its next member's to sweep, and does not count).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -37,18 +57,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.soak.bounds import ALL_CLASSES, CLASSES, GONE_BOUND_S, LEASE_TTL_S, LOST, MEASURED
+from bench.common import argv_of
+from bench.soak.bounds import ALL_CLASSES, CLASSES, EVIDENCE, GONE_BOUND_S, LEASE_TTL_S, LOST, MEASURED
 from bench.soak.checks import Checks
 from bench.soak.etcd_reads import EtcdReader
 from bench.soak.etcd_view import EtcdView
 from bench.soak.faults import Faults
 from bench.soak.infra import HostEtcd
-from bench.soak.model import Agent, Job, Violation, console_transitions, read_text, state_of, tail
+from bench.soak.model import Agent, Job, Violation, console_transitions, evidence, read_text, state_of, tail, tails
 from bench.soak.processes import JobProcesses
 from bench.soak.procs import Proc, describe, ident, reap_orphans, running, set_subreaper
 from bench.soak.schedule import pick
 from bench.soak.soak import Soak
 from bench.soak.state import Options, SoakState
+from runner.contract import SECRET_ENV
 from runner.testing.etcd_cluster import EtcdCluster
 from runner.testing.hosts import Host, Lab
 
@@ -62,6 +84,14 @@ FENCE_BOUND_S = LEASE_TTL_S + 10.0  # the fence fires before the lease lapses; g
 LONG_CUT_S = LEASE_TTL_S + 1.0  # a cut at least this long outlasts the lease (kept alive every TTL/3)
 CUT_S = (1.0, 15.0)
 RUNNING_CUT_SHARE = 0.75  # of the cuts: on a node that trains (the fence's case; else no target yet); the rest any
+HOSTED_PORT = 29400  # --hosted: job N's members listen on HOSTED_PORT + 2 (N mod 40), peers on the port above
+ETCD_CLASSES = ("etcd_stop", "etcd_restart", "etcd_wipe")
+MEMBER_CLASSES = ("host_loss", "link_cut", "kill_agent", "signal_agent")  # --hosted: may take a member away
+MEMBER_EVIDENCE = (*EVIDENCE, "rendezvous_lost", "rendezvous_member_removed", "rendezvous_member_joined")
+GROWN_SHARE = 0.75  # --hosted-members 3: of the member classes' faults, those that wait for 3 voting members; the rest any
+NO_LIST = "the member list could not be read at the fault (an outage already)"
+FEW_VOTERS = "fewer than 3 voting members at the fault (the growth window, or a lost member not yet replaced)"
+NO_QUORUM = "another member was down already: no quorum without it (two of three)"
 
 
 def stacks(pid: int) -> str:
@@ -94,6 +124,8 @@ class HostWorld:
     cluster: HostEtcd | None = None
     seen: dict[str, Seen] = field(default_factory=dict)  # start marker's path -> the worker
     overlap_checks: int = 0
+    # --hosted, hosted_members 3: job index -> (class, what) of each member's loss the job must survive
+    must_survive: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
 
 
 class HostProcesses(JobProcesses):
@@ -149,6 +181,8 @@ class HostProcesses(JobProcesses):
         env = host.env({"CHAOS_TOKEN": job.token, "CHAOS_NODE": node, "XDG_STATE_HOME": str(job.state),
                         "CHAOS_LOGS": str(job.logs / node), "PYTHONUNBUFFERED": "1"})
         env.pop("RUNNER_STANDBY", None)  # the spec says (the product's default: on)
+        if self.state.args.hosted:
+            env[SECRET_ENV] = self.give_secret(job, host)
         with out.open("wb") as f:
             proc = host.popen([sys.executable, "-m", "runner", "run", str(job.spec)], cwd=home, env=env, stdout=f,
                               stderr=f)
@@ -158,6 +192,42 @@ class HostProcesses(JobProcesses):
         agent = Agent(node, serial, proc, me, out, time.time(), host_pid=on_host)
         job.agents.append(agent)
         return agent
+
+    @staticmethod
+    def host_tmp(host: Host) -> Path:
+        """The host's own /tmp, as this machine reaches it (through its PID 1's root)."""
+        return Path(f"/proc/{host.init_pid}/root/tmp")
+
+    def give_secret(self, job: Job, host: Host) -> str:
+        """The job's secret copied into the host's own /tmp (mode 0600, as a user keeps it on each machine): its path
+        there, for RUNNER_SECRET_FILE (a lost host's successor gets it again: its /tmp is new)."""
+        inside = f"/tmp/{job.name}.secret"  # the host's own tmpfs
+        fd = os.open(self.host_tmp(host) / f"{job.name}.secret", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write((job.dir / "job.secret").read_bytes())
+        return inside
+
+    def hosted_etcd(self, agent: Agent) -> Proc | None:
+        """The etcd the agent hosts, with one member (the base's); none with several: no one agent's loss takes the
+        rendezvous with it (HostFaults.judge_member_loss judges a member's loss from the member list)."""
+        return super().hosted_etcd(agent) if self.state.args.hosted_members <= 1 else None
+
+    def etcd_leftovers(self, job: Job) -> list[str]:
+        """--hosted: etcd processes and `runner-etcd-*` data folders left on the job's live node hosts; a folder named
+        after an agent the soak SIGKILLed on that host (the next member there sweeps it) does not count."""
+        left = []
+        for host in self.node_hosts(job):
+            for inner, outer in host.pids().items():
+                argv = argv_of(outer)
+                if argv and Path(argv[0]).name == "etcd" and (p := ident(outer)) is not None:
+                    left.append(f"{host.name}: etcd pid {inner} ({describe(p)})")
+            killed = {str(a.host_pid) for a in job.agents if a.node == host.name and a.fate == "killed"}
+            with contextlib.suppress(OSError):
+                for d in sorted(self.host_tmp(host).glob("runner-etcd-*")):
+                    if d.name.split("-")[2:3] and d.name.split("-")[2] in killed:
+                        continue
+                    left.append(f"{host.name}: /tmp/{d.name}")
+        return left
 
     def resolve(self, path: Path) -> Seen | None:
         """The worker a start marker names, found once on its host (None: the marker cannot be read yet)."""
@@ -199,12 +269,24 @@ class HostEtcdView(EtcdView):
     def __init__(self, state: SoakState, world: HostWorld) -> None:
         super().__init__(state)
         self.world = world
+        self.unread = ""  # why the last member list could not be read
 
     def reader(self, job: Job) -> EtcdReader | None:
-        """The cluster, while a quorum of its members runs."""
+        """The cluster, while a quorum of its members runs; --hosted: the members the job's nodes run, at the spec's
+        endpoints, closed by the job's secret."""
+        if self.state.args.hosted:
+            return EtcdReader(job.endpoint, job.trust)
         if self.world.cluster is None or not self.world.cluster.readable:
             return None
         return EtcdReader(job.endpoint)
+
+    def voting(self, job: Job) -> list[str] | None:
+        """--hosted: the names (node ids) of the etcd's voting members, learners left out; None when unreadable
+        (`unread` then says why)."""
+        reader = self.reader(job)
+        members = reader.members() if reader is not None else None
+        self.unread = reader.error if reader is not None and members is None else ""
+        return None if members is None else sorted(name for name, learner in members if not learner)
 
     def renewed_at(self) -> float:
         """When the cluster last had a member started, stopped or killed (a new leader renews every lease)."""
@@ -222,10 +304,93 @@ class HostFaults(Faults):
     classes: host_loss and link_cut (with the fence it must bring)."""
 
     procs: HostProcesses
+    kv: HostEtcdView
 
-    def __init__(self, state: SoakState, procs: HostProcesses, kv: EtcdView, world: HostWorld) -> None:
+    def __init__(self, state: SoakState, procs: HostProcesses, kv: HostEtcdView, world: HostWorld) -> None:
         super().__init__(state, procs, kv)
         self.world = world
+
+    def inject(self, job: Job, cls: str, u: list[float]) -> bool:
+        """The base's injection; --hosted, for a class that may take a member away, the member list read before (one
+        member: the hosting agent found) and the fault's loss judged after (judge_member_loss). With several members,
+        three faults in four (a draw derived from u[1], which the classes use for a delay) have no target while fewer
+        than 3 members vote, one of them is down (member_up), or the list cannot be read: most test the loss the job must survive, the rest the
+        growth window's and a double fault's."""
+        if not self.state.args.hosted or cls not in MEMBER_CLASSES:
+            return super().inject(job, cls, u)
+        several = self.state.args.hosted_members > 1
+        voting = self.kv.voting(job) if several else None
+        full = voting is not None and len(voting) >= 3 and all(self.member_up(job, m) for m in voting)
+        share = 1.0 if self.state.args.single_member_faults else GROWN_SHARE
+        if several and not full and (u[1] * 16) % 1.0 < share:
+            now = (", ".join(f"{m}{'' if self.member_up(job, m) else ' (down)'}" for m in voting)
+                   if voting is not None else "unread, " + self.kv.unread)
+            self.state.say(f"job {job.index}: {cls} waits for 3 voting members, all up (now: {now})")
+            return False  # (no target yet: the etcd still grows, or a lost member is not replaced yet)
+        hosting = None if several else self.procs.host(job)
+        before = len(job.faults)
+        if not super().inject(job, cls, u):
+            return False
+        node = job.faults[before].target.split("#")[0]
+        if several:
+            self.judge_member_loss(job, cls, node, voting)
+        elif hosting is not None and node == hosting.node and cls in ("host_loss", "link_cut"):
+            how = "lost" if cls == "host_loss" else "cut off"
+            job.loss = job.loss or (f"the hosting node's host was {how}: the only member (hosted_members 1), the job "
+                                    "cannot go on (docs/multinode.md §8)")
+        return True
+
+    def judge_member_loss(self, job: Job, cls: str, node: str, voting: list[str] | None) -> None:
+        """hosted_members 3: a fault that took `node` away, judged on the member list read just before it. A voting
+        member's loss while the others keep a quorum without it is one the job must survive (member_loss_survived, at
+        its end); otherwise the loss is documented, and says why. A node that is no voting member is no member's
+        loss (the base invariants judge it)."""
+        fault = job.faults[-1]
+        if voting is not None and node not in voting:
+            return
+        down = [m for m in voting or () if m != node and not self.member_up(job, m)]
+        founder = self.founder(job)
+        if voting is not None and len(voting) == 2 and founder in voting and node != founder and not down:
+            what = (f"{cls} of {fault.target} at {fault.at:.1f} s (voting members {', '.join(voting)}: the founder "
+                    f"{founder} goes on alone)")
+            self.world.must_survive.setdefault(job.index, []).append((cls, what))
+            self.state.say(f"job {job.index}: {node} was the other of two voting members; the founder {founder} is "
+                           "up: it goes on alone, the job must go on")
+            return
+        if voting is None:
+            why = NO_LIST
+        elif len(voting) < 3:
+            why = FEW_VOTERS
+        elif (len(voting) - 1 - len(down)) * 2 <= len(voting):
+            why = NO_QUORUM
+        else:
+            what = (f"{cls} of {fault.target} at {fault.at:.1f} s (voting members {', '.join(voting)}; the others "
+                    "up)")
+            self.world.must_survive.setdefault(job.index, []).append((cls, what))
+            self.state.say(f"job {job.index}: {node} was a voting member of {len(voting)}; the others keep a quorum: "
+                           "the job must go on")
+            return
+        detail = f"{why} ({self.kv.unread})" if voting is None else f"{why}: voting {', '.join(voting)}, down {', '.join(down) or 'none'}"
+        job.loss = job.loss or f"{cls} of member {node}: {detail}"
+        self.state.tally.moot("member_loss_survived", why, cls)
+        self.state.say(f"job {job.index}: {node}'s loss may end the job (documented): {detail}")
+
+    def founder(self, job: Job) -> str | None:
+        """The node whose agent founded the job's etcd ("n0": the first endpoint's host), while that agent lives,
+        left alone; None once it is gone (a node started again on n0 joins the members as any other)."""
+        first = min((a for a in job.agents if a.node == "n0"), key=lambda a: a.serial, default=None)
+        if first is None or first.code is not None or first.fate or first.cut_off:
+            return None
+        return first.node
+
+    def member_up(self, job: Job, node: str) -> bool:
+        """`node`'s member runs and is reachable: its host is up and linked, an agent of it runs, left alone, and an
+        etcd runs there (a node started again after its member was lost runs none until it grows back: its old
+        member, still listed until removed, is down; CI once judged such a list "the others up")."""
+        host = self.world.lab.hosts.get(node) if self.world.lab is not None else None
+        return (host is not None and not host.lost and not host.cut_off
+                and any(a.node == node and a.code is None and not a.fate for a in job.agents)
+                and any((argv := argv_of(outer)) and Path(argv[0]).name == "etcd" for outer in host.pids().values()))
 
     def signal_worker(self, job: Job, m: dict[str, Any], p: Proc, sig: int) -> bool:  # noqa: ARG002 - the base's
         """Signal the worker through its host (Host.kill: the pid its host numbers it), once the host still maps
@@ -297,7 +462,10 @@ class HostFaults(Faults):
                 a.cut_off = True
         self.state.record(job, "link_cut", agent.label, f"link down for {cut:.1f} s (lease_ttl {LEASE_TTL_S:g} s; "
                           f"{state}, {len(mine)} worker(s) running)")
-        if cut >= LONG_CUT_S and state == "RUNNING" and mine:
+        only_member = self.state.args.hosted and self.procs.hosted_etcd(agent) is not None
+        if only_member:  # its lease lives on its own etcd: the others lapse instead (a documented loss: inject)
+            self.state.tally.moot("fenced", "the cut node hosts the only member (hosted_members 1)")
+        elif cut >= LONG_CUT_S and state == "RUNNING" and mine:
             self.state.expect(job, "fenced", FENCE_BOUND_S, lambda: self.fence_held(job, agent, at),
                               lambda: self.fence_detail(job, agent, cut), met=f"{agent.label} fenced")
         self.heal_later(job, agent, host, cut, 2 + u[2] * 8)
@@ -396,8 +564,11 @@ class HostChecks(Checks):
                                 for w, ms in sorted(worlds.items())))
 
     def wait_nothing_survives(self, job: Job) -> None:
-        """The base check (the job's mark, on this machine), then every node host empty but its PID 1."""
+        """The base check (the job's mark, on this machine), --hosted no etcd left on a host, then every node host
+        empty but its PID 1."""
         super().wait_nothing_survives(job)
+        if self.state.args.hosted:
+            self.check_no_etcd_left(job)
         deadline = time.monotonic() + GONE_BOUND_S
         while (left := self.procs.host_leftovers(job)) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -405,6 +576,33 @@ class HostChecks(Checks):
         if left:
             raise Violation("nothing_survives", f"{len(left)} process(es) left on the hosts of job {job.index} "
                             f"{GONE_BOUND_S:g} s after its end: " + "; ".join(left))
+
+    def check_no_etcd_left(self, job: Job) -> None:
+        """--hosted: within GONE_BOUND_S of the job's end, no etcd process and no `runner-etcd-*` data folder on any of
+        its live node hosts (docs/multinode.md: no etcd process or data folder is left on any host)."""
+        deadline = time.monotonic() + GONE_BOUND_S
+        while (left := self.procs.etcd_leftovers(job)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            reap_orphans(self.procs.own_pids())
+        if left:
+            raise Violation("no_etcd_left", f"job {job.index}: {GONE_BOUND_S:g} s after its end, left on its hosts: "
+                            + "; ".join(left))
+        self.state.tally.held("no_etcd_left")
+
+    def check_job_result(self, job: Job) -> None:
+        """hosted_members 3: every member's loss the others had a quorum without (HostFaults.judge_member_loss) left
+        the job to finish its training (member_loss_survived); then the base's (one_world, job_completes)."""
+        for cls, what in self.world.must_survive.get(job.index, []):
+            if job.trained():
+                self.state.tally.held("member_loss_survived", cls)
+            elif job.loss:
+                self.state.tally.moot("member_loss_survived", "a documented loss ended the job", cls)
+            else:
+                summary = ", ".join(f"{a.label}={a.code}{'/' + a.fate if a.fate else ''}" for a in job.agents)
+                raise Violation("member_loss_survived", f"job {job.index} ended without finishing its training after "
+                                f"{what}: the other members kept a quorum, so the job had to go on (docs/multinode.md "
+                                f"'Members'); agents {summary}\n" + evidence(job, MEMBER_EVIDENCE) + tails(job))
+        super().check_job_result(job)
 
     def check_job_end(self, job: Job) -> None:
         """The base checks (one world per attempt among them), and no two worlds ever live at once."""
@@ -420,6 +618,7 @@ class HostSoak(Soak):
     lost_rows = HOST_LOST
     measured = HOST_MEASURED
     procs: HostProcesses
+    kv: HostEtcdView
     checks: HostChecks
     faults: HostFaults
 
@@ -441,20 +640,40 @@ class HostSoak(Soak):
 
     # ------------------------------------------------------------------ setup / teardown
 
+    @classmethod
+    def ruled_out(cls, args: Options) -> dict[str, str]:
+        """The base's, and with --hosted the etcd classes: the members are the nodes' own, hit through their hosts
+        (host_loss, link_cut) or their agents (kill_agent, signal_agent)."""
+        out = super().ruled_out(args)
+        if args.hosted:
+            for c in ETCD_CLASSES:
+                out[c] = ("is not drawn with --hosts --hosted: the members run on the nodes' hosts, hit by host_loss, "
+                          "link_cut and kill_agent")
+        return out
+
     def setup(self) -> None:
-        """Subreaper, the lab (its shared folder: the soak's own), the etcd's host(s) and members."""
+        """Subreaper, the lab (its shared folder: the soak's own), the etcd's host(s) and members; --hosted: the node
+        hosts (their addresses are the spec's endpoints), no etcd of the soak's."""
         set_subreaper()
         self.select_classes()
         lab = self.world.lab = Lab(self.state.base)
         lab.__enter__()
+        nodes = ", ".join(f"n{i}" for i in range(self.args.nodes))
+        if self.args.hosted:
+            for i in range(self.args.nodes):
+                lab.add(f"n{i}")
+            self.state.say(f"lab {lab.bridge} ({lab.bridge_ip}/24), shared {self.state.base}; nodes on hosts {nodes}, "
+                           f"hosting the etcd: hosted_members {self.args.hosted_members}")
+            for c, why in sorted(self.state.tally.skipped().items()):
+                self.state.say(f"class {c} skipped: {why}")
+            return
         members = self.args.etcd_members
         names = ["etcd"] if members == 1 else [f"etcd{i}" for i in range(members)]
         cluster = self.world.cluster = HostEtcd(EtcdCluster([lab.add(n) for n in names],
                                                             token=f"chaos-{self.args.seed}"))
         cluster.start_cluster()
         self.state.say(f"lab {lab.bridge} ({lab.bridge_ip}/24), shared {self.state.base}; etcd of {members} "
-                       f"member(s) at {cluster.endpoint}; nodes on hosts "
-                       f"{', '.join(f'n{i}' for i in range(self.args.nodes))}")
+                       f"member(s) at {cluster.endpoint}; nodes on hosts {nodes}")
 
     def teardown(self, keep: bool) -> None:
         """Every agent and host process killed, the etcd members, the hosts, their namespaces and the bridge; then
@@ -473,17 +692,47 @@ class HostSoak(Soak):
     # ------------------------------------------------------------------ jobs
 
     def job_endpoint(self) -> str:
-        """Every etcd member's client endpoint (the spec lists them all)."""
+        """Every etcd member's client endpoint (the spec lists them all); --hosted: the first hosted_members node
+        hosts' addresses, on a port of the job's own (the hosting node's first)."""
+        if self.args.hosted:
+            assert self.world.lab is not None
+            port = HOSTED_PORT + 2 * (len(self.state.jobs) % 40)
+            return ",".join(f"{self.world.lab.address(f'n{i}')}:{port}"
+                            for i in range(min(self.args.hosted_members, self.args.nodes)))
         assert self.world.cluster is not None
         return self.world.cluster.endpoint
+
+    def spec_text(self, job: Job, endpoint: str) -> str:
+        """The base's spec; --hosted: `hosted_members`, and the secret from each host's own file (RUNNER_SECRET_FILE,
+        HostProcesses.give_secret) instead of the shared folder's."""
+        text = super().spec_text(job, endpoint)
+        if not self.args.hosted:
+            return text
+        return text.replace(f"\n  secret_file: {job.dir / 'job.secret'}", "")
+
+    def hosted_members(self) -> int:
+        """--hosted-members: every node on a host of its own."""
+        return self.args.hosted_members
+
+    def finish_job(self, job: Job) -> None:
+        """The base's end of a job; then its secret's copies removed from the hosts."""
+        super().finish_job(job)
+        for host in self.procs.node_hosts(job) if self.args.hosted else ():
+            with contextlib.suppress(OSError):
+                (self.procs.host_tmp(host) / f"{job.name}.secret").unlink()
 
     def replay(self, job: int | None = None) -> str:
         """The base soak's replay, on hosts."""
         line = super().replay(job) + " --hosts"
+        if self.args.hosted:
+            return line + f" --hosted-members {self.args.hosted_members}"
         return line + (f" --etcd-members {self.args.etcd_members}" if self.args.etcd_members != 1 else "")
 
     def setting(self) -> str:
         """The soak's setting, for the table's title."""
+        if self.args.hosted:
+            return (f"{self.args.nodes} nodes on simulated hosts, hosting the etcd (hosted_members "
+                    f"{self.args.hosted_members})")
         return (f"{self.args.nodes} nodes on simulated hosts, etcd of {self.args.etcd_members} member(s) on hosts of "
                 "their own")
 

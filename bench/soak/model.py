@@ -34,6 +34,7 @@ class Agent:
     started: float  # time.time()
     fate: str = ""  # "" (left alone), "killed", "lost" (its host: --hosts), or the stop signal's name
     fate_at: float = 0.0
+    joining: bool = False  # a late node not yet RUNNING: no fault targets it until its admission is judged
     cut_off: bool = False  # its node's network was partitioned (or its host's link cut: --hosts) while it ran
     host_pid: int = 0  # --hosts: its pid on its simulated host (runs.jsonl records that one); 0: the same as me.pid
     code: int | None = None

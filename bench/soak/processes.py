@@ -29,6 +29,7 @@ from bench.soak.procs import (
     stat,
 )
 from bench.soak.state import SoakState
+from runner.system.served import listens
 
 
 class JobProcesses:
@@ -122,10 +123,20 @@ class JobProcesses:
                 if any("runner.system.shepherd_main" in a for a in argv_of(pid)) and (p := ident(pid))]
 
     def hosted_etcd(self, agent: Agent) -> Proc | None:
-        """The etcd the agent hosts (a descendant whose program is etcd), if any."""
+        """The etcd the agent hosts, if any: a descendant whose program is etcd and that listens on the job's port.
+
+        Not any etcd of the agent: one started on a loopback port to set up the job's users (hosted_server's auth
+        bootstrap), or one that lost the race for the port to another agent of this machine, is not the job's
+        rendezvous (CI, seed 970833: the first, SIGKILLed, was expected back, but its agent rightly joined the other
+        agent's etcd instead).
+        """
+        job = self.state.job
+        port = job.endpoint.rpartition(":")[2] if job is not None else ""
+        if not port.isdigit():
+            return None  # no job's port to listen on: nothing can be proven the job's etcd
         for pid in descendants_of(agent.me.pid):
             argv = argv_of(pid)
-            if argv and Path(argv[0]).name == "etcd" and (p := ident(pid)) and running(p):
+            if argv and Path(argv[0]).name == "etcd" and (p := ident(pid)) and running(p) and listens(pid, int(port)):
                 return p
         return None
 

@@ -38,9 +38,12 @@ no_internal_error, hang_detected, guard_replaced, stop_honoured, job_completes):
 - lighthouse_up: while the agent runs (no stop signal sent, some group still running), it is never without a
   lighthouse for more than 20 s, whatever took the lighthouse away;
 - survivor_advanced: when one group's worker was killed or left stopped while the other group was stepping (it
-  committed a step within 3 s before, after any fault of its own or of the lighthouse), the other group committed
+  committed a step within 5 of its steps, 1 s at least, before, after any fault of its own or of the lighthouse),
+  the other group committed
   steps alone (its own output's `groups=1`) before the killed group committed again (6 s allowed after a kill,
-  10 s after a hang: lighthouse heartbeat_timeout, the collectives' timeout, load). A window cut shorter by a fault
+  10 s after a hang: lighthouse heartbeat_timeout, the collectives' timeout, load; a worker killed while joining,
+  before it ended a step of its attempt, counts as a hang: the other group may be in the new quorum's collective with
+  it, which waits for its timeout). A window cut shorter by a fault
   on the other group, the lighthouse or the agent, or by the killed group's return, only counts if the other group
   did step alone in it; the table says how many were checked and why the others did not apply.
 - nothing_survives also: every lighthouse process the soak saw is gone and its port free after the job.
@@ -104,7 +107,11 @@ WORKER_TIMEOUT_S = 5.0  # the worker's collectives, store and Manager RPCs (chao
 QUORUM_TIMEOUT_S = 10.0  # the worker's Manager quorum_timeout (chaos_ft.py --quorum-timeout)
 LIGHTHOUSE_KILLS = 3  # per run: the agent restarts its lighthouse 5 times at most (runner/agent/lighthouse.py)
 LIGHTHOUSE_BOUND_S = 20.0
-ACTIVE_S = 3.0  # the other group "was stepping": it committed a step this recently before the fault
+# The other group "was stepping" at the fault: it committed within ACTIVE_STEPS of its normal steps (ACTIVE_MIN_S at
+# least) before it. A group already still for seconds (waiting in a quorum with the killed group's joining worker,
+# seen with 0.1 s steps and 2-3 s of silence) was not stepping: what it does next says nothing of the fault.
+ACTIVE_STEPS = 5
+ACTIVE_MIN_S = 1.0
 # When a group's worker is gone, the lighthouse drops it from the quorum after heartbeat_timeout, and a waiting quorum
 # is issued within join_timeout and one tick; a stopped worker first holds the step's allreduce until the worker's
 # collective timeout. Only then can the other group commit alone: the group is down *for the quorum* from there.
@@ -520,9 +527,11 @@ class ReplicaChecks(Checks):
             final = next((x.time for x in lines[j] if x.commit and x.step >= self.state.args.steps), math.inf)
             before = max((w for w in mine if w < d.wall), default=0.0)
             recent = [x for x in lines[j] if x.commit and before < x.time <= d.wall]
-            if final <= d.wall or not recent or d.wall - recent[-1].time > ACTIVE_S:
-                self.state.tally.moot("survivor_advanced", "the other group was not stepping (no commit within 3 s "
-                                      "before, after its last fault; or it had finished)", cls)
+            active = max(ACTIVE_MIN_S, ACTIVE_STEPS * normal_step(lines[j], d.wall))
+            if final <= d.wall or not recent or d.wall - recent[-1].time > active:
+                self.state.tally.moot("survivor_advanced", "the other group was not stepping (no commit within "
+                                      f"{ACTIVE_STEPS} of its steps or {ACTIVE_MIN_S:g} s before, after its last "
+                                      "fault; or it had finished)", cls)
                 continue
             s0 = recent[-1].step
             end = min([back, *cuts])
@@ -538,11 +547,14 @@ class ReplicaChecks(Checks):
                 self.state.tally.moot("survivor_advanced", "the other group finished its training in the window", cls)
                 continue
             step = normal_step(lines[j], d.wall)
-            bound = DETECT_S[d.kind] + SLACK_S + NORMAL_STEPS * step
+            joining = not any(x.attempt == d.attempt and x.time < d.wall for x in lines[d.group])
+            detect = DETECT_S["hang" if joining else d.kind]
+            bound = detect + SLACK_S + NORMAL_STEPS * step
             if end - d.wall <= bound:
                 why = "the killed group was back" if end == back else "a fault on the other group, the lighthouse or the agent came"
+                held = " (it was joining: the other group's collective with it waits for its timeout)" if joining else ""
                 self.state.tally.moot("survivor_advanced", f"{why} before the quorum could drop it and two normal steps "
-                                      "passed", cls)
+                                      f"passed{held}", cls)
                 continue
             after = [f"{x.step}/{int(x.commit)}/{x.groups}@{x.time - d.wall:+.2f}" for x in lines[j]
                      if d.wall - 2 < x.time < end][:30]
@@ -550,7 +562,7 @@ class ReplicaChecks(Checks):
             raise Violation("survivor_advanced", f"job {job.index}, {d.agent.label}: group {d.group}'s worker {d.pid} "
                             f"(attempt {d.attempt}) got a {d.kind} at step {s0} of group {j}; group {d.group} was "
                             f"down for {end - d.wall:.1f} s ({'until it committed again' if end == back else 'until a fault cut the window'}), "
-                            f"longer than the lighthouse's detection ({DETECT_S[d.kind]:g} s) + {SLACK_S:g} s + "
+                            f"longer than the detection ({detect:g} s{', joining' if joining else ''}) + {SLACK_S:g} s + "
                             f"{NORMAL_STEPS} normal steps of group {j} ({step:.2f} s each, measured), yet group {j} "
                             f"committed no step alone in it. Its lines (step/commit/groups@s from the fault): {after}")
 

@@ -38,6 +38,8 @@ class Options:
     replica_groups: bool = False
     hosts: bool = False
     etcd_members: int = 1
+    hosted_members: int = 1  # --hosts --hosted: rendezvous.hosted_members of every job (1 or 3)
+    single_member_faults: bool = False  # --hosted-members 3: every member fault waits for 3 voting members, all up
 
     @classmethod
     def of(cls, ns: argparse.Namespace) -> Options:

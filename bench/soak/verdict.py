@@ -2,7 +2,8 @@
 
 Beyond "no invariant broke", a run fails (exit code 1, naming what is missing) when
 - an enabled class never fired with a real target: drawn only while it had none, or never drawn at all (the run was
-  too short for its classes). A class disabled because the machine lacks a capability (root for the tmpfs, a network
+  too short for its classes), in the run's jobs and in the one make-up job a run gets for such classes (soak.py
+  `owed`). A class disabled because the machine lacks a capability (root for the tmpfs, a network
   namespace), or because the soak's other options rule it out (late_join and partition with --nodes 2; named in --classes, such a
   class is refused on the command line), is not enabled: the run reports it as skipped, with the reason, and never
   counts it as fired;
@@ -29,7 +30,7 @@ NOT_IN_CLASSES = "not in --classes"
 MOOT_WHY = {
     "lease_revoked": "etcd could not be read (stopped, frozen, wiped or gone with its host)",
     "guard_replaced": "the agent ended first",
-    "etcd_restarted": "the hosting agent ended first",
+    "etcd_restarted": "the hosting agent ended first, or another agent of its machine took the port meanwhile",
     "late_join_admitted": "the late node ended, got a fault, or the job finished first",
     "lighthouse_restarted": "the agent ended or was signalled first",
     "lease_expired": "etcd could not be read (a member stopped, restarted or wiped)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -16,14 +17,16 @@ from runner.agent.result import JobResult, of_group
 from runner.config.spec import JobSpec
 from runner.core.context import JobInputs
 from runner.observe.logs import RUN_LOG
+from runner.rundir.layout import LATEST, RunDir, job_dir, run_name
 from runner.runs import index as runs_index
 from runner.runs.control import agent_identity
 from runner.system import soft_io
 from runner.system.private_files import private_dir
+from runner.system.thread_signals import SignalFreeExecutor
 from runner.system.title import set_title
 
 if TYPE_CHECKING:
-    from runner.agent.replicas import ReplicaJob
+    from runner.agent.replica_group import ReplicaJob
 
 
 def default_node_id() -> str:
@@ -37,15 +40,15 @@ def default_node_id() -> str:
 def new_run_dir(spec: JobSpec) -> Path:
     """<logs.dir>/<job>/<UTC time>-<random>: a new folder every run, so no earlier run's logs are overwritten."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    base = Path(spec.logs.dir).expanduser().absolute() / spec.name
-    run_dir = base / f"{stamp}-{os.urandom(3).hex()}"
+    base = job_dir(spec.logs.dir, spec.name)
+    run_dir = base / run_name(stamp, os.urandom(3).hex())
     try:
         private_dir(run_dir)  # 0700: the run's files are the user's own (docs/secrets.md)
     except OSError as e:  # the disk lost its last inode since the CLI chose logs.dir: every write fails soft
         soft_io.warn_once("run_dir_unwritable", run_dir, e)
-    latest = base / "latest"
+    latest = RunDir.latest(spec.logs.dir, spec.name).root
     try:
-        tmp = base / f".latest-{os.urandom(3).hex()}"
+        tmp = base / f".{LATEST}-{os.urandom(3).hex()}"
         tmp.symlink_to(run_dir.name)
         tmp.replace(latest)
     except OSError:
@@ -58,13 +61,15 @@ async def run(spec: JobSpec, node: str | None = None, advertise_addr: str | None
 
     A job with replica groups runs each group's machine under a supervisor (runner/agent/replicas.py).
     """
+    # Before any thread exists: asyncio.to_thread's threads never take a stop signal (runner/system/thread_signals.py)
+    asyncio.get_running_loop().set_default_executor(SignalFreeExecutor(thread_name_prefix="runner"))
     node_named = node is not None or bool(os.environ.get("RUNNER_NODE"))
     node = node or default_node_id()
     set_title(f"runner: agent job {spec.name}")
     structlog.contextvars.bind_contextvars(job=spec.name, node=node)
     log: structlog.typing.FilteringBoundLogger = structlog.get_logger("runner")
     run_dir = new_run_dir(spec)
-    RUN_LOG.open(run_dir / "agent.jsonl")
+    RUN_LOG.open(RunDir(run_dir).agent_log)
     runs_index.announce(spec, node, run_dir, log)  # the console's header; this run in `runner runs`
     addr = advertise_addr or spec.rendezvous.master_addr
     if addr is None:

@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from runner.agent.services import GroupLauncher, Publisher, RecoveryTimer, node_status
 from runner.core.context import Context, JobInputs
-from runner.core.machine import Edge, GroupState, Model, Step, build_machine, drive
+from runner.core.group_state import GroupState
+from runner.core.machine import Edge, Model, Step, build_machine, drive
 from runner.core.restart_policy import GUARDS, settle
 from runner.events import GuardLost
 from runner.observe.logs import JsonLines
 from runner.observe.recovery import Recoveries
 from runner.outcomes import Outcome
+from runner.rundir.layout import RunDir
 from runner.states import HANDLERS
 from runner.system.shepherd import Shepherd
 from runner.system.soft_io import WarnOnce
@@ -104,7 +106,7 @@ def assemble_run(inputs: JobInputs, rendezvous: Rendezvous, log: structlog.typin
     model, _ = build_machine(GUARDS)
     ctx = assemble(inputs, rendezvous, log, lambda: model.state, observe=observe, shepherd=shepherd,
                    outer_stops=outer_stops)
-    record = TransitionLog(ctx, JsonLines(inputs.run_dir / "transitions.jsonl"), metrics, job_sink=job_sink,
+    record = TransitionLog(ctx, JsonLines(RunDir(inputs.run_dir).transitions), metrics, job_sink=job_sink,
                            after=after)
     return Run(model, ctx, record)
 

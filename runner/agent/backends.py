@@ -34,7 +34,7 @@ def make_rendezvous(spec: JobSpec, node: str, advertise_addr: str, run_dir: Path
         return EtcdRendezvous(spec, node, advertise_addr=advertise_addr)
     from runner.rendezvous.local import LocalRendezvous
     from runner.rendezvous.node_ledger import LocalLedger
-    from runner.runs.index import ledger_path
+    from runner.rundir.layout import ledger_path
 
     return LocalRendezvous(
         node, spec.nproc_per_node, spec.rendezvous.master_addr or "127.0.0.1", spec.rendezvous.master_port,

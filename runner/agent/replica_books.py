@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,19 +17,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner.agent.services import STATUS_REFRESH_S
-from runner.core.machine import GroupState
+from runner.core.group_state import GroupState
 from runner.observe.ledger import job_ledger
-from runner.states.shutdown import place_report
+from runner.rundir.layout import RunDir
+from runner.rundir.records import Report, Status, place_report, write_status
 from runner.states.shutdown import report as group_report
 from runner.system import soft_io
-from runner.system.private_files import write_private
 from runner.watchdog.steps import reported_step
 
 if TYPE_CHECKING:
     import structlog
 
     from runner.agent.lighthouse import HostedLighthouse
-    from runner.agent.replicas import Group, ReplicaJob
+    from runner.agent.replica_group import Group, ReplicaJob
     from runner.config.spec import JobSpec
     from runner.core.job_machine import JobPhase, JobStep
     from runner.observe.group_metrics import GroupMetrics
@@ -98,9 +97,9 @@ class JobBooks:
     def publish(self, view: JobView) -> None:
         """<run dir>/status.json: the job's state and each group's (a failure there is a warning)."""
         try:
-            write_private(self.run_dir / "status.json", json.dumps(self.status(view), indent=2))
+            write_status(Status.from_dict(self.status(view)), self.run_dir)
         except OSError as e:
-            soft_io.warn_once("status_write_failed", self.run_dir / "status.json", e)
+            soft_io.warn_once("status_write_failed", RunDir(self.run_dir).status, e)
 
     def status(self, view: JobView) -> dict[str, object]:
         """The job's live state: SHUTDOWN once every group is; RUNNING while one runs; else the first group's."""
@@ -133,23 +132,24 @@ class JobBooks:
 
     def write_report(self, job: ReplicaJob, view: JobView) -> Path | None:
         """<run dir>/report.json: the job's outcome and every group's own report, with its committed steps."""
-        groups = []
+        groups: list[dict[str, object]] = []
+        ledgers: list[dict[str, object]] = []
         for g in view.groups:
-            entry = group_report(g.ctx)
-            entry.update(group=g.index, step=g.step, steps=g.steps)
-            groups.append(entry)
-        data = {
-            "job": self.spec.name, "node": self.node, "outcome": job.outcome.value, "exit_code": job.exit_code,
-            "reason": job.reason, "duration_s": round(time.monotonic() - self.started, 3),
-            "attempts": sum(g.ctx.run.attempt + 1 for g in view.groups),
-            "restarts": sum(g.ctx.run.restarts for g in view.groups),
-            "failures": [f.to_dict() | {"group": g.index} for g in view.groups for f in g.ctx.run.failures],
-            "replica_groups": {"count": self.groups_spec.count, "min_active": self.groups_spec.min_active,
-                               "nproc_per_node": self.groups_spec.nproc_per_node,
-                               "lighthouse": self.lighthouse_status(view.lighthouse)},
-            "groups": groups, "run_dir": str(self.run_dir),
-            "warnings": sorted({w for g in view.groups for w in g.ctx.warnings.seen} | set(soft_io.failures())),
-            "ledger": job_ledger([e["ledger"] | {"group": e["group"]} for e in groups]),  # docs/goodput.md
-        }
-        return place_report(json.dumps(data, indent=2, default=str), self.run_dir,
-                            f"{self.spec.name}-{self.run_dir.name}", soft_io.WarnOnce(self.log).warn, self.log)
+            own = group_report(g.ctx)
+            groups.append(own.to_dict() | {"group": g.index, "step": g.step, "steps": g.steps})
+            ledgers.append((own.ledger or {}) | {"group": g.index})
+        report = Report(
+            job=self.spec.name, node=self.node, outcome=job.outcome.value, exit_code=job.exit_code,
+            reason=job.reason, duration_s=round(time.monotonic() - self.started, 3),
+            attempts=sum(g.ctx.run.attempt + 1 for g in view.groups),
+            restarts=sum(g.ctx.run.restarts for g in view.groups),
+            failures=tuple(f.to_dict() | {"group": g.index} for g in view.groups for f in g.ctx.run.failures),
+            extra={"replica_groups": {"count": self.groups_spec.count, "min_active": self.groups_spec.min_active,
+                                      "nproc_per_node": self.groups_spec.nproc_per_node,
+                                      "lighthouse": self.lighthouse_status(view.lighthouse)}},
+            groups=tuple(groups), run_dir=str(self.run_dir),
+            warnings=tuple(sorted({w for g in view.groups for w in g.ctx.warnings.seen} | set(soft_io.failures()))),
+            ledger=job_ledger(ledgers),  # docs/goodput.md
+        )
+        return place_report(report, self.run_dir, f"{self.spec.name}-{self.run_dir.name}",
+                            soft_io.WarnOnce(self.log).warn, self.log)

@@ -18,24 +18,23 @@ import asyncio
 import contextlib
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runner.agent.assembly import Run, assemble_run
+from runner.agent.assembly import assemble_run
 from runner.agent.backends import group_rendezvous
 from runner.agent.placement import Placement
 from runner.agent.replica_books import JobBooks, JobView
-from runner.agent.result import JobResult, disk_warnings
-from runner.agent.services import workers_status
+from runner.agent.replica_group import Group, ReplicaJob
 from runner.core import job_policy
-from runner.core.context import Context, JobInputs, Replica
+from runner.core.context import JobInputs, Replica
 from runner.core.job_machine import JobEdge, JobPhase, JobStep, JobTrigger, build_job_machine
-from runner.core.machine import Model
 from runner.errors import EXIT_INFRA, EXIT_STOPPED_BASE, RunnerError
 from runner.events import StopRequested
 from runner.observe.logs import JsonLines
 from runner.outcomes import Outcome
+from runner.rundir.layout import RunDir
 from runner.states.waiting import Stopped, unless_stopped
 from runner.system import signals, soft_io
 from runner.system.private_files import private_dir
@@ -49,87 +48,6 @@ if TYPE_CHECKING:
     from runner.events import Event
     from runner.observe.group_metrics import GroupMetrics
 
-
-
-@dataclass
-class Group:
-    """One replica group as the supervisor sees it: its run (context, machine, transition log), what it reported."""
-
-    run: Run
-    step: int | None = None  # the last step its rank 0 committed (None: not reported yet)
-    steps: list[tuple[float, int]] = field(default_factory=list)  # (epoch seconds, step) on every change
-    ended: bool = False  # its run is over: SHUTDOWN's work done, what was left torn down
-
-    @property
-    def ctx(self) -> Context:
-        """The group's context."""
-        return self.run.ctx
-
-    @property
-    def model(self) -> Model:
-        """The group's machine."""
-        return self.run.model
-
-    def view(self) -> job_policy.GroupView:
-        """What the job's guards read of it."""
-        return job_policy.GroupView(self.index, self.model.state, self.ctx.run.attempt, self.ctx.outcome,
-                                    self.ctx.exit_code, self.ended)
-
-    @property
-    def index(self) -> int:
-        """REPLICA_GROUP_ID."""
-        assert self.ctx.inputs.replica is not None
-        return self.ctx.inputs.replica.group
-
-    def status(self) -> dict[str, object]:
-        """This group's line of the job's status (the JSON boundary)."""
-        return {
-            "group": self.index,
-            "state": self.model.state.value,
-            "attempt": self.ctx.run.attempt,
-            "restarts": self.ctx.run.restarts,
-            "step": self.step,
-            "workers": workers_status(self.ctx),  # their pids: `runner status` shows them (docs/replica_groups.md)
-            "outcome": self.ctx.outcome.value if self.ctx.outcome is not None else None,
-            "ledger": self.ctx.recovery.status().get("ledger"),  # its ETTR so far (docs/goodput.md)
-        }
-
-
-@dataclass
-class ReplicaJob:
-    """The job's end: outcome, exit code, why, and every group's report (what `runner run` prints and exits with)."""
-
-    name: str
-    run_dir: Path
-    outcome: Outcome = Outcome.STOPPED
-    exit_code: int = EXIT_INFRA
-    reason: str = ""
-    fix: str = ""  # what to do about an error that kept the groups from starting
-    groups: list[Group] = field(default_factory=list)
-    report_path: Path | None = None
-
-    def summary(self) -> list[str]:
-        """The lines `runner run` prints at the end."""
-        lines = [f"runner: job '{self.name}' {self.outcome} ({self.reason}); exit code {self.exit_code}"]
-        if self.fix:
-            lines.append(f"runner:   fix: {self.fix}")
-        for g in self.groups:
-            failures = g.ctx.run.failures
-            last = f"; last failure: {failures[-1].reason}" if failures else ""
-            step = f", step {g.step}" if g.step is not None else ""
-            lines.append(f"runner:   group {g.index}: {g.ctx.outcome} after {g.ctx.run.attempt + 1} attempt(s), "
-                         f"{g.ctx.run.restarts} restart(s){step}{last}")
-        lines.append(f"runner: logs: {self.run_dir}")
-        if self.report_path is None:
-            lines.append("runner: warning: report.json could not be written")
-        elif self.report_path.parent != self.run_dir:  # as a single group's summary: where it went instead
-            lines.append(f"runner: report: {self.report_path} (the run dir could not take it)")
-        return lines
-
-    def result(self) -> JobResult:
-        """The job's end as `runner run` prints and exits with it (the same type as a job of one group's)."""
-        return JobResult(self.name, self.run_dir, self.outcome, self.exit_code,
-                         (*self.summary(), *disk_warnings(())))
 
 
 @dataclass
@@ -172,7 +90,7 @@ class Supervisor:
         self.model, _ = build_job_machine(job_policy.GUARDS)
         self.learnt = JobRecord()  # what the job learnt on its way: facts beside the groups', and its outcome
         self.changed = asyncio.Event()  # something the job's guards read may have changed: review
-        self.job_transitions = JsonLines(run_dir / "transitions.jsonl")
+        self.job_transitions = JsonLines(RunDir(run_dir).transitions)
         self.reaper = Shepherd()  # the agent's: child subreaper from the start, kills what is left at the very end
         self.place = Placement(spec, node, advertise_addr, run_dir, log, self.reaper, self.lighthouse_gone)
         self.books = JobBooks(spec, node, run_dir, identity, self.started, log)
@@ -273,7 +191,7 @@ class Supervisor:
         try:
             self.job_transitions.write(event)
         except OSError as e:
-            soft_io.warn_once("transition_write_failed", self.run_dir / "transitions.jsonl", e)
+            soft_io.warn_once("transition_write_failed", RunDir(self.run_dir).transitions, e)
         self.log.info("job_transition", **{k: v for k, v in event.items() if k not in ("event", "job", "node")})
         self.books.due.set()
 
@@ -346,7 +264,7 @@ class Supervisor:
 
     def make_group(self, k: int, lighthouse: str) -> Group:
         """Group k: its own spec view (the group's nproc_per_node), run dir, rendezvous, machine and context."""
-        folder = self.run_dir / f"group_{k}"
+        folder = RunDir(self.run_dir).group(k).root
         try:
             private_dir(folder)
         except OSError as e:  # a full logs disk: the group runs, its writes fail soft
@@ -356,10 +274,13 @@ class Supervisor:
                                                   seated=self.place.seat is not None)
         inputs = JobInputs(spec, node, folder, self.started, self.identity, replica=replica)
         metrics = self.metrics.group(k) if self.metrics is not None else None
-        return Group(assemble_run(inputs, rendezvous, self.log.bind(group=k), metrics=metrics,
-                                  shepherd=Shepherd(agent=False),  # the supervisor's own is the subreaper
-                                  outer_stops=self.stops,  # a stop the job receives or decides reaches the group
-                                  job_sink=self.job_transitions, after=self.moved))
+        run = assemble_run(inputs, rendezvous, self.log.bind(group=k), metrics=metrics,
+                           shepherd=Shepherd(agent=False),  # the supervisor's own is the subreaper
+                           outer_stops=self.stops,  # a stop the job receives or decides reaches the group
+                           job_sink=self.job_transitions, after=self.moved)
+        if self.place.follows:
+            run.ctx.before_plan = self.place.settled
+        return Group(run)
 
     async def drive(self, group: Group) -> None:
         """Run one group's machine to SHUTDOWN; its transitions go to its own file and to the job's."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,8 +28,8 @@ class JobResult:
 def of_group(ctx: Context) -> JobResult:
     """A job of one group: outcome, attempts, each root cause, recoveries, warnings, where the logs are."""
     outcome = ctx.outcome or Outcome.STOPPED
-    head = (f"runner: job '{ctx.spec.name}' {ctx.outcome} after {ctx.run.attempt + 1} attempt(s), "
-            f"{ctx.run.restarts} restart(s); exit code {ctx.exit_code}")
+    head = (f"runner: job '{ctx.spec.name}' {ctx.outcome} after "
+            f"{attempts_words(ctx.run.attempt + 1, ctx.run.restarts, ctx.run.uncharged)}; exit code {ctx.exit_code}")
     lines = [head]
     failures = ctx.run.failures  # SHUTDOWN adds a fatal failure that skipped FAILED
     lines += [f"runner:   attempt {f.attempt}: {f.reason}" for f in failures[:-1]]
@@ -48,6 +48,32 @@ def of_group(ctx: Context) -> JobResult:
     elif ctx.report_path.parent != ctx.inputs.run_dir:
         lines.append(f"runner: report: {ctx.report_path} (the run dir could not take it)")
     return JobResult(ctx.spec.name, ctx.inputs.run_dir, outcome, ctx.exit_code, tuple(lines))
+
+
+# An attempt restart.max_restarts did not pay for, by its cause (runner/states/restarting.py): one, several.
+UNCHARGED_WORDS = {
+    "node_lost": ("re-rendezvous after a lost node", "re-rendezvous after lost nodes"),
+    "preempted": ("re-rendezvous after a preempted node", "re-rendezvous after preempted nodes"),
+    "membership": ("re-rendezvous for a joining node", "re-rendezvous for joining nodes"),
+}
+
+
+def attempts_words(attempts: int, restarts: int, uncharged: Mapping[str, int]) -> str:
+    """The summary's count of attempts in words, e.g. `2 attempts (1 restart)`.
+
+    `1 attempt`; `2 attempts (1 re-rendezvous after a lost node, uncharged; 0 restarts)`.
+    `restarts`: those charged to restart.max_restarts; `uncharged`: the other new attempts, by cause.
+    """
+    text = f"{attempts} attempt{'' if attempts == 1 else 's'}"
+    parts = []
+    for cause, count in uncharged.items():
+        one, many = UNCHARGED_WORDS.get(cause, (f"restart after a failure of class {cause}",
+                                                 f"restarts after failures of class {cause}"))
+        parts.append(f"{count} {one if count == 1 else many}, uncharged")
+    if parts or restarts or attempts > 1:
+        parts.append(f"{restarts} restart{'' if restarts == 1 else 's'}")
+        text += f" ({'; '.join(parts)})"
+    return text
 
 
 def disk_warnings(seen: Iterable[str]) -> list[str]:

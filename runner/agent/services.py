@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runner.core.machine import GroupState
+from runner.core.group_state import GroupState
 from runner.errors import RendezvousError
 from runner.observe.ledger import Ledger, StepReport
 from runner.observe.recovery import Recoveries
 from runner.outcomes import FailureKind
-from runner.system.private_files import write_private
+from runner.rundir.layout import RunDir
+from runner.rundir.records import Status, write_status
 from runner.watchdog.readiness import Readiness
 from runner.watchdog.steps import StepWatch
 from runner.workers.group import Worker, WorkerGroup
@@ -76,7 +76,14 @@ def node_status(ctx: Context, state: GroupState) -> dict[str, object]:
         **({"unhealthy": ctx.run.unhealthy} if ctx.run.unhealthy is not None else {}),  # out of the round: why
         **root_cause(ctx.run.failure, state),  # FAILED: the root cause, for the peers
         **ctx.recovery.status(),  # launch and the last recovery: running_s, ready_s (docs/time_to_recover.md)
+        **progress_at(ctx),  # when its ranks last moved: the other nodes' stall detectors ask (docs/hangs.md)
     }
+
+
+def progress_at(ctx: Context) -> dict[str, object]:
+    """`progress_at`: when a rank of this node last moved (epoch seconds), while the stall detector watches ranks."""
+    at = ctx.stall.moved_at_wall() if ctx.stall is not None else None
+    return {"progress_at": round(at, 3)} if at is not None else {}
 
 
 CAUSE_CHARS = 300  # a published root cause, at most (one line: the rank, its exception, where it was raised)
@@ -95,7 +102,7 @@ def root_cause(failure: Failure | None, state: GroupState) -> dict[str, object]:
             return {}
         lost = failure.peer.to_dict()  # its texts as one bounded line each; the node id as it is
         return {"lost": {k: v if k == "node" else one_line(v) for k, v in lost.items()}}
-    return {"cause": one_line(failure.reason)} if failure.reason else {}
+    return {"cause": one_line(failure.reason), "class": failure.failure_class.value} if failure.reason else {}
 
 
 def one_line(text: str) -> str:
@@ -166,11 +173,10 @@ class Publisher:
 
     async def _write(self, state: GroupState, *, to_rendezvous: bool) -> None:
         status = self._snapshot(state)
-        path = self._run_dir / "status.json"
         try:
-            write_private(path, json.dumps(status, indent=2))
+            write_status(Status.from_dict(status), self._run_dir)
         except OSError as e:
-            self._warnings.warn("status_write_failed", path=str(path), error=str(e))
+            self._warnings.warn("status_write_failed", path=str(RunDir(self._run_dir).status), error=str(e))
         if not to_rendezvous:
             return
         self._published_at = asyncio.get_running_loop().time()

@@ -1,21 +1,19 @@
 """`runner report RUN... [-o FILE]`: one self-contained HTML page of a run (timeline, attempts, restarts, causes).
 
-RUN is a run dir, a job's logs folder (its `latest` run), a spec file or a job name (both through the runs
-index); several run dirs (one per node of an etcd job) merge into one page. A job name or spec of an etcd job
-also takes the other nodes' runs on this machine that overlap the latest one.
+RUN is a run dir, a job's logs folder (its `latest` run), a spec file (a local job's: its own logs folder's latest
+run, from the directory it ran in) or a job name (through the runs index: runner/runs/resolve.py; the live run or
+the newest, the runs of the name elsewhere named on stderr); several run dirs (one per node of an etcd job) merge
+into one page. A job name or spec of an etcd job also takes the other nodes' runs of the same job on this machine
+that overlap the chosen one.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from runner.cli.command import Command
 from runner.errors import EXIT_SPEC, RunnerError
-
-if TYPE_CHECKING:
-    from runner.runs.index import Run
 
 
 class NoRun(RunnerError):
@@ -53,51 +51,38 @@ class ReportCommand(Command):
         return 0
 
 
-def is_run_dir(path: Path) -> bool:
-    """A folder an agent wrote."""
-    return (path / "transitions.jsonl").is_file() or (path / "agent.jsonl").is_file()
-
-
 def resolve(target: str) -> list[Path]:
-    """The run dir(s) `target` designates."""
+    """The run dir(s) `target` designates (a name: through runner/runs/resolve.py, its note on stderr)."""
+    from runner.rundir.layout import LATEST, RunDir
     from runner.runs import index as runs_index
-    from runner.runs.status import looks_like_a_file
+    from runner.runs.status import is_run_dir, looks_like_a_file
 
     path = Path(target).expanduser()
     if path.is_dir():
-        for candidate in (path, path / "latest"):
+        for candidate in (path, path / LATEST):
             if is_run_dir(candidate):
                 return [candidate.resolve()]
         raise NoRun(f"{target} is not a run dir (no transitions.jsonl or agent.jsonl)",
                     fix="give <logs.dir>/<job>/<run> (`runner runs` lists them)")
+    name = target
     if looks_like_a_file(target):
         from runner.cli.command import load
 
         spec = load(target)
-        runs = runs_index.runs_of(spec.name)
-        if not runs:
-            latest = Path(spec.logs.dir).expanduser().absolute() / spec.name / "latest"
-            if is_run_dir(latest):
-                return [latest.resolve()]
         name = spec.name
-    else:
-        runs, name = runs_index.runs_of(target), target
-    if not runs:
-        raise NoRun(f"no run of job '{name}' in the runs index ({runs_index.index_path()})",
-                    fix="give the run dir itself; `runner runs` lists the runs it knows")
-    return [Path(r.run_dir) for r in together(runs)]
+        latest = RunDir.latest(spec.logs.dir, name).root
+        if is_run_dir(latest) and (spec.rendezvous.backend == "local" or not runs_index.runs_of(name)):
+            return [latest.resolve()]  # the spec's own logs folder, from here: its run, not one of the name elsewhere
+    return by_name(name)
 
 
-def together(runs: list[Run]) -> list[Run]:
-    """The latest run and, for an etcd job, the other nodes' runs whose time overlaps it (one per node)."""
-    import time
+def by_name(name: str) -> list[Path]:
+    """The run dirs of the run a job name means: the live one, or the newest (the others named on stderr)."""
+    import sys
 
-    last = runs[-1]
-    if last.backend != "etcd":
-        return [last]
-    now = time.time()
-    picked = {last.node: last}
-    for r in reversed(runs[:-1]):
-        if r.node not in picked and r.started <= (last.ended or now) and (r.ended or now) >= last.started:
-            picked[r.node] = r
-    return sorted(picked.values(), key=lambda r: r.node)
+    from runner.runs.resolve import resolve as resolve_name
+
+    resolved = resolve_name(name)  # UnknownRun or AmbiguousRun (exit 2) when it names no single run
+    if resolved.note():
+        print(f"runner: {resolved.note()}", file=sys.stderr)
+    return [Path(r.run_dir) for r in sorted(resolved.runs, key=lambda r: r.node)]

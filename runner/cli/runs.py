@@ -24,6 +24,7 @@ class RunsCommand(Command):
 
     def run(self, args: argparse.Namespace) -> int:
         """Print the table (or JSON lines)."""
+        from runner.rundir.layout import index_path
         from runner.runs import index as runs_index
         from runner.runs.status import pid_alive
 
@@ -44,7 +45,7 @@ class RunsCommand(Command):
                 print(json.dumps(row))
             return 0
         if not rows:
-            print(f"no runs yet in {runs_index.index_path()}")
+            print(f"no runs yet in {index_path()}")
             return 0
         table: list[tuple[str, ...]] = [("JOB", "NODE", "STARTED", "STATE", "OUTCOME", "RUN DIR")]
         table += [

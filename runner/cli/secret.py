@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from runner.cli.command import Command
@@ -40,6 +41,8 @@ class SecretCommand(Command):
         except OSError as exc:
             msg = f"cannot create {path}: {exc.strerror}"
             raise SecretFileError(msg, fix="choose a folder you can write to") from None
+        # The variable is read in each node's own folder: an absolute path, so the line works pasted anywhere.
         print(f"runner: wrote a new secret to {path} (mode 0600); give it to every node of the job: "
-              f"rendezvous.secret_file: {path}, or export {SECRET_ENV}={path}")
+              f"rendezvous.secret_file: {path} (relative to the spec's folder), "
+              f"or export {SECRET_ENV}={shlex.quote(str(path.absolute()))}")
         return 0

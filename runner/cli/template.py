@@ -22,10 +22,15 @@ class TemplateCommand(Command):
         parser.add_argument("-o", "--output", help="write to this file instead of stdout")
 
     def run(self, args: argparse.Namespace) -> int:
-        """Print (or write) the rendered template."""
+        """Print (or write) the rendered template; what it changed in the spec's job, on stderr."""
+        import sys
+
         from runner.config.clusters.render import render_file
 
-        emit(render_file("kubernetes" if args.kind == "k8s" else args.kind, args.spec), args.output)
+        notes: list[str] = []
+        emit(render_file("kubernetes" if args.kind == "k8s" else args.kind, args.spec, notes), args.output)
+        for note in notes:
+            print(f"runner template: note: {note}", file=sys.stderr)
         return 0
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Iterator
 from typing import cast
 
 from runner.config.limits import MAX_ARG_BYTES, MAX_WORLD_SIZE
 from runner.config.spec import Health, JobSpec, Metrics, Rendezvous, ReplicaGroups, Watchdog
+from runner.config.timeout_order import timeout_order
 from runner.config.yaml_source import Document, Path
 from runner.errors import SpecProblem
 from runner.json_types import JSON
@@ -60,6 +62,18 @@ def _security(spec: JobSpec) -> Iterator[Found]:
         yield ("rendezvous", "auth"), "a password is given but no user", "add auth.user"
 
 
+def unspecified(host: str) -> bool:
+    """Whether `host` is no address at all: empty, or any spelling of "every interface" (0.0.0.0, 0, ::, [::0]...)."""
+    if host in ("", "0"):  # "0": Linux reads it as 0.0.0.0
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a name
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:0.0.0.0 is 0.0.0.0
+    return address.is_unspecified or (mapped is not None and mapped.is_unspecified)
+
+
 def _hosted(spec: JobSpec) -> Iterator[Found]:
     rdzv = spec.rendezvous
     if rdzv.secret_file is not None and not rdzv.hosted:
@@ -67,16 +81,27 @@ def _hosted(spec: JobSpec) -> Iterator[Found]:
         fix = "remove it, and set rendezvous.tls and rendezvous.auth for your etcd; or set hosted: true"
         yield ("rendezvous", "secret_file"), why, fix
     if not rdzv.hosted:
+        if rdzv.hosted_members != Rendezvous().hosted_members:
+            why = "does nothing without hosted: true (an etcd you run has the members you gave it)"
+            fix = "remove rendezvous.hosted_members, or set rendezvous.hosted: true"
+            yield ("rendezvous", "hosted_members"), why, fix
         return
     here = ("rendezvous", "hosted")
     if rdzv.backend != "etcd":
         yield here, "hosted applies to backend etcd", "set rendezvous.backend: etcd"
-    if len(rdzv.endpoints) != 1:
-        yield (("rendezvous", "endpoints"), f"a hosted rendezvous has one endpoint, found {len(rdzv.endpoints)}",
-               "write the hosting node's host:port only, e.g. ['10.0.0.5:29400']")
-    elif rdzv.endpoints[0].rpartition(":")[0].strip("[]") in ("0.0.0.0", "::", ""):  # noqa: S104 - refused here
-        yield (("rendezvous", "endpoints"), f"'{rdzv.endpoints[0]}' is no address the other nodes can reach",
-               "write the hosting node's own address, e.g. 10.0.0.5:29400")
+    if len(rdzv.endpoints) > rdzv.hosted_members:
+        why = (f"a hosted rendezvous has at most rendezvous.hosted_members ({rdzv.hosted_members}) endpoints, "
+               f"found {len(rdzv.endpoints)}")
+        fix = ("write the hosting node's host:port first, then the hosts of the next members, e.g. "
+               "['node0:29400', 'node1:29400', 'node2:29400']")
+        yield ("rendezvous", "endpoints"), why, fix
+    for endpoint in rdzv.endpoints:
+        if unspecified(endpoint.rpartition(":")[0].strip("[]")):
+            yield (("rendezvous", "endpoints"), f"'{endpoint}' is no address the other nodes can reach",
+                   "write the hosting node's own address, e.g. 10.0.0.5:29400")
+    if len({e.rpartition(":")[2] for e in rdzv.endpoints}) > 1:
+        why = f"the hosted etcd's members all serve on one port, but the endpoints name several: {rdzv.endpoints}"
+        yield ("rendezvous", "endpoints"), why, "write the same port on every endpoint"
     if any((rdzv.tls.ca, rdzv.tls.cert, rdzv.tls.key)) or rdzv.auth.user is not None:
         why = "the hosted etcd's TLS and authentication come from the job's secret, but rendezvous.tls or auth is set"
         fix = ("remove rendezvous.tls and rendezvous.auth (give rendezvous.secret_file), or start your own etcd "
@@ -92,6 +117,7 @@ def _positive(spec: JobSpec) -> Iterator[Found]:
         (("watchdog", "check_interval"), watchdog.check_interval),
         (("watchdog", "heartbeat_timeout"), watchdog.heartbeat_timeout),
         (("watchdog", "progress_timeout"), watchdog.progress_timeout),
+        (("watchdog", "stall_timeout"), watchdog.stall_timeout),
         (("watchdog", "max_run_time"), watchdog.max_run_time),
     ):
         if value is not None and value <= 0:
@@ -107,7 +133,8 @@ def _positive(spec: JobSpec) -> Iterator[Found]:
 def _watchdog_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
     """An explicit `enabled: false` beside a field that only the running watchdog reads: that field would do nothing.
 
-    (heartbeat_timeout with `enabled` unwritten turns the watchdog on, see build.py; max_run_time needs no watchdog.)
+    (heartbeat_timeout with `enabled` unwritten turns the watchdog on, see build.py; max_run_time needs no watchdog;
+    stall_timeout neither, and while it is on capture_stacks and keep_out_culprit apply to the stalls it finds.)
     """
     watchdog, default = spec.watchdog, Watchdog()
     if watchdog.enabled or not _written(doc, ("watchdog", "enabled")):
@@ -116,9 +143,9 @@ def _watchdog_off(spec: JobSpec, doc: Document) -> Iterator[Found]:
         ("heartbeat_timeout", watchdog.heartbeat_timeout is not None, "no worker would ever be found hung"),
         ("progress_timeout", watchdog.progress_timeout is not None, "no stalled step would ever be found"),
         ("check_interval", watchdog.check_interval != default.check_interval, "it paces the watchdog's file timer"),
-        ("capture_stacks", watchdog.capture_stacks != default.capture_stacks,
+        ("capture_stacks", watchdog.capture_stacks != default.capture_stacks and watchdog.stall_timeout is None,
          "it applies when the watchdog kills a hung worker"),
-        ("keep_out_culprit", watchdog.keep_out_culprit != default.keep_out_culprit,
+        ("keep_out_culprit", watchdog.keep_out_culprit != default.keep_out_culprit and watchdog.stall_timeout is None,
          "it applies to a hang the watchdog found"),
     )
     for key, changed, why in unused:
@@ -231,14 +258,15 @@ def _replica_nodes(spec: JobSpec, groups: ReplicaGroups) -> Iterator[Found]:
                f"set nodes: {total}")
     if spec.rendezvous.hosted:
         yield ((("replica_groups",), ("rendezvous", "hosted")),
-               "replica groups on several nodes need an etcd that outlives any one node (the hosted one does not)",
+               ("replica groups on several nodes need an etcd that outlives any one node (the hosted one does not, "
+                "whatever rendezvous.hosted_members says: the groups' seats do not grow its members)"),
                "run etcd outside the job and set rendezvous.hosted: false (docs/replica_groups.md#several-nodes)")
 
 
 CHECKS: tuple[Check, ...] = (
     _nodes, _entrypoint, _backoff, _security, _hosted, _positive, _health, _os_limits, _replica_groups,
 )
-DOC_CHECKS: tuple[DocCheck, ...] = (_watchdog_off, _etcd_only, _metrics_off, _health_unasked)
+DOC_CHECKS: tuple[DocCheck, ...] = (_watchdog_off, _etcd_only, _metrics_off, _health_unasked, timeout_order)
 
 
 def semantic_problems(spec: JobSpec, doc: Document) -> list[SpecProblem]:

@@ -29,6 +29,7 @@ from runner.config.devices import count as count_devices
 from runner.config.spec import JobSpec
 from runner.config.yaml_source import Document, Path, dotted
 from runner.errors import SpecProblem
+from runner.system.thread_signals import SignalFreeExecutor
 
 Resolver = Callable[[str], tuple[str, ...]]  # a host name -> the addresses it resolves to here (empty: none)
 Finding = tuple[Path, str, str]  # field, message, fix
@@ -66,7 +67,7 @@ def endpoint_host(endpoint: str) -> str:
 
 def resolve_here(host: str) -> tuple[str, ...]:
     """The addresses `host` resolves to on this machine, within RESOLVE_TIMEOUT_S (empty when it does not)."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    pool = SignalFreeExecutor(max_workers=1)  # may outlive the call (a stuck lookup): it never takes a signal
     future = pool.submit(socket.getaddrinfo, host, None, type=socket.SOCK_STREAM)
     try:
         infos = future.result(timeout=RESOLVE_TIMEOUT_S)
@@ -130,6 +131,12 @@ def _loopback(spec: JobSpec, fix: str, resolve: Resolver) -> Iterator[Finding]:
         return
 
 
+def _kubernetes_image(spec: JobSpec) -> Iterator[Finding]:
+    if not spec.cluster.kubernetes.image:
+        yield (("cluster", "kubernetes", "image"), "no container image for the runner pods",
+               "set cluster.kubernetes.image to an image with Python, runner and your code")
+
+
 def _kubernetes_paths(doc: Document) -> Iterator[Finding]:
     data: Mapping[str, Any] = doc.data if isinstance(doc.data, dict) else {}
     cwd = data.get("cwd")
@@ -159,7 +166,7 @@ def template_problems(kind: str, spec: JobSpec, doc: Document, resolve: Resolver
     """What `runner template KIND` refuses (exit 2): each with its field, line and fix."""
     found = [*_loopback(spec, f"write {FIRST_NODE_FIX}", resolve)]
     if kind == "kubernetes":
-        found += _kubernetes_paths(doc)
+        found += [*_kubernetes_image(spec), *_kubernetes_paths(doc)]
     return [doc.problem(path, message, fix) for path, message, fix in found]
 
 

@@ -1,5 +1,8 @@
 """Load a job spec: file -> YAML -> ${VAR} -> value rules -> JSON Schema -> JobSpec -> cross-field checks.
 
+$RUNNER_HOSTED_ENDPOINT, set by a cluster template, replaces a hosted rendezvous's endpoints after ${VAR}
+(runner/config/hosted_endpoint.py).
+
 Every problem found is reported at once in one SpecError (cross-field problems too, even when the schema also
 fails: see salvage); nothing here raises anything else for any input. Each stage is bounded (runner/config/
 limits.py), so any file is accepted or refused in well under a second and a few tens of MB.
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from runner.config.build import Builder
 from runner.config.checks import semantic_problems
+from runner.config.hosted_endpoint import apply_hosted_endpoint
 from runner.config.interpolate import interpolate
 from runner.config.limits import MAX_PROBLEMS
 from runner.config.salvage import salvage_problems
@@ -65,7 +69,9 @@ def load_document(
     if not isinstance(doc.data, dict):
         raise SpecError(source, problems)
     base = os.path.abspath(base_dir)
-    problems += interpolate(doc, os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
+    problems += interpolate(doc, env)
+    problems += apply_hosted_endpoint(doc, env)  # a cluster template's first node in place of a fixed host
     problems += value_problems(doc)
     problems += schema_problems(doc, skip=frozenset(p.path for p in problems))
     if problems:

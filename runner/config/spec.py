@@ -69,6 +69,7 @@ class Rendezvous:
     backend: Literal["local", "etcd"] = "local"
     endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
     hosted: bool = False  # one node (the one at endpoints[0]) starts the etcd itself: the etcd extra
+    hosted_members: int = 3  # hosted: the etcd grows to this many members on the first nodes (1, 3 or 5)
     prefix: str = "/runner"
     join_timeout: float = 600.0
     last_call: float = 30.0  # after min nodes joined, wait this long for more (up to max)
@@ -194,6 +195,8 @@ class Watchdog:
     capture_stacks: bool = True
     heartbeat_timeout: float | None = None
     progress_timeout: float | None = None  # a worker whose reported step stays the same this long is hung
+    stall_timeout: float | None = 300.0  # no rank of a node used CPU, did I/O or a collective this long: hung (on
+    # by default, with `enabled` false too: runner/watchdog/stall.py); None = off
     max_run_time: float | None = None
     flight_recorder: int = 2000  # entries of each worker's torch flight recorder (TORCH_FR_BUFFER_SIZE); 0 = off
     keep_out_culprit: bool = True  # a hang's culprit node sits out the next round when nodes.min allows

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -33,11 +33,12 @@ if TYPE_CHECKING:
     import structlog
 
     from runner.config.spec import JobSpec
-    from runner.core.machine import GroupState
+    from runner.core.group_state import GroupState
     from runner.outcomes import Outcome
-    from runner.rendezvous.base import Rendezvous, RendezvousResult
+    from runner.rendezvous.base import Rendezvous, RendezvousResult, RoundCharge
     from runner.watchdog.flight import FlightRecorder
     from runner.watchdog.service import Watchdog
+    from runner.watchdog.stall import StallWatch
     from runner.workers.failures import Failure
     from runner.workers.group import Worker, WorkerGroup
     from runner.workers.standby import StandbyPool
@@ -75,10 +76,15 @@ class JobInputs:
 
 @dataclass(frozen=True)
 class Charge:
-    """What charging a restart to the budgets gave: the restarts used after it (None: refused), or why it failed."""
+    """What charging a restart to the budgets gave: the round's charge (None: not reached), or why it failed."""
 
-    used: int | None
+    round: RoundCharge | None  # as the round's first charging node decided it: its count, class, charged or not
     error: str = ""  # the budgets could not be reached (etcd down past its connect timeout)
+
+    @property
+    def used(self) -> int | None:
+        """The job's restarts after this charge (None: refused, or the budgets not reached)."""
+        return self.round.count if self.round is not None else None
 
 
 @dataclass
@@ -87,6 +93,7 @@ class GroupRun:
 
     attempt: int = 0
     restarts: int = 0  # restarts charged to the budget so far
+    uncharged: dict[str, int] = field(default_factory=dict)  # attempts restart.max_restarts did not pay, by cause
     result: RendezvousResult | None = None
     plan: LaunchPlan | None = None
     group: WorkerGroup | None = None
@@ -209,8 +216,12 @@ class Context:
     exit_code: int = 0
     timer: Watchdog | None = None  # the file-timer server and heartbeat monitor, when the watchdog is on
     recorder: FlightRecorder | None = None  # every rank's flight recorder, read on a hang (docs/hangs.md)
+    stall: StallWatch | None = None  # no rank of this node makes progress: a hang (watchdog.stall_timeout)
     deadline_armed: bool = False
     report_path: Path | None = None  # where report.json went (the run dir, or a fallback when it could not)
+    # a replica group's, on several nodes: waits (bounded) until the lighthouse its inputs name answers, or another
+    # is published, before the attempt's plan (runner/agent/placement.py: its host may have been lost)
+    before_plan: Callable[[], Awaitable[None]] | None = None
     stops: StopScope = field(init=False)  # the stop requests this run received (runner/system/stop_scope.py)
     outer_stops: InitVar[StopScope | None] = None  # a replica group's: the job's scope, which holds this one
 

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from runner.core import table_machine
 
 if TYPE_CHECKING:
     from transitions.extensions.asyncio import AsyncMachine
 
-    from runner.core.job_policy import JobFacts
+F = TypeVar("F")  # the facts the guards read: runner/core/job_policy.py's JobFacts (which imports this table)
 
 
 class JobPhase(enum.Enum):
@@ -87,10 +87,7 @@ JOB_TRANSITIONS: tuple[JobEdge, ...] = (
     reviewed(T.recovered, (P.DEGRADED,), P.TRAINING, G.all_up),
 )
 
-JobGuardCheck = Callable[["JobFacts"], bool]
-
-
-def build_job_machine(guards: Mapping[JobGuard, JobGuardCheck]) -> tuple[JobModel, AsyncMachine]:
+def build_job_machine(guards: Mapping[JobGuard, Callable[[F], bool]]) -> tuple[JobModel, AsyncMachine]:
     """The job's machine from JOB_TRANSITIONS; a guarded edge asks `guards[edge.when](facts)` in table order.
 
     A `review` with no guard holding takes no edge: the job stays where it is.

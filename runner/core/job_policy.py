@@ -9,11 +9,11 @@ job failed (exit 1, or 3 when a group ended on an infrastructure error).
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from runner.core.job_machine import JobGuard, JobGuardCheck, JobStep, JobTrigger
-from runner.core.machine import GroupState
+from runner.core.group_state import GroupState
+from runner.core.job_machine import JobGuard, JobStep, JobTrigger
 from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_STOPPED_BASE, EXIT_WORKERS_FAILED
 from runner.events import StopRequested
 from runner.outcomes import Outcome
@@ -96,6 +96,8 @@ def all_up(facts: JobFacts) -> bool:
     """Every group is up."""
     return not group_down(facts)
 
+
+JobGuardCheck = Callable[["JobFacts"], bool]
 
 GUARDS: Mapping[JobGuard, JobGuardCheck] = {
     JobGuard.every_group_ended: every_group_ended,

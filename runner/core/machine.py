@@ -11,22 +11,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from runner.core import table_machine
+from runner.core.group_state import GroupState
 
 if TYPE_CHECKING:
     from transitions.extensions.asyncio import AsyncMachine
 
     from runner.core.context import Context
-
-
-class GroupState(enum.Enum):
-    """Where a group's agent is (the group machine's state; the job's own is JobPhase). SHUTDOWN is terminal."""
-
-    INIT = "INIT"
-    RENDEZVOUS = "RENDEZVOUS"
-    RUNNING = "RUNNING"
-    FAILED = "FAILED"
-    RESTARTING = "RESTARTING"
-    SHUTDOWN = "SHUTDOWN"
 
 
 class Trigger(enum.Enum):

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runner.core.context import Charge
 from runner.core.machine import TRANSITIONS, Edge, Guard, GuardCheck, Step, Trigger
 from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED, RendezvousError
-from runner.outcomes import FailureClass, Outcome
+from runner.outcomes import FailureClass, FailureKind, Outcome
 from runner.workers.failures import peer_reported, traceback_parts
 
 if TYPE_CHECKING:
@@ -133,26 +134,58 @@ async def gather(ctx: Context) -> None:
     budget, cls = budget_of(ctx), current(ctx).failure_class
     defer = {"defer": PEER_CHARGE_WAIT_S} if peer_reported(current(ctx)) else {}  # its own node decides
     try:
-        used = await ctx.rendezvous.charge_restart(
-            ctx.spec.restart.max_restarts, cls.value, budget.max, charged=budget.charged, **defer
+        charged = await ctx.rendezvous.charge_restart(
+            ctx.spec.restart.max_restarts, cls, budget.max, charged=budget.charged, **defer
         )
     except RendezvousError as e:
         ctx.run.charge = Charge(None, e.message)
         return
-    ctx.run.charge = Charge(used)
-    if used is not None:
-        ctx.run.restarts = used
+    ctx.run.charge = Charge(charged)
+    if charged.count is not None:
+        ctx.run.restarts = charged.count
+
+
+def counted_as(ctx: Context, failure: Failure) -> tuple[FailureClass | None, bool]:
+    """The class `failure`'s restart counts under here, and whether max_restarts paid for it (decided only here).
+
+    The class is None for none (a membership change's round); the summary and the retry's words read this.
+    As the round's charge says: the node that charged the round first decided it for every node, so a peer that saw
+    another node's exception as a lost node counts it as that exception, charged, as the failing node does; a node
+    really lost is charged as `node_lost` by whoever saw it first. Without a charge (none was made), or when the
+    charge does not say (an older runner's), the class's budget in the spec decides.
+    """
+    charge = ctx.run.charge
+    verdict = charge.round if charge is not None else None
+    if verdict is not None and verdict.charged is not None:
+        return verdict.failure_class, verdict.charged
+    cls = (verdict.failure_class if verdict is not None else None) or failure.failure_class
+    return cls, ctx.spec.restart.budgets.of(cls).charged
+
+
+def as_counted(ctx: Context) -> Failure:
+    """The current failure in the class its round counts under (`counted_as`), when it is a peer's.
+
+    A peer's failure is what this node saw of another node (`node_lost` until then): the round's charge says what it
+    was. Unchanged when it is this node's own, the round has no class, or the class is the same.
+    """
+    failure = current(ctx)
+    cls, _ = counted_as(ctx, failure)
+    if failure.kind is not FailureKind.PEER or cls is None or cls is failure.failure_class:
+        return failure
+    verdict = ctx.run.charge.round if ctx.run.charge is not None else None
+    by = f"node {verdict.by}" if verdict is not None and verdict.by else "another node"
+    return replace(failure, classified=cls, evidence=f"as {by} charged this round")
 
 
 def retried(ctx: Context, edge: Edge) -> Step:
     """The retry's reason: which restart this is, of which budget."""
     limit, budget = ctx.spec.restart.max_restarts, budget_of(ctx)
-    cls = current(ctx).failure_class
-    own = f"; {cls} {used_here(ctx) + 1} of {budget.max}" if budget.max is not None else ""
-    if budget.charged:
+    own = f"; {current(ctx).failure_class} {used_here(ctx) + 1} of {budget.max}" if budget.max is not None else ""
+    cls, charged = counted_as(ctx, current(ctx))
+    if charged:
         return Step(edge.trigger, f"restart {ctx.run.restarts} of {limit}{own}")
-    used = ctx.run.restarts
-    return Step(edge.trigger, f"restart after {cls}, not charged to max_restarts ({used} of {limit} used{own})")
+    used, after = ctx.run.restarts, cls or "a membership change"
+    return Step(edge.trigger, f"restart after {after}, not charged to max_restarts ({used} of {limit} used{own})")
 
 
 Why = tuple[str, int]  # a give-up's reason and exit code

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Protocol
 
+from runner.system import thread_signals
 from runner.system.pipe_reader import PipeReader
 
 MAX_TAIL_BYTES = 8192  # of stdout and of stderr, each
@@ -161,7 +162,7 @@ async def _end(
             proc.wait()  # a zombie by now: at once
             os.close(pidfd)
         else:  # stuck in the kernel even after SIGKILL (uninterruptible sleep): reap it whenever it goes
-            threading.Thread(target=_reap_later, args=(proc, pidfd), daemon=True).start()
+            thread_signals.start(threading.Thread(target=_reap_later, args=(proc, pidfd), daemon=True))
     return proc.returncode
 
 

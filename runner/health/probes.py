@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from runner.config.sizes import format_size
 from runner.health.report import HealthFailure
+from runner.system import thread_signals
 
 T = TypeVar("T")
 MEMINFO = Path("/proc/meminfo")
@@ -42,7 +43,7 @@ async def off_loop(work: Callable[[], T]) -> T:
         else:
             loop.call_soon_threadsafe(settle, value, None)
 
-    threading.Thread(target=target, name="runner-health", daemon=True).start()
+    thread_signals.start(threading.Thread(target=target, name="runner-health", daemon=True))
     return await done
 
 

@@ -1,7 +1,9 @@
-"""The agent's console on a terminal: a header once, one calm line per transition and per notable event.
+"""The agent's console: a header once, one calm line per transition and per notable event.
 
-JSON lines stay the format when the console is not a terminal (runner/observe/logs.py). Every event, shown or not, is
-kept in `<run dir>/agent.jsonl`.
+Warnings and errors read as sentences: an event's `message`, or its words in runner/observe/phrases.py.
+
+The same plain lines on a terminal (with colours) and off one (a pipe, a file, a CI log); JSON lines only with
+`logs.format: json` (runner/observe/logs.py). Every event, shown or not, is kept in `<run dir>/agent.jsonl`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import IO
 import structlog
 from structlog.typing import EventDict
 
+from runner.observe import phrases
 from runner.observe.live_line import LIVE
+from runner.observe.phrases import names, printable, short
 
 RESET, BOLD, DIM = "\x1b[0m", "\x1b[1m", "\x1b[2m"
 RED, GREEN, YELLOW, BLUE, CYAN = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[34m", "\x1b[36m"
@@ -24,10 +28,13 @@ STATE_COLORS = {
     "INIT": DIM, "RENDEZVOUS": BLUE, "RUNNING": GREEN, "FAILED": RED, "RESTARTING": YELLOW, "SHUTDOWN": BOLD,
 }
 OUTCOME_COLORS = {"succeeded": GREEN, "failed": RED, "error": RED, "stopped": YELLOW}
-# Info events worth a line at the normal level; the rest are shown with --verbose (all are in agent.jsonl).
+# Info events worth a line at the normal level; the rest are shown with --verbose (all are in agent.jsonl). Not the
+# rendezvous's own records (rendezvous_joined, rendezvous_event, restart_charged, rendezvous_closed): each only
+# restates, as `name key=value`, the transition line beside it (the round, the lost peer, the restart's charge).
 NOTABLE = frozenset({
-    "run_started", "transition", "failure", "backoff", "graceful_stop", "metrics_listening", "rendezvous_joined",
-    "rendezvous_event", "restart_charged", "rendezvous_closed", "waiting",
+    "run_started", "transition", "failure", "backoff", "graceful_stop", "metrics_listening", "waiting",
+    "rendezvous_waiting_for_host",  # else a node started before the hosting one shows nothing until it is up
+    "hosted_node_stopped_job",  # a Ctrl-C of the hosting node stops the other nodes too: it says so
 })
 HIDDEN_FIELDS = frozenset({"event", "level", "timestamp", "job", "node", "logger", "time"})
 ROUND = re.compile(r"^round (\d+): (\d+) node\(s\), world size (\d+), master (\S+)$")
@@ -71,6 +78,7 @@ class ConsoleRenderer:
         self.verbose = verbose
         self.now = now or (lambda: dt.datetime.now().astimezone())
         self.run_dir = ""
+        self.failed_reason = ""  # the reason on the last `→ FAILED` line: a failure line with nothing more is dropped
 
     def __call__(self, _logger: object, method: str, event_dict: EventDict) -> str:
         """The event's lines, or DropEvent when it is not worth a line at this verbosity."""
@@ -128,7 +136,9 @@ class ConsoleRenderer:
         src, dst = str(e.get("src", "?")), str(e.get("dst", "?"))
         arrow = f"{src} → {dst}"
         pad = " " * max(1, 26 - len(arrow))
-        reason = self.reason(str(e.get("reason") or ""))
+        reason = self.reason(printable(str(e.get("reason") or "")))
+        if dst == "FAILED":
+            self.failed_reason = reason
         outcome = e.get("outcome")
         color = OUTCOME_COLORS.get(str(outcome), BOLD) if dst in ("SHUTDOWN", "ENDED") else STATE_COLORS.get(dst, "")
         text = self.paint(self.clock(e), DIM) + "  " + self.paint(src, DIM) + " → " + self.paint(dst, color)
@@ -154,27 +164,52 @@ class ConsoleRenderer:
         """The attempt's root cause under its transition: error, hint, log folder."""
         lines = []
         if e.get("error"):
-            lines.append(INDENT + self.paint("error ", RED, BOLD) + str(e["error"]))
+            lines.append(INDENT + self.paint("error ", RED, BOLD) + printable(str(e["error"])))
         if e.get("hint"):
-            lines.append(INDENT + self.paint("hint  ", YELLOW) + str(e["hint"]))
+            lines.append(INDENT + self.paint("hint  ", YELLOW) + printable(str(e["hint"])))
         log_dir = str(e.get("log_dir") or "")
         if log_dir:
             if self.run_dir and log_dir.startswith(self.run_dir + "/"):
                 log_dir = log_dir[len(self.run_dir) + 1 :]
             lines.append(INDENT + self.paint(f"logs  {log_dir}", DIM))
         if not lines:
-            lines.append(INDENT + self.paint("failed ", RED) + str(e.get("reason", "")))
+            reason = printable(str(e.get("reason", "")))
+            if reason == self.failed_reason:  # the FAILED line above says it already
+                raise structlog.DropEvent
+            lines.append(INDENT + self.paint("failed ", RED) + reason)
         return "\n".join(lines)
 
     def generic(self, event: str, level: str, e: Mapping[str, object]) -> str:
-        """Any other event: time, a mark for warnings and errors, the name, its fields as key=value."""
+        """Any other event: time, a mark for warnings and errors, then its sentence in words.
+
+        The sentence is the event's `message`, or its phrase (runner/observe/phrases.py); an event with neither (an
+        info event shown under --verbose) is its name and its fields as key=value.
+        """
         if event == "backoff":
             return INDENT + self.paint(f"waiting {e.get('delay_s')} s before restart {e.get('restart')}", DIM)
         mark = {"warning": self.paint("!", YELLOW, BOLD), "error": self.paint("✗", RED, BOLD)}.get(level, " ")
+        if isinstance(e.get("message"), str):  # an event that says itself in words: its sentence, then its hint
+            return self.said(mark, e, printable(str(e["message"])))
+        if level not in ("info", "debug") or event in NOTABLE:
+            words = phrases.sentence(event, e)
+            if words is not None:
+                text, hint = words
+                if e.get("group") is not None:  # a replica group's own event (docs/replica_groups.md)
+                    text = f"group {short(e['group'])}: {text}"
+                return self.said(mark, e, text, hint)
         fields = " ".join(f"{k}={short(v)}" for k, v in e.items() if k not in HIDDEN_FIELDS)
         name = self.paint(event, YELLOW if level == "warning" else RED if level in ("error", "critical") else "")
         body = f"{name}  {self.paint(fields, DIM)}" if fields else name
         return f"{self.paint(self.clock(e), DIM)}{mark} {body}"
+
+    def said(self, mark: str, e: Mapping[str, object], text: str, hint: str = "") -> str:
+        """`12:00:04! <text>`, and `hint  <hint>` under it when there is one (the event's own hint first)."""
+        line = f"{self.paint(self.clock(e), DIM)}{mark} {text}"
+        if isinstance(e.get("hint"), str) and e["hint"]:
+            hint = printable(str(e["hint"]))
+        if hint:
+            line += "\n" + INDENT + self.paint("hint  ", YELLOW) + hint
+        return line
 
 
 def wait_text(e: Mapping[str, object]) -> str:
@@ -227,14 +262,6 @@ def number(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def names(value: object, most: int = 6) -> str:
-    """A list field as `a, b, c, +4`, at most `most` items written out; '' when it is not a non-empty list."""
-    if not isinstance(value, list | tuple) or not value:
-        return ""
-    shown = ", ".join(short(v) for v in value[:most])
-    return shown + (f", +{len(value) - most}" if len(value) > most else "")
-
-
 def countdown(value: object) -> str:
     """Seconds left as `7 s`, `9:58` or `2:03:04`; '' when the field is not a finite non-negative number."""
     if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < 1e9:
@@ -244,23 +271,6 @@ def countdown(value: object) -> str:
         return f"{left} s"
     hours, rest = divmod(left, 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
-
-
-def short(value: object) -> str:
-    """A field value in a few characters: lists joined, floats rounded, long strings cut."""
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1e6 else f"{value:.0f}"
-    if isinstance(value, list | tuple):
-        return ",".join(short(v) for v in value)
-    text = printable(str(value))
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
-def printable(text: str) -> str:
-    """`text` with control characters escaped (a node id may be any text): one console line stays one line."""
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
 class ConsoleWriter:

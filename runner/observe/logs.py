@@ -18,7 +18,11 @@ from runner.system.soft_io import close_fd, note, write_all
 
 
 def configure(fmt: str = "auto", stream: IO[str] | None = None, verbosity: str = "normal") -> None:
-    """Configure structlog once: the calm console on a TTY (or fmt='console'), JSON lines otherwise.
+    """Configure structlog once: the calm console's plain lines (fmt 'auto' or 'console'), or JSON lines ('json').
+
+    The console speaks one language whether or not it is a terminal (`runner job.yaml 2>&1 | tee log` reads as the
+    terminal does): a terminal only adds colours (unless NO_COLOR) and the live line. JSON lines on the console
+    only where asked (`logs.format: json`); agent.jsonl keeps them always.
 
     `verbosity` (quiet | normal | verbose; RUNNER_LOG_LEVEL=debug|info|warning overrides it) only changes what the
     console shows: `<run dir>/agent.jsonl` keeps every event at INFO and above (and DEBUG when verbose).
@@ -28,7 +32,7 @@ def configure(fmt: str = "auto", stream: IO[str] | None = None, verbosity: str =
     shown = level_number(os.environ.get("RUNNER_LOG_LEVEL") or verbosity)
     out = stream or sys.stderr
     tty = out.isatty()
-    pretty = fmt == "console" or (fmt == "auto" and tty)
+    pretty = fmt != "json"
     renderer: Any = (
         ConsoleRenderer(colors=tty and not os.environ.get("NO_COLOR"), verbose=shown <= logging.DEBUG)
         if pretty

@@ -6,6 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from runner.outcomes import FailureClass
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -38,6 +40,23 @@ class RendezvousResult:
         return self.group_rank * self.nproc_per_node + local_rank
 
 
+@dataclass(frozen=True)
+class RoundCharge:
+    """A round's restart charge as the first node to charge it decided it, for every node of the round.
+
+    `count`: the job's restarts after it (None: refused: a budget spent, or a node stopped the round).
+    `failure_class`: the class it was charged under (None: none: a membership change's claim, a node's refusal).
+    `charged`: whether restart.max_restarts paid for it; None when the charge does not say (a marker of an older
+    runner): the spec's budget for the class decides (runner/core/restart_policy.py `counted_as`).
+    `by`: the node that charged it ("" when not known).
+    """
+
+    count: int | None
+    failure_class: FailureClass | None = None
+    charged: bool | None = True
+    by: str = ""
+
+
 class Rendezvous(Protocol):
     """A rendezvous backend. Methods are called only from the agent's event loop.
 
@@ -59,14 +78,15 @@ class Rendezvous(Protocol):
         """Join the next round and wait until it closes. Raises RendezvousTimeout or JobClosed."""
 
     async def charge_restart(
-        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True,
-        defer: float = 0.0,
-    ) -> int | None:
-        """Charge one restart to the job-wide budget; the new count, or None if the budget is spent.
+        self, max_restarts: int, failure_class: FailureClass | None = None, class_limit: int | None = None, *,
+        charged: bool = True, defer: float = 0.0,
+    ) -> RoundCharge:
+        """Charge one restart to the job-wide budget: the round's charge (its count None if the budget is spent).
 
-        With `failure_class` (a FailureClass value), the restart also counts for that class, job-wide, and is
-        refused once `class_limit` of them were used (None: no limit); `charged=False` leaves the job-wide count
-        as it is (the count returned is the current one). The first node to charge a round decides for all.
+        With `failure_class`, the restart also counts for that class, job-wide, and is refused once `class_limit`
+        of them were used (None: no limit); `charged=False` leaves the job-wide count as it is (the count returned
+        is the current one). The first node to charge a round decides for all: the charge returned is that node's,
+        its class and whether it was charged included, whatever this node asked.
         `defer`: seconds to wait for a peer's own charge of this round first (a peer that reported its own
         failure charges it with its own class; the one that merely saw it should not decide for it).
         """
@@ -89,6 +109,13 @@ class Rendezvous(Protocol):
 
     async def publish(self, state: dict[str, object]) -> None:
         """Publish this node's live state (machine state, attempt, worker pids/exit codes) for `runner status`."""
+
+    async def progress_of_nodes(self) -> dict[str, float]:
+        """When each node's workers last made progress, as the nodes published it (`progress_at`, epoch seconds).
+
+        The stall detector of a node that sees none of its own ranks move asks before it acts: another node's ranks
+        may be working (rank 0 writing a checkpoint) while this node's wait for them. {} when it cannot be read.
+        """
 
     async def close(self, outcome: str, *, alone: bool = False) -> None:
         """Leave the rendezvous; `outcome` is the job's final outcome as this node saw it.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from runner.rendezvous.base import RendezvousResult
+from runner.rendezvous.base import RendezvousResult, RoundCharge
 from runner.rendezvous.node_ledger import LocalLedger, Mark, NodeRecord
 from runner.rendezvous.ports import free_port
 from runner.system.soft_io import warn_once
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from runner.events import Event, StopRequested
     from runner.hangs import RankRecord
+    from runner.outcomes import FailureClass
 
 
 class LocalRendezvous:
@@ -33,7 +34,7 @@ class LocalRendezvous:
         self.nproc_per_node = nproc_per_node
         self.master_addr = master_addr
         self.restarts = 0
-        self.class_restarts: dict[str, int] = {}  # restarts charged per failure class
+        self.class_restarts: dict[FailureClass, int] = {}  # restarts charged per failure class
         self.state: dict[str, object] = {}
         self._last_port: int | None = None
 
@@ -59,21 +60,21 @@ class LocalRendezvous:
         )
 
     async def charge_restart(
-        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True,
-        defer: float = 0.0,  # noqa: ARG002 - moot on one node: there is no peer to wait for
-    ) -> int | None:
-        """One more restart, or None when max_restarts (if `charged`) or the class's limit are used up.
+        self, max_restarts: int, failure_class: FailureClass | None = None, class_limit: int | None = None, *,
+        charged: bool = True, defer: float = 0.0,  # noqa: ARG002 - moot on one node: there is no peer to wait for
+    ) -> RoundCharge:
+        """One more restart (count None when max_restarts, if `charged`, or the class's limit are used up).
 
-        `defer` is moot: there is no other node to wait for.
+        The charge is this node's own: there is no other node to decide the round, and `defer` is moot.
         """
-        used = self.class_restarts.get(failure_class, 0)
+        used = self.class_restarts.get(failure_class, 0) if failure_class is not None else 0
         if (charged and self.restarts >= max_restarts) or (class_limit is not None and used >= class_limit):
-            return None
-        if failure_class:
+            return RoundCharge(None, failure_class, charged, self.node)
+        if failure_class is not None:
             self.class_restarts[failure_class] = used + 1
         if charged:
             self.restarts += 1
-        return self.restarts
+        return RoundCharge(self.restarts, failure_class, charged, self.node)
 
     async def share_hang(self, local: list[RankRecord], *, timeout: float) -> list[RankRecord]:  # noqa: ARG002
         """One node: its own records are every record."""
@@ -95,6 +96,10 @@ class LocalRendezvous:
     async def publish(self, state: dict[str, object]) -> None:
         """Keep the latest state (the agent also writes it to <run dir>/status.json)."""
         self.state = state
+
+    async def progress_of_nodes(self) -> dict[str, float]:
+        """One node: no other node's progress to know of."""
+        return {}
 
     async def close(self, outcome: str, *, alone: bool = False) -> None:
         """Nothing to leave."""

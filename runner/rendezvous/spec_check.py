@@ -22,6 +22,9 @@ NODE_LOCAL_FIELDS: tuple[str, ...] = (
     "cwd",
     "logs.dir",
     "rendezvous.master_addr",
+    # how a node reaches etcd: one cluster's members listed differently (a cluster template's member hosts added,
+    # runner.rendezvous.etcd.hosted) are one job; nodes of different etcds never meet anyway
+    "rendezvous.endpoints",
     "rendezvous.tls",
     "rendezvous.auth.password_file",
     "rendezvous.secret_file",  # a path of this node's (the secret itself is never in a spec)

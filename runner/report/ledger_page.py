@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 def ledger_section(story: Story) -> str:
     """One summary row per ledger (node, group, job), then one row per failure with its phases."""
     ledgers: list[tuple[str, JSONObject]] = [
-        (f"{node.node} (job)" if story.groups else node.node, ledger)
-        for node in story.nodes if isinstance(ledger := node.report.get("ledger"), dict)]
+        (f"{node.node} (job)" if story.groups else node.node, own)
+        for node in story.nodes if (own := node.report.ledger) is not None]
     ledgers += [(f"group {g.get('group')}", ledger)
                 for g in story.groups if isinstance(ledger := g.get("ledger"), dict)]
     if not ledgers:

@@ -233,13 +233,20 @@ def hang_lines(hang: object) -> list[str]:
     if not isinstance(hang, dict):
         return []
 
-    def who(key: str) -> str:
-        ranks = hang.get(key)
+    def ranks_of(ranks: object) -> str:
         return ", ".join(f"rank {r.get('rank')} (node {r.get('node')})" for r in ranks if isinstance(r, dict)) \
             if isinstance(ranks, list) else ""
 
-    call = f"{hang.get('collective')} #{hang.get('collective_seq')}" if hang.get("collective") else ""
-    items = [("finding", hang.get("finding")), ("culprit", who("culprits")), ("waiting", who("waiting")),
+    def who(key: str) -> str:
+        return ranks_of(hang.get(key))
+
+    cycle = hang.get("cycle")
+    circular = "; ".join(  # a circular wait: where each of its ranks waits
+        f"{ranks_of(c.get('ranks'))} in {c.get('collective')} #{c.get('collective_seq')} (process group "
+        f"{c.get('process_group')})" for c in cycle if isinstance(c, dict)) if isinstance(cycle, list) else ""
+    call = f"{hang.get('collective')} #{hang.get('collective_seq')}" if hang.get("collective") and not circular else ""
+    items = [("finding", hang.get("finding")), ("culprit", who("culprits")), ("circular wait", circular),
+             ("waiting", who("waiting")),
              ("collective", call), ("called instead", str(hang.get("odd_call") or "")), ("died of it", who("died")),
              ("waited", f"{hang.get('waited_s')} s" if hang.get("waited_s") is not None else ""),
              ("ranks not read", ", ".join(map(str, hang.get("ranks_unread") or [])))]

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runner.json_types import JSONObject
+from runner.rundir.layout import RunDir
+from runner.rundir.records import Report
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a JSON-lines file is read up to this size
 MAX_JSON_BYTES = 8 * 1024 * 1024  # report.json, failure.json
@@ -99,7 +101,7 @@ class NodeStory:
     transitions: list[Transition] = field(default_factory=list)
     workers: list[WorkerLife] = field(default_factory=list)
     failures: list[JSONObject] = field(default_factory=list)
-    report: JSONObject = field(default_factory=dict)
+    report: Report = field(default_factory=Report)
     start: float = 0.0
     end: float = 0.0
 
@@ -129,7 +131,7 @@ class NodeStory:
 
     def recovery(self, attempt: int) -> JSONObject:
         """report.json's record of the recovery that started `attempt` ({} when the agent recorded none)."""
-        found = self.report.get("recoveries")
+        found = self.report.extra.get("recoveries")
         for r in found if isinstance(found, list) else []:
             if isinstance(r, dict) and r.get("attempt") == attempt:
                 return r
@@ -157,8 +159,8 @@ class NodeStory:
     @property
     def outcome(self) -> str:
         """The node's outcome (succeeded, failed, stopped, error), or 'running' when its run has not ended."""
-        if self.report.get("outcome"):
-            return str(self.report["outcome"])
+        if self.report.outcome:
+            return self.report.outcome
         last = self.transitions[-1] if self.transitions else None
         return (last.outcome or "stopped") if last and last.dst == "SHUTDOWN" else "running"
 
@@ -207,25 +209,25 @@ def read_story(run_dirs: list[Path]) -> Story:
     lanes: list[Path] = []
     groups: list[JSONObject] = []
     for d in map(Path, run_dirs):
-        inner = sorted(d.glob("group_*"), key=lambda g: attempt_number(g.name))
-        lanes += [g for g in inner if g.is_dir()] or [d]
-        listed = (read_json(d / "report.json") or {}).get("groups") if inner else None
-        groups += [g for g in listed if isinstance(g, dict)] if isinstance(listed, list) else []
+        inner = RunDir(d).groups()
+        lanes += [g.root for g in inner if g.root.is_dir()] or [d]
+        listed = report.groups if RunDir(d).has_groups() and (report := read_report(RunDir(d))) else None
+        groups += listed or []
     return Story(sorted((read_node(lane) for lane in lanes), key=lambda n: n.node), groups)
 
 
 def read_node(run_dir: Path) -> NodeStory:
     """One node's run dir."""
     story = NodeStory(node="?", job="?", run_dir=str(run_dir))
-    story.report = read_json(run_dir / "report.json") or {}
-    events = list(json_lines(run_dir / "agent.jsonl"))
-    transitions = [e for e in json_lines(run_dir / "transitions.jsonl") if e.get("event", "transition") == "transition"]
+    story.report = read_report(RunDir(run_dir)) or Report()
+    events = list(json_lines(RunDir(run_dir).agent_log))
+    transitions = [e for e in json_lines(RunDir(run_dir).transitions) if e.get("event", "transition") == "transition"]
     if not transitions:  # an older run, or a damaged file: agent.jsonl has them too
         transitions = [e for e in events if e.get("event") == "transition"]
     story.transitions = [t for t in (to_transition(e) for e in transitions) if t is not None]
     first = next((e for e in [*events, *transitions] if e.get("job")), {})
-    story.job = str(story.report.get("job") or first.get("job") or run_dir.parent.name)
-    story.node = str(story.report.get("node") or first.get("node") or "?")
+    story.job = str(story.report.job or first.get("job") or run_dir.parent.name)
+    story.node = str(story.report.node or first.get("node") or "?")
     story.workers = worker_lives(events, story.transitions)
     story.failures = failures(run_dir, story.report)
     times = [t.time for t in story.transitions] + [w.start for w in story.workers]
@@ -263,13 +265,12 @@ def worker_lives(events: list[JSONObject], transitions: list[Transition]) -> lis
     return sorted(lives.values(), key=lambda w: (w.local_rank, w.start))
 
 
-def failures(run_dir: Path, report: JSONObject) -> list[JSONObject]:
+def failures(run_dir: Path, report: Report) -> list[JSONObject]:
     """Every failure: report.json's list, else each attempt_<k>/failure.json."""
-    listed = report.get("failures")
-    if isinstance(listed, list) and listed:
-        return [f for f in listed if isinstance(f, dict)]
+    if report.failures:
+        return list(report.failures)
     found = []
-    for path in sorted(run_dir.glob("attempt_*/failure.json"), key=lambda p: attempt_number(p.parent.name)):
+    for path in RunDir(run_dir).failures():
         data = read_json(path)
         if data:
             found.append(data)
@@ -280,12 +281,6 @@ def attempt_of(failure: JSONObject) -> int:
     """A failure record's attempt (0 when it names none, or not as a number)."""
     value = failure.get("attempt", 0)
     return int(value) if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)) else 0
-
-
-def attempt_number(name: str) -> int:
-    """3 for 'attempt_3' (-1 for anything else)."""
-    tail = name.removeprefix("attempt_")
-    return int(tail) if tail.isdigit() else -1
 
 
 def to_transition(e: JSONObject) -> Transition | None:
@@ -326,6 +321,11 @@ def json_lines(path: Path) -> Iterator[JSONObject]:
             continue
         if isinstance(item, dict) and item.get("event", "transition") in KEPT:
             yield item
+
+
+def read_report(run_dir: RunDir) -> Report | None:
+    """A run dir's report.json (None: none yet, or damaged)."""
+    return Report.read(run_dir.report, MAX_JSON_BYTES)
 
 
 def read_json(path: Path) -> JSONObject | None:

@@ -12,14 +12,14 @@ from typing import Any
 
 from runner.config.spec import JobSpec
 from runner.errors import RunnerError
-from runner.runs.index import ledger_path
+from runner.rundir.layout import AGENT_FILES, RunDir, ledger_path
 from runner.system import procs
 from runner.system.signals import GRACEFUL_SIGNAL
 
 
 def local_status_path(spec: JobSpec) -> Path:
     """status.json of the job's latest run on this machine."""
-    return Path(spec.logs.dir).expanduser().absolute() / spec.name / "latest" / "status.json"
+    return RunDir.latest(spec.logs.dir, spec.name).status
 
 
 def read_status(spec: JobSpec) -> dict[str, Any]:
@@ -66,9 +66,6 @@ def request_stop(spec: JobSpec, graceful: bool) -> str:
     if not signal_agent(node, sig):
         return f"job '{spec.name}' is not running (its agent, pid {node.get('agent_pid')}, is gone): nothing to stop"
     return f"{'graceful ' if graceful else ''}stop sent to the agent (pid {node['agent_pid']})"
-
-
-AGENT_FILES = ("agent.jsonl", "transitions.jsonl")  # the agent holds these open in its run dir until it ends
 
 
 def agent_identity() -> dict[str, object]:

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import quote
 
+from runner.rundir.layout import index_path
 from runner.system.soft_io import describe, note, write_whole
 
 if TYPE_CHECKING:
@@ -53,27 +53,6 @@ class Run:
     def key(self) -> tuple[str, str]:
         """What a start and its end have in common."""
         return (self.run_dir, self.node)
-
-
-def state_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """The runner's per-user state folder: $XDG_STATE_HOME/runner, else ~/.local/state/runner."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_STATE_HOME") or ""
-    root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "state"  # the XDG spec: ignore relative
-    return root / "runner"
-
-
-def ledger_path(job: str, identity: str, environ: Mapping[str, str] | None = None) -> Path:
-    """The node ledger of a one-node job (runner/rendezvous/node_ledger.py): <state dir>/ledger/<job>-<identity>.json.
-
-    `identity` is JobSpec.identity(): two jobs of one name (another folder, another script) keep two ledgers.
-    """
-    return state_dir(environ) / "ledger" / f"{quote(job, safe='')}-{quote(identity, safe='')}.json"
-
-
-def index_path(environ: Mapping[str, str] | None = None) -> Path:
-    """Where the index lives: <state dir>/runs.jsonl."""
-    return state_dir(environ) / "runs.jsonl"
 
 
 def start_line(job: str, node: str, run_dir: Path, backend: str, now: float | None = None) -> dict[str, object]:

@@ -9,13 +9,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from runner.config.spec import JobSpec
-from runner.errors import EXIT_SPEC, RunnerError
+from runner.errors import RunnerError
+from runner.rundir.layout import RunDir
+from runner.rundir.records import NotJSON, RecordError, Status
 from runner.runs import index as runs_index
+from runner.runs.resolve import AmbiguousRun, UnknownRun, pid_alive, resolve, spec_of_run
+
+__all__ = ["AmbiguousRun", "UnknownRun", "pid_alive", "spec_of_run"]  # kept importable from here
 
 LIVE = frozenset({"running", "rendezvous", "stopping", "starting"})
 MAX_TAIL = 65536  # bytes of agent.jsonl read to find the last event
@@ -25,88 +29,73 @@ MAX_REASON_SHOWN = 80  # characters of a health reason in the table's FAILURE co
 MAX_LEDGER_ROWS = 64  # nodes of the node ledger shown
 
 
-class UnknownRun(RunnerError):
-    """The command line names a run nobody recorded (exit 2, like any bad command line)."""
-
-    exit_code = EXIT_SPEC
-
-
 def looks_like_a_file(target: str) -> bool:
     """Whether `target` names a spec file rather than a job name."""
     return os.sep in target or target.endswith((".yaml", ".yml", ".json")) or os.path.isfile(target)
 
 
-def latest_run(job: str) -> runs_index.Run:
-    """This user's latest run of `job` on this machine, from the runs index."""
-    runs = runs_index.runs_of(job)
-    if not runs:
-        raise UnknownRun(
-            f"no run of job '{job}' in the runs index ({runs_index.index_path()})",
-            fix="`runner runs` lists the runs it knows; or pass the job's spec file",
-        )
-    return runs[-1]
-
-
-def spec_of_run(run: runs_index.Run) -> JobSpec | None:
-    """The resolved spec a run wrote (`<run dir>/spec.json`), to reach its etcd; None when unreadable."""
-    from runner.config import load_spec_text
-    from runner.errors import SpecError
-
-    path = Path(run.run_dir) / "spec.json"
-    try:
-        text = path.read_text(encoding="utf-8")
-        return load_spec_text(text, source=str(path), base_dir=run.run_dir, environ={})
-    except (OSError, SpecError):
-        return None
+def is_run_dir(path: Path) -> bool:
+    """A folder an agent wrote."""
+    return RunDir(path).is_run_dir()
 
 
 def local_status(run: runs_index.Run) -> dict[str, Any]:
     """The status of a local-backend run from its run dir, shaped as runner.runs.control.read_status's."""
     from runner.runs.control import local_ledger
 
-    path = Path(run.run_dir) / "status.json"
+    path = RunDir(Path(run.run_dir)).status
     try:
-        node = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        node = Status.from_json(path.read_bytes(), str(path))
+    except (OSError, NotJSON) as e:
         raise RunnerError(f"no status for job '{run.job}' at {path}", fix="the run dir was moved or deleted") from e
-    if not isinstance(node, dict):
-        raise RunnerError(f"unreadable status at {path}", fix="the run dir was damaged")
-    running = node.get("state") != "SHUTDOWN" and pid_alive(node.get("agent_pid"))
-    status = "running" if running else (node.get("outcome") or run.outcome or "unknown (agent gone)")
-    return {"job": run.job, "status": status, "backend": "local", "nodes": [node],
+    except RecordError as e:
+        raise RunnerError(f"unreadable status at {path}", fix="the run dir was damaged") from e
+    running = node.state != "SHUTDOWN" and pid_alive(node.agent_pid)
+    status = "running" if running else (node.outcome or run.outcome or "unknown (agent gone)")
+    return {"job": run.job, "status": status, "backend": "local", "nodes": [node.to_dict()],
             "ledger": local_ledger(spec_of_run(run))}
 
 
-def pid_alive(pid: object) -> bool:
-    """Whether a process with this pid exists (only asks; never signals)."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+Note = Callable[[str], None]  # where a resolution's note goes (the CLI: stderr, once)
 
 
-def read(target: str) -> dict[str, Any]:
-    """The status of the job a spec file or a job name designates, from whichever directory."""
+def read(target: str, note: Note | None = None) -> dict[str, Any]:
+    """The status of the job a run dir, a spec file or a job name designates, from whichever directory.
+
+    A name (or a spec whose own logs folder has no run from here) goes through the runs index (runner/runs/
+    resolve.py): `note` hears about the other runs of that name.
+    """
     from runner.runs.control import read_status
 
-    if looks_like_a_file(target):
-        from runner.config import load_spec
+    if os.path.isdir(target) and is_run_dir(Path(target)):
+        return status_of(run_at(Path(target)))
+    if not looks_like_a_file(target):
+        return status_of(chosen(target, note))
+    from runner.config import load_spec
 
-        spec = load_spec(target)
-        if spec.rendezvous.backend == "etcd":
-            return read_status(spec)
-        try:
-            return read_status(spec)  # this directory's logs.dir, as before
-        except RunnerError:
-            if not runs_index.runs_of(spec.name):
-                raise
-            return local_status(latest_run(spec.name))
-    run = latest_run(target)
+    spec = load_spec(target)
+    if spec.rendezvous.backend == "etcd":
+        return read_status(spec)
+    try:
+        return read_status(spec)  # this directory's logs.dir, as before
+    except RunnerError:
+        if not runs_index.runs_of(spec.name):
+            raise
+        return status_of(chosen(spec.name, note))
+
+
+def chosen(job: str, note: Note | None) -> runs_index.Run:
+    """The run a job name resolves to; its note (the other runs of the name) goes to `note`."""
+    resolved = resolve(job)
+    if note is not None and resolved.note():
+        note(resolved.note())
+    return resolved.run
+
+
+def status_of(run: runs_index.Run) -> dict[str, Any]:
+    """The status of one run: an etcd job's from its etcd (through the spec it wrote), a local one's from its dir."""
+    from runner.runs.control import read_status
+
     if run.backend == "etcd":
         resolved = spec_of_run(run)
         if resolved is not None:
@@ -114,10 +103,23 @@ def read(target: str) -> dict[str, Any]:
     return local_status(run)
 
 
+def run_at(path: Path) -> runs_index.Run:
+    """The run whose run dir is `path`: as the index knows it, else as its own files tell (job and backend)."""
+    where = os.path.realpath(path)
+    for run in reversed(runs_index.read()):
+        if os.path.realpath(run.run_dir) == where:
+            return run
+    guess = runs_index.Run(job=path.parent.name, node="", run_dir=where, started=0.0)
+    spec = spec_of_run(guess)
+    if spec is None:
+        return guess
+    return runs_index.Run(job=spec.name, node="", run_dir=where, started=0.0, backend=spec.rendezvous.backend)
+
+
 def last_event(run_dir: str) -> tuple[str, float | None]:
     """The last event a run's agent logged (name, epoch seconds), from the end of its agent.jsonl."""
     try:
-        with (Path(run_dir) / "agent.jsonl").open("rb") as f:
+        with RunDir(Path(run_dir)).agent_log.open("rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - MAX_TAIL))
             lines = f.read(MAX_TAIL).decode(errors="replace").splitlines()
@@ -179,16 +181,18 @@ def ranks(workers: object) -> str:
 def table(status: Mapping[str, object], now: float | None = None) -> list[str]:
     """The lines of `runner status --watch`: a title, then one row per node."""
     now = time.time() if now is None else now
-    runs = {r.node: r for r in runs_index.runs_of(str(status.get("job")))}
+    known = runs_index.runs_of(str(status.get("job")))
+    runs = {r.node: r for r in known}
+    by_dir = {r.run_dir: r for r in known}  # a node's own run dir names its run: never another run of the name
     title = f"job {status.get('job')} · {status.get('status')} · {status.get('backend')} · {fmt_clock(now)}"
     if status.get("backend") == "etcd":
-        title += f" · round {status.get('round')} · world {status.get('world_size')}"
-        title += f" · restarts {status.get('restarts')}"
+        title += f" · round {cell(status.get('round'))} · world {cell(status.get('world_size'))}"
+        title += f" · restarts {cell(status.get('restarts'))}"
     head = ("NODE", "STATE", "ATTEMPT", "RESTARTS", "FAILURE", "RANKS", "UPTIME", "RECOVERY", "ETTR", "LAST EVENT")
     rows: list[tuple[str, ...]] = [head]
     for node in objects(status.get("nodes")):
         name = str(node.get("node"))
-        run = runs.get(name)
+        run = by_dir.get(str(node["run_dir"])) if node.get("run_dir") else runs.get(name)
         run_dir = str(node.get("run_dir") or (run.run_dir if run else ""))
         event, when = last_event(run_dir) if run_dir else ("", None)
         up = None
@@ -196,13 +200,18 @@ def table(status: Mapping[str, object], now: float | None = None) -> list[str]:
             up = (run.ended or now) - run.started if node.get("state") != "SHUTDOWN" or run.ended else None
         ago = f" ({duration(now - when)} ago)" if when is not None else ""
         restarts = node.get("restarts", status.get("restarts", "-"))
-        rows.append((name, str(node.get("state") or "-"), str(node.get("attempt", "-")), str(restarts),
+        rows.append((name, cell(node.get("state")), cell(node.get("attempt")), cell(restarts),
                      failure_class(node), ranks(node.get("workers")), duration(up),
                      recovery(node.get("recovery")), ettr(node.get("ledger")), (event + ago) if event else "-"))
     lines = [title, *aligned(rows)]
     for node in objects(status.get("nodes")):
         lines += groups_table(node.get("groups"))
-    return lines + basis_legend(ledgers_of(status)) + ledger_table(status.get("ledger"), now)
+    return lines + ettr_legend(ledgers_of(status)) + ledger_table(status.get("ledger"), now)
+
+
+def cell(value: object) -> str:
+    """A table cell: '-' for a field that is missing or null (a node its guard marked dead has no attempt)."""
+    return "-" if value is None or value == "" else str(value)
 
 
 def ledger_table(ledger: object, now: float) -> list[str]:
@@ -319,6 +328,16 @@ def ettr(ledger: object) -> str:
     if isinstance(lost, (int, float)) and not isinstance(lost, bool) and 0 < lost < MAX_SHOWN_S:
         return f"{shown} (lost {lost:.1f}s)"
     return shown
+
+
+ETTR_MEANING = ("ETTR: effective training time ratio, the share of the run's wall time spent training so far "
+                "(1.00: none lost; docs/goodput.md)")
+
+
+def ettr_legend(ledgers: list[object]) -> list[str]:
+    """What ETTR means, once, when a ledger is shown, then what its basis brackets mean (basis_legend)."""
+    meaning = [ETTR_MEANING] if any(isinstance(led, dict) for led in ledgers) else []
+    return meaning + basis_legend(ledgers)
 
 
 def basis_legend(ledgers: list[object]) -> list[str]:

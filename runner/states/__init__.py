@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from runner.core.machine import GroupState, Handler
+from runner.core.group_state import GroupState
+from runner.core.machine import Handler
 from runner.states import failed, init, rendezvous, restarting, running, shutdown
 
 HANDLERS: dict[GroupState, Handler] = {

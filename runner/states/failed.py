@@ -13,9 +13,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from runner.core.machine import Step, Trigger
-from runner.core.restart_policy import gather
+from runner.core.restart_policy import as_counted, gather
 from runner.outcomes import FailureClass, FailureKind
 from runner.rendezvous.node_ledger import Mark
+from runner.rundir.layout import RunDir
 from runner.system import procs
 from runner.system.private_files import write_private
 from runner.workers import oom
@@ -37,6 +38,10 @@ async def handle(ctx: Context) -> Step:
     save(ctx, failure)
     ctx.log.error("failure", **{k: v for k, v in failure.to_dict().items() if k not in ("traceback", "stacks")})
     await gather(ctx)  # the restart charge, if the policy needs it: the guards of `decide` only read
+    if (counted := as_counted(ctx)) is not failure:  # a peer's failure, in the class the round was charged as
+        ctx.run.failure = ctx.run.failures[-1] = counted
+        save(ctx, counted)
+        ctx.log.info("failure_classed", **{"class": counted.failure_class.value, "evidence": counted.evidence})
     return Step(Trigger.decide)
 
 
@@ -75,8 +80,13 @@ def kept_out(ctx: Context, verdict: Verdict | None) -> str:
         return ""
     members = len(ctx.run.result.nodes) if ctx.run.result is not None else 1
     if members - 1 < ctx.spec.nodes.min:
-        ctx.log.warning("culprit_kept_in", reason=f"without this node the round would have {members - 1} node(s), "
-                        f"fewer than nodes.min {ctx.spec.nodes.min}")
+        # A round of one node has no other to go on without it, and a job of a fixed size (nodes.min == nodes.max)
+        # can never go on without one: that only restates the job's shape, so it is kept in agent.jsonl (info,
+        # hidden on the console) rather than warned about after every hang. An elastic job that shrank to its
+        # minimum is worth the warning: the node would sit out if nodes.min allowed it.
+        say = ctx.log.warning if members > 1 and ctx.spec.nodes.min < ctx.spec.nodes.max else ctx.log.info
+        say("culprit_kept_in", reason=f"without this node the round would have {members - 1} node(s), "
+            f"fewer than nodes.min {ctx.spec.nodes.min}")
         return ""
     return f"kept out of the next round: this node held up the hang of attempt {ctx.run.attempt} ({verdict.reason()})"
 
@@ -101,7 +111,7 @@ def with_evidence(ctx: Context, failure: Failure) -> Failure:
 
 def save(ctx: Context, failure: Failure) -> None:
     """Write the failure next to the attempt's logs: <run dir>/attempt_<k>/failure.json (a warning if it can't)."""
-    path = ctx.inputs.run_dir / f"attempt_{failure.attempt}" / "failure.json"
+    path = RunDir(ctx.inputs.run_dir).failure(failure.attempt)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_private(path, json.dumps(failure.to_dict(), indent=2, default=str))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 from typing import TYPE_CHECKING
 
 from runner.config.redact import spec_for_disk
@@ -11,6 +13,7 @@ from runner.core.machine import Step, Trigger
 from runner.errors import RunnerError
 from runner.outcomes import FailureKind, Outcome
 from runner.rendezvous.etcd.lease_revoke import LeaseHolder
+from runner.rundir.layout import RunDir
 from runner.states.waiting import Stopped, unless_stopped
 from runner.system import signals
 from runner.system.private_files import write_private
@@ -32,7 +35,7 @@ async def handle(ctx: Context) -> Step:
         )
     try:
         ctx.inputs.run_dir.mkdir(parents=True, exist_ok=True)
-        write_private(ctx.inputs.run_dir / "spec.json", json.dumps(spec_for_disk(ctx.spec), indent=2))
+        write_private(RunDir(ctx.inputs.run_dir).spec, json.dumps(spec_for_disk(ctx.spec), indent=2))
     except OSError as e:
         ctx.warnings.warn("spec_write_failed", error=str(e))
     start_standbys(ctx)  # their imports overlap the agent's own start and the rendezvous
@@ -42,6 +45,7 @@ async def handle(ctx: Context) -> Step:
     try:
         await unless_stopped(ctx, ctx.rendezvous.open(ctx.events))
         start_recorder(ctx)
+        start_stall_watch(ctx)
         if ctx.spec.watchdog.enabled or os.environ.get("TORCHELASTIC_ENABLE_FILE_TIMER") == "1":  # as torchrun
             await start_watchdog(ctx)
     except Stopped:
@@ -74,6 +78,31 @@ def start_recorder(ctx: Context) -> None:
     ctx.recorder.capture = ctx.spec.watchdog.capture_stacks
     if (folder := ctx.recorder.open_folder()) is not None:
         ctx.shepherd.remove_at_death(folder)  # an agent SIGKILLed leaves no sockets' folder behind
+
+
+def start_stall_watch(ctx: Context) -> None:
+    """The stall detector (watchdog.stall_timeout, on by default, watchdog or not): docs/hangs.md."""
+    bound = ctx.spec.watchdog.stall_timeout
+    if bound is None:
+        return
+    from runner.watchdog.stall import StallWatch
+
+    elsewhere = (lambda: others_moved_s_ago(ctx)) if ctx.spec.nodes.max > 1 else None
+    ctx.stall = StallWatch(bound, events=ctx.events, log=ctx.log, group=lambda: ctx.run.group, node=ctx.inputs.node,
+                           recorder=ctx.recorder, capture=ctx.spec.watchdog.capture_stacks, elsewhere=elsewhere)
+    ctx.stall.start()
+
+
+async def others_moved_s_ago(ctx: Context) -> float:
+    """Seconds since a rank of another node last moved, as the nodes published it (inf: none known).
+
+    Less what that news may lag: a status republished every rendezvous.status_interval, of a sample taken every
+    interval of the detector.
+    """
+    now = time.time()
+    ages = [now - at for node, at in (await ctx.rendezvous.progress_of_nodes()).items() if node != ctx.inputs.node]
+    lag = (ctx.spec.rendezvous.status_interval or 0.0) + (ctx.stall.interval if ctx.stall is not None else 0.0)
+    return max(min(ages, default=math.inf) - lag, 0.0)
 
 
 async def start_watchdog(ctx: Context) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import TYPE_CHECKING
 
 from runner.config.durations import format_duration
 from runner.core.machine import Step, Trigger
-from runner.errors import EXIT_INFRA, JobClosed, RendezvousError, RendezvousTimeout
+from runner.errors import EXIT_INFRA, EXIT_STOPPED_BASE, JobClosed, RendezvousError, RendezvousTimeout
 from runner.outcomes import FailureKind, Outcome
 from runner.states.waiting import Stopped, unless_stopped
 from runner.workers.failures import Failure
@@ -15,6 +16,7 @@ from runner.workers.failures import Failure
 if TYPE_CHECKING:
     from runner.core.context import Context
     from runner.health.report import HealthReport
+    from runner.rendezvous.base import RendezvousResult
 
 HEALTH_KEPT = 20  # failed tries of the health checks kept for report.json
 
@@ -31,7 +33,11 @@ async def handle(ctx: Context) -> Step:
     except Stopped:
         return Step(Trigger.stop_requested, "stop requested during rendezvous")
     except JobClosed as e:
-        return Step(Trigger.job_closed, e.message, Outcome.STOPPED, EXIT_INFRA)
+        # A member of the job (it ran an attempt) stopped while it waits for the next round ends as its peers that
+        # ran workers did (143); a node that arrives at a closed job, or finds it ended, exits 3 (nothing ran).
+        member_stopped = e.stopping and ctx.run.attempt > 0
+        code = EXIT_STOPPED_BASE + signal.SIGTERM if member_stopped else EXIT_INFRA
+        return Step(Trigger.job_closed, e.message, Outcome.STOPPED, code)
     except RendezvousTimeout as e:
         ctx.run.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=ctx.run.attempt, hint=e.fix)
         return Step(Trigger.rendezvous_timeout, e.message)
@@ -39,6 +45,16 @@ async def handle(ctx: Context) -> Step:
         ctx.run.failure = Failure(kind=FailureKind.RENDEZVOUS, reason=e.message, attempt=ctx.run.attempt, hint=e.fix)
         return Step(Trigger.fatal, e.message, Outcome.ERROR, EXIT_INFRA)
     ctx.run.result = result
+    return await planned(ctx, result)
+
+
+async def planned(ctx: Context, result: RendezvousResult) -> Step:
+    """The attempt's plan, once what it needs is ready (a replica group's lighthouse: Context.before_plan)."""
+    if ctx.before_plan is not None:
+        try:
+            await unless_stopped(ctx, ctx.before_plan())
+        except Stopped:
+            return Step(Trigger.stop_requested, "stop requested while the lighthouse moved")
     ctx.run.plan = ctx.make_plan()
     return Step(
         Trigger.rendezvous_complete,

@@ -7,6 +7,7 @@ import random
 from typing import TYPE_CHECKING
 
 from runner.core.machine import Step, Trigger
+from runner.core.restart_policy import counted_as
 from runner.errors import EXIT_WORKERS_FAILED
 from runner.events import StopRequested
 from runner.observe.progress import Progress
@@ -16,6 +17,7 @@ from runner.states.waiting import Stopped, unless_stopped
 if TYPE_CHECKING:
     from runner.config.spec import Backoff
     from runner.core.context import Context
+    from runner.workers.failures import Failure
 
 
 async def handle(ctx: Context) -> Step:
@@ -50,6 +52,7 @@ async def handle(ctx: Context) -> Step:
                         Outcome.FAILED, EXIT_WORKERS_FAILED)
         return Step(Trigger.stop_requested, "stop requested during backoff")
     ctx.run.attempt += 1
+    count_uncharged(ctx, failure)
     ctx.run.failure = None
     if one and ctx.run.group is not None and failure is not None and failure.local_rank is not None:
         return await replace_worker(ctx, failure.rank, failure.local_rank)
@@ -67,6 +70,20 @@ async def replace_worker(ctx: Context, rank: int | None, local_rank: int) -> Ste
     if ctx.timer is not None:
         ctx.timer.watch(ctx.run.group)
     return Step(Trigger.worker_replaced, f"rank {rank} replaced (scope worker), attempt {ctx.run.attempt}")
+
+
+def count_uncharged(ctx: Context, failure: Failure | None) -> None:
+    """Count, by its cause, a next attempt that restart.max_restarts does not pay for (the summary says them).
+
+    `membership` for a round ended by a node waiting to join; else the class the round counts under when it was not
+    charged (restart_policy.counted_as: as the round's charge says on every node; node_lost and preempted by
+    default: docs/failure_classes.md).
+    """
+    cls, charged = counted_as(ctx, failure) if failure is not None else (None, False)
+    if charged:
+        return
+    cause = cls.value if cls is not None else "membership"
+    ctx.run.uncharged[cause] = ctx.run.uncharged.get(cause, 0) + 1
 
 
 def drop_stale(ctx: Context) -> None:

@@ -138,7 +138,9 @@ async def on_peer_lost(ctx: Context, event: PeerLost) -> Step:
     culprit, as on the node that found it (every node analysed the same records).
     """
     reason = f"node {event.node} lost: {event.why}" + (f": {event.cause}" if event.cause else "")
-    failure = Failure(kind=FailureKind.PEER, reason=reason, attempt=ctx.run.attempt, peer=event)
+    failure = Failure(kind=FailureKind.PEER, reason=reason, attempt=ctx.run.attempt, peer=event,
+                      classified=event.failure_class,  # its own class, as the failing node published it
+                      evidence=f"as node {event.node} published it" if event.failure_class is not None else "")
     if event.why == PEER_REPORTED and ctx.recorder is not None and ctx.recorder.asked():
         found = await ctx.recorder.settled()  # bounded by the query's own bounds
         workers = ctx.run.group.workers.values() if ctx.run.group is not None else ()
@@ -149,18 +151,21 @@ async def on_peer_lost(ctx: Context, event: PeerLost) -> Step:
 
 
 async def peer_news(ctx: Context) -> PeerLost | None:
-    """Another node's failure, when one is heard of within PEER_SETTLE_S (None at once on a single node).
+    """Another node's failure, when one is heard of within PEER_SETTLE_S + lease_ttl (None at once on one node).
 
     A rank that died of a closed connection (collateral) in a world of several nodes died, most often, of a rank of
-    another node: that node's FAILED state (its own root cause) or its lost lease comes within moments, and names
-    the culprit. The events taken off the queue meanwhile go back, in order, ahead of those that came later; a stop
-    ends the wait.
+    another node: that node's FAILED state (its own root cause) comes within moments, or its lease lapses within
+    lease_ttl when its whole host was lost, and names the culprit. The events taken off the queue meanwhile go back,
+    in order, ahead of those that came later; a stop ends the wait.
     """
     result = ctx.run.result
     if result is None or result.group_world_size < 2:
         return None
     loop = asyncio.get_running_loop()
-    deadline, held, found = loop.time() + PEER_SETTLE_S, list[Event](), None
+    # A node that said nothing may have lost its host with it (no agent, no guard left to revoke its lease): its
+    # lease lapses within lease_ttl, and that names it; a node that failed says so well before.
+    settle = PEER_SETTLE_S + ctx.spec.rendezvous.lease_ttl
+    deadline, held, found = loop.time() + settle, list[Event](), None
     while found is None and (left := deadline - loop.time()) > 0:
         try:
             event = await asyncio.wait_for(ctx.events.get(), left)

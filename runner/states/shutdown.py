@@ -6,23 +6,18 @@ Nothing here may overturn the workers' result: a status write, etcd or the conso
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
-import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runner.errors import EXIT_OK, EXIT_STOPPED_BASE
 from runner.outcomes import FailureKind, Outcome
-from runner.runs.index import state_dir
+from runner.rundir.records import Report, place_report
 from runner.system import soft_io
-from runner.system.private_files import write_private
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
-    from structlog.typing import FilteringBoundLogger
 
     from runner.core.context import Context
 
@@ -33,6 +28,14 @@ if TYPE_CHECKING:
 STOPPED_ETCD_BUDGET_S = 3.0
 
 
+async def stop_watchdogs(ctx: Context) -> None:
+    """The file-timer server and heartbeat monitor (watchdog on), and the stall detector (stall_timeout)."""
+    if ctx.timer is not None:
+        await ctx.timer.stop()
+    if ctx.stall is not None:
+        await ctx.stall.stop()
+
+
 async def handle(ctx: Context) -> None:
     """Stop workers (the received signal, or the spec's, then grace, then SIGKILL), the watchdog, the rendezvous."""
     if ctx.run.failure is not None and ctx.run.failure not in ctx.run.failures:  # a fatal error that skipped FAILED
@@ -41,8 +44,7 @@ async def handle(ctx: Context) -> None:
         ctx.run.standbys.close()
     if ctx.run.group is not None:
         await ctx.run.group.stop(forwarded_signal(ctx), grace_period(ctx), ctx.hurry)
-    if ctx.timer is not None:
-        await ctx.timer.stop()
+    await stop_watchdogs(ctx)
     if ctx.recorder is not None:
         ctx.recorder.close()
     if ctx.outcome is None:  # reached by stop_requested
@@ -85,26 +87,31 @@ def forwarded_signal(ctx: Context) -> str:
     return ctx.spec.shutdown.signal
 
 
-def report(ctx: Context) -> dict[str, Any]:
+def report(ctx: Context) -> Report:
     """report.json's content: outcome, exit code, attempts, every failure's root cause, side-failure warnings."""
-    return {
-        "job": ctx.spec.name,
-        "node": ctx.inputs.node,
-        "outcome": ctx.outcome.value if ctx.outcome is not None else None,
-        "exit_code": ctx.exit_code,
-        "attempts": ctx.run.attempt + 1,
-        "restarts": ctx.run.restarts,
-        "duration_s": round(time.monotonic() - ctx.inputs.started, 3),
-        "failures": [f.to_dict() for f in ctx.run.failures],
-        "health": ctx.run.health,  # the failed tries of the health checks (docs/health.md), the last 20
-        **ctx.recovery.report(),  # launch, recoveries, time_to_recover (docs/time_to_recover.md)
-        "standby": ctx.run.standbys.summary() if ctx.run.standbys is not None else {"enabled": False},
-        "warnings": [*ctx.warnings.seen, *(k for k in process_failures(ctx) if k not in ctx.warnings.seen)],
-        # bytes of each rank's output its log files refused (the workers never saw a failed write; the last
-        # lines of stderr were kept in memory for the root cause)
-        "output_lost_bytes": {str(rank): size for rank, size in sorted(ctx.run.lost_output().items())},
-        "run_dir": str(ctx.inputs.run_dir),
-    }
+    recovery = dict(ctx.recovery.report())  # launch, recoveries, time_to_recover (docs/time_to_recover.md), ledger
+    ledger = recovery.pop("ledger", None)
+    return Report(
+        job=ctx.spec.name,
+        node=ctx.inputs.node,
+        outcome=ctx.outcome.value if ctx.outcome is not None else None,
+        exit_code=ctx.exit_code,
+        attempts=ctx.run.attempt + 1,
+        restarts=ctx.run.restarts,
+        duration_s=round(time.monotonic() - ctx.inputs.started, 3),
+        failures=tuple(f.to_dict() for f in ctx.run.failures),
+        ledger=ledger if isinstance(ledger, dict) else None,
+        warnings=(*ctx.warnings.seen, *(k for k in process_failures(ctx) if k not in ctx.warnings.seen)),
+        run_dir=str(ctx.inputs.run_dir),
+        extra={
+            "health": ctx.run.health,  # the failed tries of the health checks (docs/health.md), the last 20
+            **recovery,
+            "standby": ctx.run.standbys.summary() if ctx.run.standbys is not None else {"enabled": False},
+            # bytes of each rank's output its log files refused (the workers never saw a failed write; the last
+            # lines of stderr were kept in memory for the root cause)
+            "output_lost_bytes": {str(rank): size for rank, size in sorted(ctx.run.lost_output().items())},
+        },
+    )
 
 
 def process_failures(ctx: Context) -> dict[str, str]:
@@ -118,31 +125,6 @@ def process_failures(ctx: Context) -> dict[str, str]:
 
 def write_report(ctx: Context) -> Path | None:
     """Write <run dir>/report.json, or a fallback file the console names when the run dir can't take it."""
-    text = json.dumps(report(ctx), indent=2, default=str)
-    ctx.report_path = place_report(text, ctx.inputs.run_dir, f"{ctx.spec.name}-{ctx.inputs.run_dir.name}",
+    ctx.report_path = place_report(report(ctx), ctx.inputs.run_dir, f"{ctx.spec.name}-{ctx.inputs.run_dir.name}",
                                    ctx.warnings.warn, ctx.log)
     return ctx.report_path
-
-
-def place_report(text: str, run_dir: Path, name: str, warn: Callable[..., None],
-                 log: FilteringBoundLogger) -> Path | None:
-    """<run dir>/report.json, else <state dir>/reports/NAME-report.json, else the temp dir's; where it went.
-
-    The run dir may be full or read-only, and so may the others: each refusal is a warning, None if none took it.
-    """
-    candidates = [run_dir / "report.json", state_dir() / "reports" / f"{name}-report.json"]
-    try:
-        candidates.append(Path(tempfile.gettempdir()) / f"runner-{name}-report.json")
-    except OSError as e:  # no usable temp dir at all
-        warn("report_write_failed", path="<temp dir>", error=str(e))
-    for path in candidates:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_private(path, text)
-        except OSError as e:
-            warn("report_write_failed", path=str(path), error=str(e))
-            continue
-        if path.parent != run_dir:
-            log.warning("report_elsewhere", path=str(path))
-        return path
-    return None

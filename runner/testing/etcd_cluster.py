@@ -177,6 +177,14 @@ class EtcdCluster:
         self._spawn(m, "existing")
         self._wait_healthy(m)
 
+    def say_why(self) -> None:
+        """Print each member's exit status and the end of its log (a test failed with this cluster up)."""
+        for m in self.members:
+            status = "never started" if m.proc is None else m.proc.poll()
+            log = m.host.lab.shared / f".etcd-{m.name}.log"
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+            print(f"etcd member {m.name} ({m.endpoint}): exit status {status}; its log ends:\n{tail}")
+
     def close(self) -> None:
         """Kill every member still running (never raises)."""
         for m in self.members:
@@ -191,5 +199,8 @@ def etcd_on_hosts(lab: Lab, names: list[str]) -> Iterator[EtcdCluster]:
     try:
         server.start()
         yield server
+    except BaseException:
+        server.say_why()
+        raise
     finally:
         server.close()

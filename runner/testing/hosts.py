@@ -163,10 +163,14 @@ class Host:
 
     def run(self, argv: list[str], *, timeout: float = 60.0, env: dict[str, str] | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        """Run `argv` on this host to its end; its output as text."""
+        """Run `argv` on this host to its end; its output as text.
+
+        Bytes that are no UTF-8 (etcd's binary keys read by a stranger) are replaced: the caller's assertion on the
+        output decides, never a decoding error.
+        """
         inner = argv if cwd is None else ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd), *argv]
         return subprocess.run(self.wrap(inner), env=env or self.env(), capture_output=True, text=True,
-                              timeout=timeout, check=False)
+                              errors="replace", timeout=timeout, check=False)
 
     def pids(self) -> dict[int, int]:
         """Every live process of this host: its pid inside the host -> its pid here (the root PID namespace)."""

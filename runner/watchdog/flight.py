@@ -144,12 +144,7 @@ class FlightRecorder:
         verdict = analyse(records, time.time_ns())
         by_rank = {w.plan.rank: w for w in workers}
         culprits = [by_rank[r] for r, n in verdict.culprits if n == self.node and r in by_rank]
-        stacks: dict[int, str] = {}
-        unread: dict[int, str] = {}
-        if self.capture and culprits:
-            texts = await asyncio.gather(*(capture_stacks(w.pid, log=self.log) for w in culprits))
-            stacks = {w.plan.rank: text for w, text in zip(culprits, texts, strict=True) if text}
-            unread = {w.plan.rank: no_stack(w) for w in culprits if w.plan.rank not in stacks}
+        stacks, unread = await take_stacks(culprits, records, self.node, self.log) if self.capture else ({}, {})
         if self.capture:
             unread |= {r: f"it runs on node {n}: its stacks are in that node's report"
                        for r, n in verdict.culprits if n != self.node}
@@ -211,9 +206,29 @@ class FlightRecorder:
         return None
 
 
-def no_stack(worker: Worker) -> str:
-    """Why a culprit's stack could not be read (py-spy's own reason is in agent.jsonl: stacks_unavailable)."""
-    if stopped(worker.pid):
+async def take_stacks(culprits: list[Worker], records: Iterable[RankRecord], node: str,
+                      log: structlog.typing.FilteringBoundLogger) -> tuple[dict[int, str], dict[int, str]]:
+    """The local culprits' stacks by rank (py-spy), and why each of the others has none.
+
+    A rank the records found stopped is never given to py-spy, which cannot read a stopped process: its reason is
+    the records', even when the stop that follows a hang (SIGTERM, then SIGCONT) resumed it meanwhile.
+    """
+    held = {r.rank for r in records if r.answer is Answer.STOPPED and r.node == node}
+    held |= {w.plan.rank for w in culprits if stopped(w.pid)}
+    readable = [w for w in culprits if w.plan.rank not in held]
+    texts = await asyncio.gather(*(capture_stacks(w.pid, log=log) for w in readable))
+    stacks = {w.plan.rank: text for w, text in zip(readable, texts, strict=True) if text}
+    unread = {w.plan.rank: no_stack(w, stopped_before=w.plan.rank in held)
+              for w in culprits if w.plan.rank not in stacks}
+    return stacks, unread
+
+
+def no_stack(worker: Worker, *, stopped_before: bool = False) -> str:
+    """Why a culprit's stack could not be read (py-spy's own reason is in agent.jsonl: stacks_unavailable).
+
+    `stopped_before`: it was stopped when its stack was to be read (py-spy was not run on it).
+    """
+    if stopped_before or stopped(worker.pid):
         return "its process is stopped (state T): py-spy cannot read a stopped process"
     if worker.exited.done():
         return "its process had exited"

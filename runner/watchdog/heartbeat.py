@@ -6,7 +6,9 @@ silence on the monotonic clock: a change seen at a check counts as a sign of lif
 worker is reported at least `timeout` seconds after its last beat, never earlier (to the file system's
 timestamp granularity), and at most one check interval (`timeout / 4`, at most 5 s) later. Checks are one
 loop.call_at handle for all workers; only then are the files stat'ed. A worker that never touches its
-file counts from when `watch()` was called.
+file counts from when `watch()` was called, unless `first_sign` is set: then it is timed only once its file
+said something, and `on_unsent` hears once, for the first worker still silent `timeout` after its start, that
+the script sends none.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class HeartbeatMonitor:
     """Calls on_silent(local_rank, silent_s) once for a worker whose file has not changed for `timeout` seconds.
 
     activity(local_rank), when given, is the monotonic time of another sign of life (its last timer request):
-    it counts as a beat.
+    it counts as a beat of a worker that is timed (with `first_sign`, one whose file said something).
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class HeartbeatMonitor:
         sign: Callable[[Path], object] = signature,
         first_sign: bool = False,
         event: str = "heartbeat_silent",
+        on_unsent: Callable[[int, float], None] | None = None,
     ) -> None:
         self._timeout = timeout
         self._activity = activity
@@ -79,6 +82,7 @@ class HeartbeatMonitor:
         self._event = event
         self._interval = max(min(timeout / 4, MAX_CHECK_INTERVAL_S), MIN_CHECK_INTERVAL_S)
         self._on_silent = on_silent
+        self._on_unsent = on_unsent  # once per monitor: a worker not yet timed (first_sign) silent `timeout` long
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._log = log if log is not None else structlog.get_logger("runner.watchdog.heartbeat")
         self._watched: dict[int, _Watched] = {}
@@ -120,15 +124,23 @@ class HeartbeatMonitor:
             if seen != w.seen:
                 w.seen, w.alive_at = seen, now
                 w.timed = w.timed or seen is not None
-            other = self._activity(rank) if self._activity is not None else None
+            other = self._activity(rank) if self._activity is not None and w.timed else None
             if other is not None and other > w.alive_at:
                 w.alive_at = other
             silent_s = now - w.alive_at
-            if silent_s >= self._timeout and w.timed:
+            if silent_s < self._timeout:
+                continue
+            if w.timed:
                 del self._watched[rank]
                 self._log.warning(self._event, local_rank=rank, silent_s=round(silent_s, 3))
-                try:
-                    self._on_silent(rank, silent_s)
-                except Exception:  # a callback's bug must not stop the monitor
-                    self._log.exception("heartbeat_callback_failed", local_rank=rank)
+                self._call(self._on_silent, rank, silent_s)
+            elif self._on_unsent is not None:  # never a sign: not timed; said once for the whole monitor
+                on_unsent, self._on_unsent = self._on_unsent, None
+                self._call(on_unsent, rank, silent_s)
         self._arm()
+
+    def _call(self, callback: Callable[[int, float], None], rank: int, silent_s: float) -> None:
+        try:
+            callback(rank, silent_s)
+        except Exception:  # a callback's bug must not stop the monitor
+            self._log.exception("heartbeat_callback_failed", local_rank=rank)

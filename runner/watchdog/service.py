@@ -15,8 +15,10 @@ from typing import Protocol
 import structlog
 
 from runner.config.spec import Watchdog as WatchdogSpec
+from runner.contract import HEARTBEAT_FILE_VAR
 from runner.events import TimerExpired
 from runner.hangs import Culprit
+from runner.rundir.layout import stacks_file
 from runner.system.soft_io import warn_once
 from runner.watchdog.clock import Clock, SystemClock
 from runner.watchdog.flight import FlightRecorder
@@ -27,6 +29,8 @@ from runner.watchdog.timer_server import Expiry, FileTimerServer
 from runner.workers.group import Worker, WorkerGroup
 
 TIMER_ENV = "TORCHELASTIC_TIMER_FILE"
+HEARTBEAT_HINT = (f'add at every training step: Path(os.environ["{HEARTBEAT_FILE_VAR}"]).touch()  '
+                  "(or runner.watchdog.heartbeat.beat()); docs/watchdog.md#heartbeat")
 
 
 class EventSink(Protocol):
@@ -73,10 +77,9 @@ class Watchdog:
             before_signal=self.culprit,
         )
         self.on_first_request: Callable[[int, float], None] | None = None  # readiness (runner/watchdog/readiness.py)
-        self.monitor = (
-            HeartbeatMonitor(
-                cfg.heartbeat_timeout, self.on_silent, clock=self.clock, activity=self.server.last_activity, log=log
-            )
+        self.monitor = (  # a worker is timed from its first heartbeat: one that never sent any is not hung
+            HeartbeatMonitor(cfg.heartbeat_timeout, self.on_silent, clock=self.clock,
+                             activity=self.server.last_activity, log=log, first_sign=True, on_unsent=self.on_unsent)
             if cfg.heartbeat_timeout
             else None
         )
@@ -147,6 +150,16 @@ class Watchdog:
             self.kill_hung(local_rank, silent_s, timeout, "heartbeat",
                            f"sent no heartbeat for {silent_s:.1f} s (heartbeat_timeout {timeout:g} s)")
 
+    def on_unsent(self, local_rank: int, waited_s: float) -> None:
+        """A worker sent no heartbeat in its first heartbeat_timeout: not timed (no first beat), said once a run."""
+        worker = self._worker(local_rank)
+        rank = worker.plan.rank if worker is not None else local_rank
+        self.log.warning("heartbeat_never_sent", rank=rank, local_rank=local_rank, waited_s=round(waited_s, 1),
+                         message=(f"rank {rank} sent no heartbeat in its first {waited_s:.1f} s: the script does not "
+                                  f"touch {HEARTBEAT_FILE_VAR}, so watchdog.heartbeat_timeout does not time its "
+                                  "workers (a worker is timed from its first heartbeat)"),
+                         hint=HEARTBEAT_HINT)
+
     def on_stalled(self, local_rank: int, silent_s: float) -> None:
         """The step a worker reports has not moved for progress_timeout: a progress stall, hung like a silence."""
         timeout, path = self.cfg.progress_timeout, self._heartbeat_file(local_rank)
@@ -185,7 +198,7 @@ class Watchdog:
         """Queue the event for RUNNING and keep the stacks beside the rank's logs."""
         worker = self._worker(event.local_rank)
         if event.stacks and worker is not None:
-            path = Path(worker.plan.log_dir, "stacks.txt")
+            path = stacks_file(worker.plan.log_dir)
             try:
                 path.write_text(event.stacks, encoding="utf-8")
             except OSError as e:  # a full or read-only logs disk: the failure (report.json) keeps them too

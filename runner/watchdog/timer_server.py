@@ -35,6 +35,7 @@ from pathlib import Path
 import structlog
 
 from runner.errors import RunnerError
+from runner.rundir.layout import timer_dir, timer_fifo
 from runner.system.soft_io import describe
 from runner.watchdog.clock import Clock, SystemClock
 from runner.watchdog.refusals import INTERVAL_S, RefusalLog, who
@@ -135,7 +136,7 @@ class FileTimerServer:
         on_first_request: Callable[[int, float], None] | None = None,
         before_signal: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
-        self._dir = Path(run_dir) / "timer"
+        self._dir = timer_dir(run_dir)
         self._on_first_request = on_first_request  # (local rank, monotonic time): its worker's first request
         self._before_signal = before_signal  # awaited before an expired worker is signalled (the hang's culprit)
         self._owner = owner
@@ -189,7 +190,7 @@ class FileTimerServer:
             return str(existing.path)
         if self._loop is None:
             raise RuntimeError("FileTimerServer.channel() before start()")
-        path = self._dir / f"rank_{local_rank}.fifo"
+        path = timer_fifo(self._dir, local_rank)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # stale, from an agent that died
         os.mkfifo(path, 0o600)

@@ -12,7 +12,7 @@ from pathlib import Path
 from runner.events import PEER_REPORTED, PeerLost, TimerExpired
 from runner.hangs import Culprit, Verdict, mismatch_words
 from runner.outcomes import FailureClass, FailureKind
-from runner.workers.launch_plan import error_file
+from runner.rundir.layout import error_file, stderr_log
 
 _HINTS = {
     "SIGKILL": "SIGKILL is often the kernel's OOM killer (check `dmesg` / memory limits) or an external kill",
@@ -224,7 +224,7 @@ def worker_failure(attempt: int, rank: int, local_rank: int, exit_code: int, log
     sig = signal_name(exit_code)
     how = f"killed by {sig}" if sig else f"exited with code {exit_code}"
     error, tb = read_error_file(Path(error_file(log_dir)))
-    stderr_tail = "" if tb else last_lines(stderr_seen) or tail(Path(log_dir) / "stderr.log")
+    stderr_tail = "" if tb else last_lines(stderr_seen) or tail(Path(stderr_log(log_dir)))
     raised = exception_line(tb or stderr_seen or stderr_tail)
     return Failure(
         kind=FailureKind.WORKER,
@@ -282,9 +282,18 @@ def reported_line(reason: str) -> str:
 
 
 def peer_reported(failure: Failure) -> bool:
-    """A peer's loss seen through its own FAILED state: that peer is alive and charges the failure with its class."""
+    """A peer's loss seen through its own FAILED state: that peer is alive and charges the failure with its class.
+
+    Read from the loss itself (`peer.why`), never from the words: a hang's analysis rewrites the reason and
+    `detected` (a mismatch's "node a reported FAILED"), and a node that missed this charged the round first, with
+    its own guess of the class (node_lost), for the peer too (CI).
+    """
+    if failure.kind is not FailureKind.PEER:
+        return False
+    if failure.peer is not None:
+        return failure.peer.why == PEER_REPORTED
     text = failure.detected or failure.reason  # "node b lost: reported FAILED", then ": <its root cause>" if known
-    return failure.kind is FailureKind.PEER and re.search(f" lost: {PEER_REPORTED}(?:$|: )", text) is not None
+    return re.search(f" lost: {PEER_REPORTED}(?:$|: )", text) is not None
 
 
 # A worker that gave up waiting in a collective: gloo's transport, NCCL's watchdog, c10d's wait (torch 2.13 words)

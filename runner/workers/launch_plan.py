@@ -22,6 +22,7 @@ from runner.contract import FR_BUFFER_VARS
 from runner.contract import HEARTBEAT_FILE_VAR as HEARTBEAT_ENV
 from runner.errors import RunnerError
 from runner.rendezvous.base import RendezvousResult
+from runner.rundir.layout import error_file, heartbeat_file, rank_dir, stderr_log, stdout_log
 
 
 @dataclass(frozen=True)
@@ -43,12 +44,12 @@ class WorkerPlan:
     @property
     def stdout_path(self) -> str:
         """Where the worker's stdout is kept."""
-        return f"{self.log_dir}/stdout.log"
+        return stdout_log(self.log_dir)
 
     @property
     def stderr_path(self) -> str:
         """Where the worker's stderr is kept."""
-        return f"{self.log_dir}/stderr.log"
+        return stderr_log(self.log_dir)
 
     @property
     def error_file(self) -> str:
@@ -59,16 +60,6 @@ class WorkerPlan:
     def heartbeat_file(self) -> str:
         """RUNNER_HEARTBEAT_FILE: the worker touches it to say it is ready and, with heartbeat_timeout, alive."""
         return heartbeat_file(self.log_dir)
-
-
-def error_file(log_dir: str) -> str:
-    """Where a rank's torch error file goes."""
-    return f"{log_dir}/error.json"
-
-
-def heartbeat_file(log_dir: str) -> str:
-    """Where a rank's heartbeat file goes."""
-    return f"{log_dir}/heartbeat"
 
 
 @dataclass(frozen=True)
@@ -217,7 +208,7 @@ def build_plan(
     workers = []
     for local_rank in range(rdzv.nproc_per_node):
         rank = rdzv.global_rank(local_rank)
-        log_dir = f"{run_dir}/attempt_{attempt}/rank_{rank}"
+        log_dir = rank_dir(run_dir, attempt, rank)
         contract = contract_env(spec, rdzv, local_rank, elastic_id, attempt)
         if spec.virtual_local_rank:
             contract["LOCAL_RANK"] = "0"

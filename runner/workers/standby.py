@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from runner.rundir.layout import RunDir
 from runner.system import procs
 from runner.system.cgroup import JobCgroup
 from runner.workers.launch_plan import WorkerPlan, attempt_free_env, worker_argv
@@ -221,7 +222,7 @@ class StandbyPool:
 
     def log_path(self) -> Path:
         """Where the fork server and its standbys write until they become workers (<run dir>/standby/server.log)."""
-        return self.run_dir / "standby" / "server.log"
+        return RunDir(self.run_dir).standby_log
 
     def fill(self) -> None:
         """Start the server if there is none, and ask it for a standby for every local rank that has none."""

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from runner.observe.live_line import DIM, LIVE, RESET
+from runner.system import thread_signals
 from runner.system.pipe_reader import PipeReader
 from runner.system.soft_io import close_fd, describe, warn_once, write_all
 from runner.workers.failures import COLLATERAL
@@ -96,7 +97,7 @@ class Console:
             self._size += len(data)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"console-{self.fd}", daemon=True)
-                self._thread.start()
+                thread_signals.start(self._thread)
             self._cond.notify()
 
     def _run(self) -> None:

@@ -2,9 +2,10 @@
 
 usage: heartbeat_worker.py [BEATS]      touch $RUNNER_HEARTBEAT_FILE BEATS times (0.1 s apart), then go silent
                                         forever (a hang)
-       heartbeat_worker.py tick SECONDS never touch the file; re-arm a report-only timer scope every 0.2 s for
-                                        SECONDS on $TORCHELASTIC_TIMER_FILE (the bytes torch's FileTimerClient
-                                        writes: one open, one write, one close), then exit 0
+       heartbeat_worker.py tick SECONDS touch the file once (the first heartbeat: from then on the worker is
+                                        timed), then re-arm a report-only timer scope every 0.2 s for SECONDS on
+                                        $TORCHELASTIC_TIMER_FILE (the bytes torch's FileTimerClient writes: one
+                                        open, one write, one close), then exit 0
 """
 
 import json
@@ -28,6 +29,7 @@ def tick(seconds: float) -> None:
 
 
 if len(sys.argv) > 2 and sys.argv[1] == "tick":
+    Path(os.environ["RUNNER_HEARTBEAT_FILE"]).touch()
     tick(float(sys.argv[2]))
     sys.exit(0)
 beats = int(sys.argv[1]) if len(sys.argv) > 1 else 5

@@ -79,8 +79,10 @@ def main() -> None:
     out = os.environ["OUT"]
     rank, attempt = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     info = record()
-    with open(os.path.join(out, f"rank{rank}.attempt{attempt}.json"), "w") as f:
+    path = os.path.join(out, f"rank{rank}.attempt{attempt}.json")
+    with open(path + ".tmp", "w") as f:  # then renamed: a reader never sees it half written
         json.dump(info, f)
+    os.replace(path + ".tmp", path)
     print(f"probe rank {rank} attempt {attempt}", flush=True)
     crasher = min(1, int(os.environ["WORLD_SIZE"]) - 1)  # rank 1 (rank 0 when alone)
     if attempt < int(os.environ.get("PROBE_CRASH_ATTEMPTS", "0")):  # it crashes once told; the others wait

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from pathlib import PurePath
 
-from runner.config.clusters.common import check_etcd, environment, problem, provides_secret
+from runner.config.clusters.common import check_etcd, environment, member_count, problem, provides_secret
+from runner.config.clusters.fit import Fit, fit
 from runner.config.spec import JobSpec
+from runner.config.timeout_order import SLURM_GRACE
 
 
 def slurm_time(seconds: float) -> str:
@@ -20,12 +22,8 @@ def slurm_time(seconds: float) -> str:
 
 def check(spec: JobSpec, spec_path: str) -> None:
     """Settings that would make the script wrong rather than merely different."""
-    slurm = spec.cluster.slurm
-    if slurm.signal_lead <= spec.shutdown.grace_period:
-        raise problem(spec_path, "cluster.slurm.signal_lead",
-                      f"signal_lead ({slurm.signal_lead:g} s) is not longer than shutdown.grace_period "
-                      f"({spec.shutdown.grace_period:g} s): workers would be killed by the time limit mid-shutdown",
-                      "raise cluster.slurm.signal_lead or lower shutdown.grace_period")
+    if SLURM_GRACE.broken(spec):  # `runner validate` checks it only on a spec with cluster.slurm; any spec here
+        raise problem(spec_path, "cluster.slurm.signal_lead", SLURM_GRACE.message(spec), SLURM_GRACE.fix)
     check_etcd(spec, spec_path)
 
 
@@ -36,9 +34,10 @@ def kill_on_bad_exit(spec: JobSpec) -> tuple[int, str]:
     return 1, "fixed size: an agent that gave up (or lost its node) ends the step at once"
 
 
-def sbatch_script(spec: JobSpec, spec_path: str) -> str:
-    """The sbatch script text."""
+def sbatch_script(spec: JobSpec, spec_path: str, fitted: Fit | None = None) -> str:
+    """The sbatch script text; `fitted`: what the template changes (None: worked out from `spec` alone)."""
     check(spec, spec_path)
+    fitted = fitted or fit("slurm", spec, None, spec_path)
     slurm, cluster = spec.cluster.slurm, spec.cluster
     kill, kill_reason = kill_on_bad_exit(spec)
     nodes = f"{spec.nodes.min}" if spec.nodes.min == spec.nodes.max else f"{spec.nodes.min}-{spec.nodes.max}"
@@ -49,7 +48,9 @@ def sbatch_script(spec: JobSpec, spec_path: str) -> str:
         nodes=nodes,
         elastic=spec.nodes.min < spec.nodes.max,
         cpus_per_node=slurm.cpus_per_node,
-        gpus_per_node=cluster.gpus_per_node,
+        gpus_per_node=fitted.gpus_per_node,
+        hosted_port=fitted.hosted_port,
+        fixed_endpoints=", ".join(spec.rendezvous.endpoints),
         partition=slurm.partition,
         account=slurm.account,
         time_limit=slurm_time(slurm.time_limit) if slurm.time_limit else None,
@@ -59,6 +60,7 @@ def sbatch_script(spec: JobSpec, spec_path: str) -> str:
         sbatch_args=slurm.sbatch_args,
         start_etcd=cluster.etcd == "start",
         job_secret=provides_secret(spec),
+        hosted_members=member_count(spec) if spec.rendezvous.hosted else 0,
         agents_step=1 if cluster.etcd == "start" else 0,  # step ids count srun calls: etcd's comes first
         etcd_command=slurm.etcd_command,
         etcd_port=cluster.etcd_port,

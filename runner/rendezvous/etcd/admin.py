@@ -28,12 +28,12 @@ from runner.rendezvous.etcd.client import (
 )
 from runner.rendezvous.etcd.connect import new_session, refuse_without_secret
 from runner.rendezvous.etcd.keys import JobKeys, dump, ledger_of, load
-from runner.rendezvous.etcd.round_result import RoundResult, parse_result
+from runner.rendezvous.etcd.round import RoundResult, parse_result
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
-    from runner.rendezvous.etcd.messages import KeyValue
+    from runner.rendezvous.etcd.client import KeyValue
 
 
 def quiet_log() -> FilteringBoundLogger:

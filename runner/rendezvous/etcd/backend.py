@@ -34,23 +34,24 @@ import structlog
 from runner.config.spec import JobSpec
 from runner.errors import RendezvousError, RendezvousTimeout
 from runner.events import Fenced, PeerLost
-from runner.rendezvous.base import RendezvousResult
+from runner.rendezvous.base import RendezvousResult, RoundCharge
 from runner.rendezvous.etcd.admin import write_control
 from runner.rendezvous.etcd.admission import admit, job_intact
 from runner.rendezvous.etcd.budget import Charge, charge_round
 from runner.rendezvous.etcd.client import (
     EtcdSession,
+    EtcdUnreachable,
     LeaseNotFound,
+    key_range,
     prefix_range,
 )
 from runner.rendezvous.etcd.connect import new_session
 from runner.rendezvous.etcd.fence import Fence, Peer
-from runner.rendezvous.etcd.hang_exchange import share
 from runner.rendezvous.etcd.joining import RoundJoiner
-from runner.rendezvous.etcd.keys import JobKeys, check_node_id, dump, ledger_of, load
+from runner.rendezvous.etcd.keys import JobKeys, check_node_id, dump, ledger_of, load, progress_of
 from runner.rendezvous.etcd.lease import LeaseKeeper, revoke_ticket
 from runner.rendezvous.etcd.lease_revoke import LeaseListener
-from runner.rendezvous.etcd.monitor import RoundMonitor
+from runner.rendezvous.etcd.monitor import RoundMonitor, share
 from runner.rendezvous.etcd.round import RoundWaiter
 from runner.rendezvous.node_ledger import Mark, NodeRecord, record_of
 
@@ -61,11 +62,13 @@ if TYPE_CHECKING:
 
     from runner.events import Event, StopRequested
     from runner.hangs import RankRecord
+    from runner.outcomes import FailureClass
 
 T = TypeVar("T")
 FINAL_STATE_TTL_S = 3600
 LEDGER_BUDGET_S = 2.0  # the node ledger's write, at most (runner/rendezvous/node_ledger.py)
 LOST_PEER = "etcd"  # the PeerLost.node of a data loss
+FENCE_PEERS = 3  # how many peers of the round the fence asks before it decides this node is the one cut off
 
 
 class DataLost(Exception):
@@ -142,6 +145,19 @@ class EtcdRendezvous:
         self._stop_sink = sink
         if self._monitor is not None:
             self._monitor.stops = sink
+
+    def learn(self, client_urls: list[str]) -> None:
+        """Learn that etcd also serves at `client_urls` (a hosted etcd's members).
+
+        The session fails over to them, and the guard's revoke ticket lists them: a dead agent's lease is revoked
+        through any live member.
+        """
+        session = self.session
+        before = session.endpoints
+        session.learn(client_urls)
+        if session.endpoints != before and self._lease is not None and self._lease_listener is not None:
+            self._lease.watch(self._lease_listener, revoke_ticket(self._spec, final=self._keys.final(self._node),
+                                                                  endpoints=session.endpoints))
 
     def on_lease(self, listener: LeaseListener) -> None:
         """Tell `listener` how to revoke this node's lease whenever it is granted or replaced (None: given up).
@@ -257,34 +273,34 @@ class EtcdRendezvous:
             raise RendezvousError(msg) from None
         except TimeoutError:
             msg = f"etcd did not answer {what} within {limit:g} s (rendezvous.connect_timeout)"
-            raise RendezvousError(msg, fix="check that etcd is up and reachable from this node") from None
+            raise EtcdUnreachable(msg, fix="check that etcd is up and reachable from this node") from None
         except Exception as exc:  # boundary: the agent must get a RendezvousError, whatever failed below
             self._log.warning("etcd_call_failed", call=what, error=repr(exc))
             msg = f"etcd {what} failed: {type(exc).__name__}: {exc}"
             raise RendezvousError(msg) from exc
 
     async def charge_restart(
-        self, max_restarts: int, failure_class: str = "", class_limit: int | None = None, *, charged: bool = True,
-        defer: float = 0.0,
-    ) -> int | None:
-        """Charge the failure of the current round once, job-wide; the new count or None when spent.
+        self, max_restarts: int, failure_class: FailureClass | None = None, class_limit: int | None = None, *,
+        charged: bool = True, defer: float = 0.0,
+    ) -> RoundCharge:
+        """Charge the failure of the current round once, job-wide: the round's charge, as its first node decided it.
 
         A class's count is one more key, `restarts/<class>`, moved in the same transaction as the job's.
         """
         return await self._bounded("charge_restart",
                                    self._charge(max_restarts, failure_class, class_limit, charged, defer))
 
-    async def _charge(self, max_restarts: int, cls: str, class_limit: int | None, job_wide: bool,
-                      defer: float = 0.0) -> int | None:
+    async def _charge(self, max_restarts: int, cls: FailureClass | None, class_limit: int | None, job_wide: bool,
+                      defer: float = 0.0) -> RoundCharge:
         await self._recover()
         r = self._result.round if self._result else -1
         done = await charge_round(self.session, self._keys, self._node, r, Charge(max_restarts, cls, class_limit,
                                                                                  job_wide), defer=defer, log=self._log)
         self._restarts_known = max(self._restarts_known, done.seen)
-        return done.count
+        return done.charge
 
     async def share_hang(self, local: list[RankRecord], *, timeout: float) -> list[RankRecord]:
-        """Every member's flight-recorder records of this round's hang (runner/rendezvous/etcd/hang_exchange.py)."""
+        """Every member's flight-recorder records of this round's hang (runner/rendezvous/etcd/monitor.py `share`)."""
         result = self._result
         if result is None or len(result.nodes) < 2 or self._lost is not None:
             return local
@@ -323,6 +339,16 @@ class EtcdRendezvous:
             self._log.warning("node_ledger_read_failed", error=e.message)
             return {}
         return ledger_of(kvs)
+
+    async def progress_of_nodes(self) -> dict[str, float]:
+        """Every live node's published `progress_at` ({} when etcd does not answer: the caller has only its own)."""
+        try:
+            _, (kvs,) = await self._bounded("progress_of_nodes", self.session.call(
+                lambda c: c.snapshot([prefix_range(self._keys.states)])))
+        except RendezvousError as e:
+            self._log.warning("progress_of_nodes_unread", error=e.message)
+            return {}
+        return progress_of(kvs)
 
     async def publish(self, state: dict[str, object]) -> None:
         """Put this node's live state (plus node, round, time) on the lease; bounded by the connect timeout.
@@ -399,28 +425,47 @@ class EtcdRendezvous:
             await monitor.stop()
 
     async def _fence_peers(self, result: RendezvousResult) -> list[Peer]:
-        """The peer the fence asks: the master node's (group rank 0) address; for the master, group rank 1's.
+        """The peers the fence asks: the round's first FENCE_PEERS nodes but this one.
 
-        Read and resolved now, while etcd and the name service answer; none for a round of one node. Any port does
-        (a refused connection proves the path): the round's master port.
+        The master node at the master address, the others at their join records' addresses. Several, not one: a
+        lost host is often the master's, and etcd's leader with it (a hosted rendezvous's first node); a survivor
+        that asked only it would take the election's silence for its own cut. Read and resolved now, while etcd and
+        the name service answer; none for a round of one node. Any port does (a refused connection proves the
+        path): the round's master port.
         """
-        if len(result.nodes) < 2:
-            return []
-        node, host = result.nodes[0], result.master_addr
-        if result.group_rank == 0:
-            node = result.nodes[1]
-            try:
-                raw = await self._bounded("fence_peer", self.session.call(
-                    lambda c: c.get(self._keys.join(result.round, node))))
-                record = load(raw.value) if raw is not None else None
-            except (RendezvousError, ValueError) as e:
-                self._log.warning("fence_peer_unknown", node=node, error=str(e))
-                return []
+        chosen = [n for n in result.nodes if n != self._node][:FENCE_PEERS]
+        addrs = await self._peer_addrs(result, [n for n in chosen if n != result.nodes[0]])
+        addrs[result.nodes[0]] = result.master_addr
+        return [Peer(node, await resolved(addrs[node], self._log), result.master_port) for node in chosen
+                if node in addrs]
+
+    async def _peer_addrs(self, result: RendezvousResult, nodes: list[str]) -> dict[str, str]:
+        """The addresses in `nodes`' join records of this round, read in one call ({} with a warning when not)."""
+        if not nodes:
+            return {}
+        try:
+            _, found = await self._bounded("fence_peer", self.session.call(
+                lambda c: c.snapshot([key_range(self._keys.join(result.round, n)) for n in nodes])))
+        except RendezvousError as e:
+            self._log.warning("fence_peer_unknown", nodes=nodes, error=str(e))
+            return {}
+        addrs = {}
+        for node, kvs in zip(nodes, found, strict=True):
+            record = load(kvs[0].value) if kvs else None
             addr = record.get("addr") if isinstance(record, dict) else None
-            if not isinstance(addr, str):
-                return []
-            host = addr
-        return [Peer(node, await resolved(host, self._log), result.master_port)]
+            if isinstance(addr, str):
+                addrs[node] = addr
+        return addrs
+
+    def give_up(self, reason: str) -> None:
+        """The rendezvous is gone (a hosted one whose quorum was lost) and the node ends: nothing more goes to etcd.
+
+        Unlike a fence, nothing is put on the events queue: the caller is already ending this node.
+        """
+        if self.fenced is None:
+            self.fenced = reason
+            for call in list(self._side_calls):
+                call.cancel()
 
     def _on_fenced(self, reason: str) -> None:
         """Cut off: nothing more goes to etcd; the agent stops its workers (Fenced)."""

@@ -7,7 +7,8 @@ fails there with a clear message. Nothing in this package touches a private name
 
 `EtcdSession.call` runs one operation and, when the connection fails (etcd restarting, token lost), reconnects
 with backoff and runs it again, all within the connect timeout; operations passed to it must be idempotent. Every
-reply's header goes through a ClusterIdentity, which notices an etcd that lost its data.
+reply's header goes through a ClusterIdentity, which notices an etcd that lost its data. The etcd messages built
+and read are typed here too (RangeRequest, RequestOp, Compare, KeyValue).
 """
 
 from __future__ import annotations
@@ -15,26 +16,109 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import itertools
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NewType, Protocol, TypeVar
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type stubs
 import structlog
 from aetcd import rpc
 
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd.identity import ClusterIdentity
-from runner.rendezvous.etcd.messages import Compare, KeyValue, RangeRequest, RequestOp
+from runner.system import thread_signals
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
+# Types for the etcd protobuf messages this package builds and reads (aetcd's `rpc` module ships no types). The
+# messages built (range requests, transaction ops, comparisons) are opaque: distinct types, so that a comparison
+# cannot be passed where an op goes, made only by the helpers below. The messages read (a KeyValue) are Protocols
+# naming the fields read.
+
+RangeRequest = NewType("RangeRequest", object)
+"""An rpc.RangeRequest: one key, or a range of keys."""
+
+RequestOp = NewType("RequestOp", object)
+"""An rpc.RequestOp: one read, put or delete of a transaction."""
+
+Compare = NewType("Compare", object)
+"""An rpc.Compare: one condition of a transaction."""
+
+
+class KeyValue(Protocol):
+    """An rpc.KeyValue: one key as read, with its revisions and lease."""
+
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int
+
+
+# Is this still the etcd that holds our job? Every reply's header says which cluster answered and at what revision.
+#
+# A cluster that lost its data (data dir wiped, cluster replaced, restored from an old snapshot) shows it in one of two
+# ways: the cluster id in the header changes, or a reply's revision is lower than one this client already saw before
+# it sent the request (etcd's revision never goes back: every KV reply is linearizable). Pure logic, no I/O: the
+# client feeds it each header with the floor it captured before sending.
+
+
+class Header(Protocol):
+    """The fields of etcd's ResponseHeader this check reads."""
+
+    cluster_id: int
+    revision: int
+
+
+class ClusterIdentity:
+    """The cluster id and highest revision seen; calls every listener once per detected loss."""
+
+    def __init__(self) -> None:
+        self.cluster_id: int | None = None
+        self.revision = 0
+        self._listeners: list[Callable[[str], None]] = []
+
+    def on_loss(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(reason)` whenever a reply shows the data was lost."""
+        self._listeners.append(listener)
+
+    def check(self, header: Header, floor: int | None) -> str | None:
+        """Record `header`; the reason when it shows data loss (listeners are told), else None.
+
+        `floor`: self.revision captured before the request was sent (None for replies whose revision is
+        not linearizable, e.g. lease replies: only their cluster id is checked).
+        """
+        cluster, rev = int(header.cluster_id), int(header.revision)
+        reason = None
+        if self.cluster_id is not None and cluster and cluster != self.cluster_id:
+            reason = f"the cluster id changed from {self.cluster_id:x} to {cluster:x} (another etcd cluster)"
+        elif floor is not None and 0 < rev < floor:
+            reason = f"the revision went back from {floor} to {rev} (etcd restarted without its data)"
+        if reason is not None:  # a new baseline: the new cluster's history starts here
+            self.cluster_id, self.revision = cluster, rev
+            for listener in list(self._listeners):
+                listener(reason)
+            return reason
+        if cluster:
+            self.cluster_id = cluster
+        self.revision = max(self.revision, rev)
+        return None
+
+
 T = TypeVar("T")
 OP_TIMEOUT_S = 5.0
+# A failover's first try of each endpoint: a member in an election (its leader lost) holds a new connection's
+# authentication until the election ends, and 5 s on it cost a 5 s lease while the other member answered at once
+# (tests/test_hosted_members.py, a member host cut under load). Doubled after every round of the endpoints, up to
+# OP_TIMEOUT_S, so that a slow but live etcd is still reached.
+FAILOVER_TRY_S = 1.0
+SESSION_NUMBERS = itertools.count(1)  # this process's etcd sessions, numbered in their log lines
+SUSPECT_S = 10.0  # an endpoint that failed this recently is tried after the others
 BACKOFF_INITIAL_S = 0.05
 BACKOFF_MAX_S = 1.0
 CANCEL_TIMEOUT_S = 1.0
@@ -67,6 +151,13 @@ RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "AuthUserListRequest": (), "AuthUserListResponse": ("users",),
     "AuthRoleListRequest": (), "AuthRoleListResponse": ("roles",),
     "LeaseLeasesRequest": (), "LeaseLeasesResponse": ("leases",),
+    # members: a hosted rendezvous grows to rendezvous.hosted_members members (runner.rendezvous.etcd.members)
+    "ClusterStub": (), "Member": ("ID", "name", "peerURLs", "clientURLs", "isLearner"),
+    "MemberListRequest": ("linearizable",), "MemberListResponse": ("header", "members"),
+    "MemberAddRequest": ("peerURLs", "isLearner"), "MemberAddResponse": ("header", "member", "members"),
+    "MemberPromoteRequest": ("ID",), "MemberRemoveRequest": ("ID",),
+    # founder: the founding member's own leader, read without a quorum (runner.rendezvous.etcd.founder)
+    "MaintenanceStub": (), "StatusRequest": (), "StatusResponse": ("header", "leader"),
 }
 
 # The largest reply a node accepts. gRPC's default (4 MiB) is less than what a round's leader reads at scale: every
@@ -87,11 +178,29 @@ RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_E
 # What etcd 3.5 answers, with code UNKNOWN, while it applies its log behind what it committed (more than 5000
 # entries): thousands of nodes writing at once (8192 agents joining here, docs/scale.md). A busy etcd, not a refusal:
 # retried with backoff as a lost connection is.
-BUSY_SIGNS = ("etcdserver: too many requests",)
+# And what etcd answers, with code UNKNOWN, when the call's own deadline (or cancel) ended its work server-side: a
+# member in an election holding a new connection's authentication past a failover's short try does (CI, 2026-11-28:
+# read as a refused login, it ended a survivor with exit 3). The call timed out; it was never refused.
+BUSY_SIGNS = ("etcdserver: too many requests", "context deadline exceeded", "context canceled")
 
 
 class Unavailable(Exception):
     """The connection failed in a way a reconnect may cure (internal to the retry loop)."""
+
+
+class MembersBusy(RendezvousError):
+    """etcd refused a membership change for now; it may be asked again later.
+
+    A member joined moments ago, or one is not connected (etcd's strict reconfiguration check).
+    """
+
+
+# What etcd 3.5 answers to a membership change it refuses for now (runner.rendezvous.etcd.members retries them).
+MEMBERS_BUSY_SIGNS = ("unhealthy cluster", "not enough started members", "too many learner members")
+
+
+class EtcdUnreachable(RendezvousError):
+    """No endpoint answered within the time a call had (the connect timeout, or its budget)."""
 
 
 class LeaseNotFound(RendezvousError):
@@ -136,6 +245,8 @@ def untrusted_server(error: str) -> bool:
 def translate(exc: grpc.aio.AioRpcError) -> Exception:
     """The exception to raise for a failed RPC: Unavailable (retry), LeaseNotFound, or a RendezvousError."""
     code, details = exc.code(), exc.details() or ""
+    if any(sign in details for sign in MEMBERS_BUSY_SIGNS):
+        return MembersBusy(f"etcd: {details}")
     if code in RETRY_CODES or any(sign in details for sign in BUSY_SIGNS):
         return Unavailable(f"{code.name}: {details}".rstrip(": "))
     if code == grpc.StatusCode.NOT_FOUND and "lease" in details:
@@ -218,6 +329,23 @@ def read_tls_file(path: str | None, field: str) -> bytes | None:
 
 
 @dataclass(frozen=True)
+class MemberInfo:
+    """One member of the etcd cluster as MemberList answers it (name is empty until a new member started)."""
+
+    id: int
+    name: str
+    peer_urls: tuple[str, ...]
+    client_urls: tuple[str, ...]
+    learner: bool
+
+    @classmethod
+    def of(cls, member: Any) -> MemberInfo:
+        """From an rpc.Member message."""
+        return cls(int(member.ID), str(member.name), tuple(map(str, member.peerURLs)),
+                   tuple(map(str, member.clientURLs)), bool(member.isLearner))
+
+
+@dataclass(frozen=True)
 class TxnResult:
     """What a transaction answered: which branch ran, at what revision, and each op's kvs ([] for writes)."""
 
@@ -234,11 +362,12 @@ class Connection:
         self._identity = identity
         self.timeout = timeout
         target = endpoint.target
-        if creds.tls or endpoint.secure:
-            tls = grpc.ssl_channel_credentials(creds.ca, creds.key, creds.cert)
-            self.channel = rpc.secure_channel(target, tls, options=CHANNEL_OPTIONS)
-        else:
-            self.channel = rpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        with thread_signals.kept_from_new_threads():  # grpc's threads, should the channel make them
+            if creds.tls or endpoint.secure:
+                tls = grpc.ssl_channel_credentials(creds.ca, creds.key, creds.cert)
+                self.channel = rpc.secure_channel(target, tls, options=CHANNEL_OPTIONS)
+            else:
+                self.channel = rpc.insecure_channel(target, options=CHANNEL_OPTIONS)
         self.metadata: tuple[tuple[str, str], ...] = ()
         self.kv = rpc.KVStub(self.channel)
         self.leases = rpc.LeaseStub(self.channel)
@@ -327,6 +456,36 @@ class Connection:
         except LeaseNotFound:
             return
 
+    async def members(self) -> list[MemberInfo]:
+        """Every member of the cluster (voters and learners), as the connected member knows them."""
+        reply = await self._unary(rpc.ClusterStub(self.channel).MemberList, rpc.MemberListRequest(),
+                                  linearizable=False)
+        return [MemberInfo.of(m) for m in reply.members]
+
+    async def leader(self) -> int:
+        """The id of the leader the connected member follows (0: it knows none).
+
+        From its Status: answered by the member itself, with no quorum and no token.
+        """
+        reply = await self._unary(rpc.MaintenanceStub(self.channel).Status, rpc.StatusRequest(), linearizable=False)
+        return int(reply.leader)
+
+    async def member_add(self, peer_url: str, *, learner: bool) -> tuple[MemberInfo, list[MemberInfo]]:
+        """Add a member (a learner: it votes once promoted); (the new member, every member after the change)."""
+        request = rpc.MemberAddRequest(peerURLs=[peer_url], isLearner=learner)
+        reply = await self._unary(rpc.ClusterStub(self.channel).MemberAdd, request, linearizable=False)
+        return MemberInfo.of(reply.member), [MemberInfo.of(m) for m in reply.members]
+
+    async def member_promote(self, member_id: int) -> None:
+        """Make a learner that caught up with the leader a voting member (refused while it has not)."""
+        await self._unary(rpc.ClusterStub(self.channel).MemberPromote, rpc.MemberPromoteRequest(ID=member_id),
+                          linearizable=False)
+
+    async def member_remove(self, member_id: int) -> None:
+        """Remove a member from the cluster (it stops serving once it learns of it)."""
+        await self._unary(rpc.ClusterStub(self.channel).MemberRemove, rpc.MemberRemoveRequest(ID=member_id),
+                          linearizable=False)
+
     def watch_stream(self) -> Any:
         """A new bidirectional Watch stream (write WatchRequests, read WatchResponses)."""
         return self.watches.Watch(metadata=self.metadata)
@@ -413,8 +572,16 @@ class EtcdSession:
     """
 
     def __init__(self, endpoints: Sequence[str], creds: Credentials, *, connect_timeout: float,
-                 probe_key: bytes | None, log: FilteringBoundLogger | None = None) -> None:
-        self._endpoints = [Endpoint.parse(e) for e in endpoints]
+                 probe_key: bytes | None, log: FilteringBoundLogger | None = None, learn_members: bool = False) -> None:
+        """`learn_members`: after each connect, add every member's client URLs to the endpoints.
+
+        For a hosted rendezvous, whose members are the job's own nodes (runner.rendezvous.etcd.members).
+        """
+        self._given = [Endpoint.parse(e) for e in endpoints]
+        self._endpoints = list(self._given)
+        self._learn_members = learn_members
+        self._outage: tuple[float, int] | None = None  # (since, retries) while calls fail: one line per outage
+        self.number = next(SESSION_NUMBERS)  # said with its connection events: each session's outages are its own
         self._creds = creds
         self.connect_timeout = connect_timeout
         self._probe_key = probe_key
@@ -427,7 +594,9 @@ class EtcdSession:
         # nodes that member did three quarters of a round's etcd work (docs/scale.md).
         self._next_endpoint = random.randrange(len(self._endpoints)) if self._endpoints else 0  # noqa: S311
         self._lock = asyncio.Lock()
+        self._failed_at: dict[tuple[str, int], float] = {}  # (host, port) -> monotonic time of its last failure
         self.answered_at = 0.0  # monotonic time of etcd's last answer to a call of this session (the fence reads it)
+        self.last_answered: Endpoint | None = None  # the endpoint of that answer
 
     @property
     def generation(self) -> int:
@@ -452,20 +621,41 @@ class EtcdSession:
         async with self._lock:
             await self._dial()
 
-    async def _dial(self) -> None:
+    def _pick(self) -> Endpoint:
+        """The next endpoint in turn that has not failed within SUSPECT_S.
+
+        If every one has, the one that failed longest ago: a member just lost is tried after the live ones.
+        """
+        now, n = time.monotonic(), len(self._endpoints)
+        order = [(self._next_endpoint + i) % n for i in range(n)]
+        failed = [self._failed_at.get((self._endpoints[i].host, self._endpoints[i].port), 0.0) for i in order]
+        fresh = [k for k, at in enumerate(failed) if now - at > SUSPECT_S]
+        k = fresh[0] if fresh else min(range(n), key=failed.__getitem__)
+        self._next_endpoint = order[k] + 1
+        return self._endpoints[order[k]]
+
+    async def _dial(self, *, failover: bool = False) -> None:
+        """Connect to the first endpoint that answers.
+
+        `failover`: the connection in use failed, so each endpoint gets a short first try (FAILOVER_TRY_S, doubled
+        per round of them) where there are others to try.
+        """
         deadline = time.monotonic() + self.connect_timeout
-        delay, last = BACKOFF_INITIAL_S, "no attempt"
+        delay, last, tries = BACKOFF_INITIAL_S, "no attempt", 0
         while True:
-            endpoint = self._endpoints[self._next_endpoint % len(self._endpoints)]
-            self._next_endpoint += 1
+            endpoint = self._pick()
+            rounds = tries // len(self._endpoints)
+            cap = FAILOVER_TRY_S * 2 ** rounds if failover and len(self._endpoints) > 1 else OP_TIMEOUT_S
+            tries += 1
             conn = Connection(endpoint, self._creds, self.identity,
-                              max(0.5, min(OP_TIMEOUT_S, deadline - time.monotonic())))
+                              max(0.5, min(cap, OP_TIMEOUT_S, deadline - time.monotonic())))
             try:
                 await conn.authenticate()
                 if self._probe_key is not None:
                     await conn.get(self._probe_key)
             except Unavailable as exc:
                 last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                self._failed_at[(endpoint.host, endpoint.port)] = time.monotonic()
                 await conn.close()
                 if self._creds.trust_from is not None and untrusted_server(str(exc)):
                     raise self._not_the_jobs(endpoint, last) from None
@@ -478,18 +668,85 @@ class EtcdSession:
             else:
                 conn.timeout = min(OP_TIMEOUT_S, max(0.5, self.connect_timeout))
                 self._client, self._gen = conn, self._gen + 1
-                self._log.info("etcd_connected", endpoint=str(endpoint), generation=self._gen)
+                await self._learn_from(conn)
+                self._connected(endpoint)
                 return
             if time.monotonic() + delay > deadline:
                 raise self._unreachable(last)
-            self._log.warning("etcd_connect_retry", endpoint=str(endpoint), error=last)
+            self._retrying(endpoint, last)
             await asyncio.sleep(delay)
             delay = min(BACKOFF_MAX_S, delay * 2)
 
-    def _unreachable(self, last: str) -> RendezvousError:
+    @property
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        """Where this session looks for etcd: the given endpoints, then the members learnt since."""
+        return tuple(self._endpoints)
+
+    @property
+    def current(self) -> Endpoint | None:
+        """The endpoint connected now (None while not connected)."""
+        return self._client.endpoint if self._client is not None else None
+
+    def prefer(self, endpoint: Endpoint) -> None:
+        """Dial `endpoint` first next time (one that answered another session of this node: a live member)."""
+        for i, known in enumerate(self._endpoints):
+            if (known.host, known.port) == (endpoint.host, endpoint.port):
+                self._next_endpoint = i
+                return
+
+    def learn(self, client_urls: Sequence[str]) -> None:
+        """The cluster's members now serve at `client_urls`: the given endpoints and these, in that order.
+
+        A member removed since is dropped (its host is gone); the connection open now is kept.
+        """
+        learnt = []
+        for url in client_urls:
+            try:
+                learnt.append(Endpoint.parse(url))
+            except RendezvousError:
+                continue
+        seen: dict[tuple[str, int], Endpoint] = {}
+        for endpoint in (*self._given, *learnt):  # a name given and the address it serves at are both kept
+            seen.setdefault((endpoint.host, endpoint.port), endpoint)
+        merged = list(seen.values())
+        if merged != self._endpoints:
+            self._endpoints = merged
+            self._log.info("etcd_endpoints_learnt", endpoints=[str(e) for e in merged])
+
+    async def _learn_from(self, conn: Connection) -> None:
+        """With learn_members: every member's client URLs (a failure here leaves the endpoints as they were)."""
+        if not self._learn_members:
+            return
+        try:
+            members = await conn.members()
+        except (Unavailable, RendezvousError):
+            return
+        self.learn([url for m in members if not m.learner for url in m.client_urls])
+
+    def _retrying(self, endpoint: Endpoint, error: str) -> None:
+        """A failed attempt, counted: one warning per outage, once every endpoint failed; the count said at its end.
+
+        A lost member that the next endpoint replaces is no outage.
+        """
+        since, tries = self._outage or (time.monotonic(), 0)
+        self._outage = (since, tries + 1)
+        if tries + 1 == len(self._endpoints):
+            self._log.warning("etcd_connect_retry", endpoint=str(endpoint), error=error, session=self.number,
+                              detail="no endpoint answers; retrying them all, further attempts counted, not shown")
+
+    def _connected(self, endpoint: Endpoint) -> None:
+        outage, self._outage = self._outage, None
+        if outage is None:
+            self._log.info("etcd_connected", endpoint=str(endpoint), generation=self._gen, session=self.number)
+        else:
+            self._log.info("etcd_connected", endpoint=str(endpoint), generation=self._gen, session=self.number,
+                           retries=outage[1], after_s=round(time.monotonic() - outage[0], 1))
+
+    def _unreachable(self, last: str) -> EtcdUnreachable:
         names = ", ".join(map(str, self._endpoints))
-        msg = f"cannot reach etcd at {names} within {self.connect_timeout:g} s (last error: {last})"
-        return RendezvousError(msg, fix="start etcd there, or fix rendezvous.endpoints / rendezvous.tls "
+        tried = f"; {self._outage[1]} attempt(s) in {time.monotonic() - self._outage[0]:.0f} s" if self._outage else ""
+        msg = f"cannot reach etcd at {names} within {self.connect_timeout:g} s (last error: {last}{tried})"
+        return EtcdUnreachable(msg, fix="start etcd there, or fix rendezvous.endpoints / rendezvous.tls "
                                "(raise rendezvous.connect_timeout if etcd starts slowly; a hosted rendezvous with a "
                                "secret answers only with it: rendezvous.secret_file or RUNNER_SECRET_FILE)")
 
@@ -517,7 +774,7 @@ class EtcdSession:
                 closing = asyncio.ensure_future(old.close())
                 closing.add_done_callback(lambda t: t.cancelled() or t.exception())  # its outcome is not ours
                 await asyncio.wait({closing}, timeout=CANCEL_TIMEOUT_S)
-            await self._dial()
+            await self._dial(failover=old is not None)
 
     async def call(self, op: Callable[[Connection], Awaitable[T]], *, budget: float | None = None) -> T:
         """Run `op(connection)`; on a lost connection reconnect and run it again (op must be idempotent).
@@ -537,13 +794,16 @@ class EtcdSession:
                         result = await op(self.client)
                     except Unavailable as exc:
                         last = str(exc)
-                        self._log.warning("etcd_call_retry", error=last)
+                        if (failed := self._client) is not None and self._gen == gen:
+                            self._failed_at[(failed.endpoint.host, failed.endpoint.port)] = time.monotonic()
+                        if self._outage is None:
+                            self._log.warning("etcd_call_retry", error=last)
                         if self._probe_key is None:  # no probing connect to wait between attempts: wait here
                             await asyncio.sleep(delay)
                             delay = min(BACKOFF_MAX_S, max(BACKOFF_INITIAL_S, delay * 2))
                         await self.reconnect(gen)
                     else:
-                        self.answered_at = time.monotonic()
+                        self.answered_at, self.last_answered = time.monotonic(), self.client.endpoint
                         return result
         except TimeoutError:
             raise self._unreachable(last) from None

@@ -86,4 +86,4 @@ def new_session(spec: JobSpec, log: FilteringBoundLogger | None = None, *, probe
     rdzv = spec.rendezvous
     keys = JobKeys(rdzv.prefix, spec.name)
     return EtcdSession(rdzv.endpoints, creds, connect_timeout=rdzv.connect_timeout,
-                       probe_key=keys.control if probe else None, log=log)
+                       probe_key=keys.control if probe else None, log=log, learn_members=rdzv.hosted)

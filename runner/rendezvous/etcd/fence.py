@@ -19,13 +19,14 @@ to ask and no one to conflict with: it is never fenced.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
+
+from runner.system import tcp
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -44,17 +45,8 @@ class Peer:
 
 async def reachable(peer: Peer, timeout: float) -> bool:
     """Whether the network carries a TCP connection to `peer` within `timeout`: accepted or refused, both say yes."""
-    try:
-        async with asyncio.timeout(timeout):
-            _, writer = await asyncio.open_connection(peer.host, peer.port)
-    except ConnectionRefusedError:
-        return True
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
+    error = await tcp.dial(peer.host, peer.port, timeout)
+    return error is None or isinstance(error, ConnectionRefusedError)
 
 
 Probe = Callable[[Peer, float], Awaitable[bool]]

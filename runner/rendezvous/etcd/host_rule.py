@@ -23,7 +23,6 @@ only layout in which a loopback endpoint is right (`refuse_loopback`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import socket
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner.errors import RendezvousError
+from runner.system import tcp
 from runner.system.served import tcp_listeners
 
 if TYPE_CHECKING:
@@ -117,27 +117,26 @@ def url_host(ip: str) -> str:
     return f"[{ip}]" if ":" in ip else ip
 
 
-async def wait_for_host(host: str, port: int, timeout: float, log: FilteringBoundLogger) -> None:
-    """Return once `host`:`port` accepts TCP connections; RendezvousError after `timeout` seconds.
+async def wait_for_host(host: str, port: int, timeout: float, log: FilteringBoundLogger,
+                        also: tuple[tuple[str, int], ...] = ()) -> None:
+    """Return once `host`:`port` or one of `also` accepts TCP connections; RendezvousError after `timeout` s.
 
-    Retried with a short backoff: the hosting node may not have started yet (nothing listens, or the name does not
-    resolve yet, as a Kubernetes service before its pod is ready).
+    `also`: the spec's other endpoints (the hosted etcd's other members). Retried with a short backoff: the hosting
+    node may not have started yet (nothing listens, or the name does not resolve yet, as a Kubernetes service before
+    its pod is ready).
     """
     deadline = time.monotonic() + timeout
     delay, last, said = WAIT_RETRY_S, "no attempt", False
     while True:
-        try:
-            async with asyncio.timeout(min(PROBE_TIMEOUT_S, max(0.1, deadline - time.monotonic()))):
-                _, writer = await asyncio.open_connection(host, port)
-        except (OSError, TimeoutError) as exc:
-            last = str(exc) or type(exc).__name__
-        else:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-            return
+        for target in ((host, port), *also):
+            refused = await accepts(*target, min(PROBE_TIMEOUT_S, max(0.1, deadline - time.monotonic())))
+            if refused is None:
+                return
+            last = refused
         if not said:
-            log.info("rendezvous_waiting_for_host", endpoint=f"{host}:{port}", error=last)
+            log.info("rendezvous_waiting_for_host", endpoint=f"{host}:{port}", error=last,
+                     message=f"waiting for the hosting node's etcd at {url_host(host)}:{port} (at most {timeout:g} s, "
+                             f"rendezvous.join_timeout; the node whose machine has {host} starts it): {last}")
             said = True
         if time.monotonic() + delay > deadline:
             msg = (f"the hosting node's etcd at {url_host(host)}:{port} did not answer within {timeout:g} s "
@@ -147,3 +146,20 @@ async def wait_for_host(host: str, port: int, timeout: float, log: FilteringBoun
                                   f"port {port} is open between the machines")
         await asyncio.sleep(delay)
         delay = min(WAIT_RETRY_MAX_S, delay * 2)
+
+
+async def accepts(host: str, port: int, timeout: float) -> str | None:
+    """None when `host`:`port` accepts a TCP connection within `timeout` s; else why not (the error, one line)."""
+    error = await tcp.dial(host, port, timeout)
+    return None if error is None else (str(error) or type(error).__name__)
+
+
+async def serving_elsewhere(targets: tuple[tuple[str, int], ...], timeout: float) -> str | None:
+    """The first of `targets` (host, port) that accepts a connection; None when none does within `timeout` s.
+
+    `targets`: the spec's other endpoints, where a surviving member of the job's etcd serves; all tried at once.
+    """
+    if not targets:
+        return None
+    refusals = await asyncio.gather(*(accepts(host, port, timeout) for host, port in targets))
+    return next((f"{url_host(h)}:{p}" for (h, p), why in zip(targets, refusals, strict=True) if why is None), None)

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING
 from aetcd import rpc
 
 from runner.errors import RendezvousError
-from runner.rendezvous.etcd.client import Connection, Credentials, Endpoint, Unavailable, rpc_errors
-from runner.rendezvous.etcd.identity import ClusterIdentity
+from runner.rendezvous.etcd.client import ClusterIdentity, Connection, Credentials, Endpoint, Unavailable, rpc_errors
 from runner.rendezvous.etcd.job_secret import ROOT_USER
 
 if TYPE_CHECKING:

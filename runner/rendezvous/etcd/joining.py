@@ -17,12 +17,20 @@ from typing import TYPE_CHECKING
 
 from runner.config.spec import JobSpec
 from runner.rendezvous.base import RendezvousResult
-from runner.rendezvous.etcd.client import Connection, EtcdSession, absent, key_range, put_op, range_op, value_is
+from runner.rendezvous.etcd.client import (
+    Compare,
+    Connection,
+    EtcdSession,
+    KeyValue,
+    absent,
+    key_range,
+    put_op,
+    range_op,
+    value_is,
+)
 from runner.rendezvous.etcd.keys import JobKeys, dump, load
 from runner.rendezvous.etcd.lease import LeaseKeeper
-from runner.rendezvous.etcd.messages import Compare, KeyValue
-from runner.rendezvous.etcd.round import RoundRules, RoundWaiter
-from runner.rendezvous.etcd.round_result import RoundResult, result_of
+from runner.rendezvous.etcd.round import RoundResult, RoundRules, RoundWaiter, result_of
 from runner.rendezvous.ports import free_port
 
 if TYPE_CHECKING:

@@ -7,22 +7,23 @@ so any id works, `/` included; `node_of` decodes them when keys are read back (s
 from __future__ import annotations
 
 import json
-import zlib
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from runner.errors import JobClosed, RendezvousError
 from runner.json_types import JSON
-from runner.rendezvous.etcd.messages import KeyValue
-from runner.rendezvous.etcd.round_result import RoundResult, result_with
 from runner.rendezvous.node_ledger import MAX_NODES, NodeRecord, record_of
 
+if TYPE_CHECKING:
+    from runner.rendezvous.etcd.client import KeyValue
+
 MAX_RECORD_BYTES = 64 << 10  # a node ledger record larger than this is damaged
+MAX_STATE_BYTES = 256 << 10  # a node's published state larger than this is damaged (its workers' list included)
 
 # Longest node id accepted (UTF-8 bytes): ids become etcd keys and appear in every round's result.
 MAX_NODE_ID_BYTES = 512
-CLOSED_ZLIB = "nodes_zlib"  # in a news copy's head: its node list is zlib-compressed
-MAX_CLOSED_BYTES = 64 << 20  # a news copy's node list, decompressed, at most (far above any real round)
 
 
 def encode_node(node: str) -> str:
@@ -204,6 +205,11 @@ class JobKeys:
         return self._k("seats", k, i)
 
     @property
+    def member_claim(self) -> bytes:
+        """Who is joining the hosted etcd as a member now (on that node's lease: one at a time)."""
+        return self._k("members", "claim")
+
+    @property
     def lighthouse(self) -> bytes:
         """The hosted lighthouse's address (on its host node's lease)."""
         return self._k("lighthouse")
@@ -218,7 +224,9 @@ class JobKeys:
         control = load(raw_control)
         if control:
             state = str(control.get("state", "closed")) if isinstance(control, dict) else "closed"
-            raise JobClosed(self.job, state)
+            by, why = (control.get("by"), control.get("why")) if isinstance(control, dict) else (None, None)
+            stopped_by = f"stopped by node {by}: {why}"[:300] if by and isinstance(why, str) and why else ""
+            raise JobClosed(self.job, state, stopped_by)
 
 
 def ledger_of(kvs: list[KeyValue]) -> dict[str, NodeRecord]:
@@ -231,48 +239,17 @@ def ledger_of(kvs: list[KeyValue]) -> dict[str, NodeRecord]:
     return out
 
 
-def encode_closed(result: RoundResult) -> bytes:
-    """A round's result record as its news copy (JobKeys.closed): what every waiting node decodes.
-
-    The record without its node list as one JSON line (with CLOSED_ZLIB set), then the node ids percent-encoded
-    (encode_node: never a newline) one per line, zlib-compressed. Splitting lines is several times cheaper than
-    decoding a JSON list of N strings, and a round of N nodes has N nodes decoding it. Compressed because every
-    node of the round receives the copy: N copies of N ids, the one cost of a round that grows as N squared
-    (docs/scale.md); node ids of real clusters (hostnames sharing a prefix and a numbering) shrink 3-12 times, for
-    well under 1 ms of decompression per node at 16,384 nodes.
-    """
-    head = {key: value for key, value in result.record().items() if key != "nodes"}
-    body = "\n".join(map(encode_node, result.nodes)).encode()
-    return dump({**head, CLOSED_ZLIB: True}) + b"\n" + zlib.compress(body, 1)
-
-
-def decode_closed(raw: bytes) -> RoundResult | None:
-    """The result from its news copy (None when `raw` is not one).
-
-    A copy without CLOSED_ZLIB (written by an older runner) has its ids uncompressed.
-    """
-    head, sep, body = raw.partition(b"\n")
-    record = load(head)
-    if not sep or not isinstance(record, dict):
-        return None
-    if record.pop(CLOSED_ZLIB, None) is True:
-        inflate = zlib.decompressobj()
-        try:
-            body = inflate.decompress(body, MAX_CLOSED_BYTES)
-        except zlib.error:
-            return None
-        if inflate.unconsumed_tail or not inflate.eof:
-            return None  # truncated, or larger than any real round
-    try:
-        text = body.decode()
-    except UnicodeDecodeError:
-        return None
-    ids = text.split("\n") if text else []
-    try:
-        nodes = tuple(ids) if "%" not in text else tuple(map(decode_node, ids))
-    except UnicodeDecodeError:  # an escaped id that is no UTF-8 text: not a copy runner wrote
-        return None
-    return result_with(record, nodes)
+def progress_of(kvs: list[KeyValue]) -> dict[str, float]:
+    """Each node's published `progress_at` (the states' records; a damaged, oversized or unset one left out)."""
+    out: dict[str, float] = {}
+    for kv in kvs[:MAX_NODES]:
+        value = load(kv.value) if len(kv.value) <= MAX_STATE_BYTES else None
+        if not isinstance(value, dict):
+            continue
+        node, at = value.get("node"), value.get("progress_at")
+        if isinstance(node, str) and isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at):
+            out[node] = float(at)
+    return out
 
 
 def dump(value: object) -> bytes:

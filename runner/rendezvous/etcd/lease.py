@@ -32,7 +32,9 @@ from runner.rendezvous.etcd.client import (
     Connection,
     Endpoint,
     EtcdSession,
+    KeyValue,
     LeaseNotFound,
+    RangeRequest,
     cancel_task,
     put_op,
     range_op,
@@ -40,7 +42,6 @@ from runner.rendezvous.etcd.client import (
 from runner.rendezvous.etcd.connect import read_password
 from runner.rendezvous.etcd.job_secret import ROOT_USER, job_trust
 from runner.rendezvous.etcd.lease_revoke import GatewayEndpoint, LeaseListener, RevokeTicket
-from runner.rendezvous.etcd.messages import KeyValue, RangeRequest
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -51,28 +52,31 @@ async def _always_intact() -> bool:
     return True
 
 
-def revoke_ticket(spec: JobSpec, lease: int = 0, *, final: bytes | None = None) -> RevokeTicket:
+def revoke_ticket(spec: JobSpec, lease: int = 0, *, final: bytes | None = None,
+                  endpoints: Sequence[Endpoint] = ()) -> RevokeTicket:
     """What another process needs to revoke `lease` on the spec's etcd: endpoints, TLS, user, password.
 
     The password is read as the session reads it (rendezvous.auth.password_env or password_file), only when a
     user is set; TLS paths are made absolute (the guard may not share our working directory forever); a hosted
     job's secret gives the CA (its PEM text travels, not a path) and root's password instead; our sys.path goes
     with them, so that the guard can import the gRPC client where the JSON gateway will not do. `final`: the node's
-    final-state key, where the guard marks the node dead after the revoke.
+    final-state key, where the guard marks the node dead after the revoke. `endpoints`: where etcd is, when the
+    session knows more than the spec (a hosted etcd's members: runner.rendezvous.etcd.members).
     """
     def path(p: str | None) -> str | None:
         return os.path.abspath(p) if p else None
 
     rdzv = spec.rendezvous
-    endpoints = tuple(GatewayEndpoint(e.host, e.port, e.secure) for e in map(Endpoint.parse, rdzv.endpoints))
+    known = endpoints or tuple(map(Endpoint.parse, rdzv.endpoints))
+    gateways = tuple(GatewayEndpoint(e.host, e.port, e.secure) for e in known)
     sys_path = tuple(os.path.abspath(p) for p in sys.path if p)
     trust = job_trust(rdzv, spec.name)
     final_key = base64.b64encode(final).decode() if final is not None else None
     if trust is not None:
-        return RevokeTicket(lease, endpoints, user=ROOT_USER, password=trust.password, path=sys_path,
+        return RevokeTicket(lease, gateways, user=ROOT_USER, password=trust.password, path=sys_path,
                             ca_pem=trust.ca_pem.decode(), final_key=final_key)
     user = rdzv.auth.user
-    return RevokeTicket(lease, endpoints, path(rdzv.tls.ca), path(rdzv.tls.cert), path(rdzv.tls.key), user,
+    return RevokeTicket(lease, gateways, path(rdzv.tls.ca), path(rdzv.tls.cert), path(rdzv.tls.key), user,
                         read_password(rdzv.auth) if user else None, sys_path, final_key=final_key)
 
 

@@ -197,8 +197,7 @@ def revoke_grpc(ticket: RevokeTicket, budget: float) -> str:
 async def _revoke_grpc(ticket: RevokeTicket, errors: dict[str, str]) -> str:
     """Try each endpoint in turn until one revokes the lease (the caller bounds it); what failed goes to `errors`."""
     from runner.errors import RendezvousError
-    from runner.rendezvous.etcd.client import Connection, Credentials, Endpoint, Unavailable
-    from runner.rendezvous.etcd.identity import ClusterIdentity
+    from runner.rendezvous.etcd.client import ClusterIdentity, Connection, Credentials, Endpoint, Unavailable
 
     try:
         creds = (Credentials(ca=ticket.ca_pem.encode(), user=ticket.user, password=ticket.password)

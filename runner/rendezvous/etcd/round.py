@@ -1,8 +1,9 @@
-"""Waiting for one rendezvous round to close.
+"""Waiting for one rendezvous round to close, and its result (RoundResult: parsed once, where it is read).
 
 The node that holds the round's leader key (`rounds/{r}/result/leader`, put if absent on the leader's lease by
 a node that finds none after joining) leads it: it watches every join record (and, in a round after a
-first one, the nodes' live states) and writes `rounds/{r}/result` once (txn on create revision 0)
+first one, the nodes' live states) and writes `rounds/{r}/result` once (txn on create revision 0, and only
+while it still holds the leader key: a leader whose lease lapsed, or whose etcd lost its data, writes nothing)
 when max nodes joined, or when min joined, every still-alive node of the previous round re-joined and
 last_call passed. A round that only re-forms the previous one (every node that joined was in it: a restart,
 or survivors of a lost node) closes without last_call: last_call is there for newcomers, and a newcomer
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -27,7 +29,9 @@ from runner.json_types import JSON, JSONObject
 from runner.observe.progress import Progress
 from runner.rendezvous.etcd.client import (
     EtcdSession,
+    KeyValue,
     LeaseNotFound,
+    RangeRequest,
     TxnResult,
     absent,
     key_range,
@@ -35,11 +39,10 @@ from runner.rendezvous.etcd.client import (
     prefix_range,
     put_op,
     range_op,
+    value_is,
 )
-from runner.rendezvous.etcd.keys import JobKeys, decode_closed, dump, encode_closed, load
+from runner.rendezvous.etcd.keys import JobKeys, decode_node, dump, encode_node, load
 from runner.rendezvous.etcd.lease import LeaseKeeper
-from runner.rendezvous.etcd.messages import KeyValue, RangeRequest
-from runner.rendezvous.etcd.round_result import RoundResult, parse_result, result_of
 from runner.rendezvous.etcd.watch import DELETE, PUT, Event, Watch
 from runner.rendezvous.ranks import assign_ranks
 
@@ -48,6 +51,123 @@ if TYPE_CHECKING:
 
 TERMINAL = "SHUTDOWN"
 MAX_SHOWN = 16  # node ids named in one `waiting` event, at most
+CLOSED_ZLIB = "nodes_zlib"  # in a news copy's head: its node list is zlib-compressed
+MAX_CLOSED_BYTES = 64 << 20  # a news copy's node list, decompressed, at most (far above any real round)
+
+
+# A round's result record as etcd holds it (`rounds/{r}/result` and its news copy), parsed once where it is read.
+#
+# The leader writes it once; every node reads it (from the result key, the join transaction, or the news copy) and
+# gets a RoundResult, or None when the value is not a result record (garbage, or a value some other program wrote).
+# Where the result key holds such a value the round cannot be read: `result_of` refuses it with a RendezvousError
+# that says so, never a traceback.
+
+MAX_RESULT_NODES = 1 << 20  # far above any real round: a longer list is not a result
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """Who is in the round (group-rank order), where group rank 0 listens, and up to where its leader saw joins."""
+
+    nodes: tuple[str, ...]
+    master_addr: str
+    master_port: int
+    nproc: int
+    closed_at: float = 0.0  # wall clock, when the leader closed the round
+    rev: int = 0  # the revision up to which the leader saw the joins (watch members from there)
+
+    def record(self) -> JSONObject:
+        """The JSON record etcd holds."""
+        return {"nodes": list(self.nodes), "master_addr": self.master_addr, "master_port": self.master_port,
+                "nproc": self.nproc, "closed_at": self.closed_at, "rev": self.rev}
+
+
+def _integer(value: object) -> int | None:
+    """An integer of the record (an integral float too, as int() took it), never a boolean."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def parse_result(value: object) -> RoundResult | None:
+    """The RoundResult a decoded JSON value holds, or None when it is not one (never raises)."""
+    if not isinstance(value, dict):
+        return None
+    nodes = value.get("nodes")
+    if not isinstance(nodes, (list, tuple)) or len(nodes) > MAX_RESULT_NODES:
+        return None
+    if not all(isinstance(node, str) for node in nodes):
+        return None
+    return result_with(value, tuple(nodes))
+
+
+def result_with(head: Mapping[str, object], nodes: tuple[str, ...]) -> RoundResult | None:
+    """The RoundResult of a record's other fields and `nodes` (read as text already), or None (never raises)."""
+    addr, closed_at = head.get("master_addr"), head.get("closed_at", 0.0)
+    port, nproc, rev = _integer(head.get("master_port")), _integer(head.get("nproc")), _integer(head.get("rev", 0))
+    if not isinstance(addr, str) or port is None or nproc is None or rev is None or len(nodes) > MAX_RESULT_NODES:
+        return None
+    if isinstance(closed_at, bool) or not isinstance(closed_at, (int, float)):
+        return None
+    return RoundResult(nodes, addr, port, nproc, float(closed_at), rev)
+
+
+def result_of(value: object, round_: int) -> RoundResult:
+    """The RoundResult of round `round_` read from its result key; RendezvousError when the key holds another value."""
+    result = parse_result(value)
+    if result is None:
+        msg = f"the result of rendezvous round {round_} in etcd is not a result record: {str(value)[:120]!r}"
+        raise RendezvousError(msg, fix="something other than runner wrote under this job's etcd prefix: give the "
+                                       "job a new name, or forget its state (runner reset --force job.yaml)")
+    return result
+
+
+def encode_closed(result: RoundResult) -> bytes:
+    """A round's result record as its news copy (JobKeys.closed): what every waiting node decodes.
+
+    The record without its node list as one JSON line (with CLOSED_ZLIB set), then the node ids percent-encoded
+    (encode_node: never a newline) one per line, zlib-compressed. Splitting lines is several times cheaper than
+    decoding a JSON list of N strings, and a round of N nodes has N nodes decoding it. Compressed because every
+    node of the round receives the copy: N copies of N ids, the one cost of a round that grows as N squared
+    (docs/scale.md); node ids of real clusters (hostnames sharing a prefix and a numbering) shrink 3-12 times, for
+    well under 1 ms of decompression per node at 16,384 nodes.
+    """
+    head = {key: value for key, value in result.record().items() if key != "nodes"}
+    body = "\n".join(map(encode_node, result.nodes)).encode()
+    return dump({**head, CLOSED_ZLIB: True}) + b"\n" + zlib.compress(body, 1)
+
+
+def decode_closed(raw: bytes) -> RoundResult | None:
+    """The result from its news copy (None when `raw` is not one).
+
+    A copy without CLOSED_ZLIB (written by an older runner) has its ids uncompressed.
+    """
+    head, sep, body = raw.partition(b"\n")
+    record = load(head)
+    if not sep or not isinstance(record, dict):
+        return None
+    if record.pop(CLOSED_ZLIB, None) is True:
+        inflate = zlib.decompressobj()
+        try:
+            body = inflate.decompress(body, MAX_CLOSED_BYTES)
+        except zlib.error:
+            return None
+        if inflate.unconsumed_tail or not inflate.eof:
+            return None  # truncated, or larger than any real round
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        return None
+    ids = text.split("\n") if text else []
+    try:
+        nodes = tuple(ids) if "%" not in text else tuple(map(decode_node, ids))
+    except UnicodeDecodeError:  # an escaped id that is no UTF-8 text: not a copy runner wrote
+        return None
+    return result_with(record, nodes)
 
 
 @dataclass(frozen=True)
@@ -210,7 +330,10 @@ class RoundWaiter:
                 if leader is None:
                     continue  # the leader key vanished between two reads: look again
             if leader == self._node:
-                return await self._lead()
+                if (done := await self._lead()) is not None:
+                    return done
+                claim = True  # it led no more (its leader key gone): read the round again
+                continue
             self._role, self._following = "follower", leader if isinstance(leader, str) else None
             with Progress(self._log, "rendezvous", self.waiting):
                 done = await self._follow(rev, leader)
@@ -267,7 +390,7 @@ class RoundWaiter:
             if watch is not None:
                 await watch.cancel()
 
-    async def _lead(self) -> RoundResult:
+    async def _lead(self) -> RoundResult | None:
         r, k = self._r, self._k
         rev, (joins, states, result, control, before) = await self._s.call(lambda c: c.snapshot(
             [prefix_range(self._nodes_prefix), prefix_range(k.states), key_range(self._result),
@@ -294,7 +417,7 @@ class RoundWaiter:
         finally:
             await watch.cancel()
 
-    async def _lead_loop(self, watch: Watch, roster: Roster) -> RoundResult:
+    async def _lead_loop(self, watch: Watch, roster: Roster) -> RoundResult | None:
         min_at: float | None = None
         rules = self._rules
         while True:
@@ -346,12 +469,23 @@ class RoundWaiter:
             roster.state(JobKeys.leaf(key), ev.value if put else None)
         return None
 
-    async def _write_result(self, roster: Roster) -> RoundResult:
+    async def _write_result(self, roster: Roster) -> RoundResult | None:
+        """Write the round's result if none is and this node still leads; the result, None if it leads no more.
+
+        The leader key is compared too: a leader cut off long enough for its lease to lapse (another node may lead
+        now), or one whose etcd restarted without its data (the key is gone with the job's), must not close a
+        round from its stale table of joins; it reads the round again instead.
+        """
         result = build_result(roster.joined, roster.previous, self._rules.max_nodes, self._view)
         key = self._result
         puts = [put_op(key, dump(result.record())), put_op(self._closed, encode_closed(result))]
-        done = await self._s.call(lambda c: c.txn([absent(key)], puts, [range_op(key_range(key))]))
+        compare = [absent(key), value_is(self._leader, dump(self._node))]
+        done = await self._s.call(lambda c: c.txn(compare, puts, [range_op(key_range(key))]))
         if not done.succeeded:
+            if not done.kvs[0]:
+                self._log.warning("rendezvous_lead_lost", round=self._r,
+                                  detail="this node's leader key is gone: the round is read again")
+                return None
             result = result_of(load(done.kvs[0][0].value), self._r)
         self._log.info("rendezvous_round_closed", round=self._r, nodes=len(result.nodes), written=done.succeeded)
         return result

@@ -5,9 +5,11 @@ i-th node) are taken in order, group 0 first, each with one transaction that put
 only if it is free. A node that dies frees its seat when its lease ends (at once when its guard revokes it), and
 a node started in its place takes that seat: the group it joins is the one that lost a node.
 
-The node in seat (0, 0) hosts the lighthouse (when hosted) and publishes its address on its lease; the other
-nodes read it. If that node is lost, its replacement hosts a new lighthouse and publishes the new address, which
-each group's next attempt reads (docs/replica_groups.md, the failure modes).
+The lighthouse's address is published on its host's lease, by a transaction that puts it only where none is: one
+host at a time. The node in seat (0, 0) hosts it first; the other nodes read it. If its host is lost, the address
+goes with its lease, and the first surviving node to claim the key hosts a new lighthouse (a replacement in seat
+(0, 0) finds it published and follows it); each group's next attempt reads the new address (docs/replica_groups.md,
+the failure modes).
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ class GroupSeat:
         self._lease: LeaseKeeper | None = None
 
     @property
-    def hosts_lighthouse(self) -> bool:
-        """Whether this node is the one that hosts the lighthouse (seat 0 of group 0)."""
+    def hosts_lighthouse_first(self) -> bool:
+        """Whether this node is the one that hosts the lighthouse when the job starts (seat 0 of group 0)."""
         return self.taken == (0, 0)
 
     async def open(self, guard: Shepherd) -> None:
@@ -100,17 +102,24 @@ class GroupSeat:
                     raise RendezvousError(msg, fix="start no more than nodes = count x nodes_per_group agents")
                 await asyncio.sleep(POLL_S)
 
-    async def _claim(self, key: bytes) -> bool:
-        """Put `key` on this node's lease if it is free; whether it was."""
+    async def _claim(self, key: bytes, value: bytes | None = None) -> bool:
+        """Put `key` (`value`, else this node's name) on this node's lease if it is free; whether it was."""
         assert self._lease is not None
-        put = put_op(key, self.node.encode("utf-8", "surrogatepass"), self._lease.lease_id)
+        put = put_op(key, value if value is not None else self.node.encode("utf-8", "surrogatepass"),
+                     self._lease.lease_id)
         done = await self.session.call(lambda c: c.txn([absent(key)], [put]))
         return bool(done.succeeded)
 
-    async def publish_lighthouse(self, address: str) -> None:
-        """Seat (0, 0): the hosted lighthouse's address, on this node's lease (gone when this node is)."""
+    async def claim_lighthouse(self, address: str) -> bool:
+        """Publish this node's lighthouse `address` on its lease if no other is: whether this node now hosts it.
+
+        The address goes with the lease, i.e. with this node.
+        """
         assert self._lease is not None
-        await self._lease.put(self.keys.lighthouse, address.encode())
+        if not await self._claim(self.keys.lighthouse, address.encode()):
+            return False
+        await self._lease.put(self.keys.lighthouse, address.encode())  # remembered: put again after a re-grant
+        return True
 
     async def read_lighthouse(self) -> str | None:
         """The published lighthouse address, or None while there is none (or its value is not an address)."""
@@ -121,7 +130,7 @@ class GroupSeat:
         return text if text.startswith(("http://", "https://")) and text.isprintable() else None
 
     async def wait_lighthouse(self) -> str:
-        """The lighthouse's address once seat (0, 0)'s node published it (rendezvous.join_timeout)."""
+        """The lighthouse's address once its host published it (rendezvous.join_timeout)."""
         deadline = time.monotonic() + self.spec.rendezvous.join_timeout
         while True:
             address = await self.read_lighthouse()
@@ -129,7 +138,7 @@ class GroupSeat:
                 return address
             if time.monotonic() > deadline:
                 msg = (f"no lighthouse address was published within {self.spec.rendezvous.join_timeout:g} s "
-                       "(the node in seat 0 of group 0 hosts it)")
+                       "(the node in seat 0 of group 0 hosts it first)")
                 raise RendezvousError(msg, fix="start that node too, or run the lighthouse yourself and set "
                                       "replica_groups.lighthouse.address")
             await asyncio.sleep(POLL_S)

@@ -45,6 +45,7 @@ class Event:
     key: bytes
     value: bytes  # b"" for a DELETE
     mod_revision: int
+    lease: int = 0  # the lease a PUT put the key on (0: none, or a DELETE)
 
 
 class Compacted(Exception):
@@ -153,7 +154,7 @@ class Watch:
             return
         for ev in reply.events:
             kind = PUT if ev.type == rpc.Event.PUT else DELETE
-            event = Event(kind, bytes(ev.kv.key), bytes(ev.kv.value), int(ev.kv.mod_revision))
+            event = Event(kind, bytes(ev.kv.key), bytes(ev.kv.value), int(ev.kv.mod_revision), int(ev.kv.lease))
             self._queue.put_nowait((reg, index, event))
 
     async def _read(self, reg: int, call: Any) -> None:

@@ -1,0 +1,232 @@
+"""The run dir's records, each written and read through one codec: report.json (`Report`), status.json (`Status`).
+
+`to_json` writes what the agent has always written (the same keys, the same meanings: docs/usage.md, docs/goodput.md
+and other tools read them); `from_json` reads any version of it: a missing key takes its default, a key of the wrong
+type is read as missing, a key this version does not know is kept in `extra` as it was (so a reader never loses what
+a newer agent wrote), and text that is not a JSON object is a `RecordError` naming the file, never a traceback.
+The failures a report lists and the ETTR ledger stay JSON objects here (`Failure.to_dict()`, observe/ledger.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+from runner.json_types import JSON, JSONObject
+from runner.rundir.layout import RunDir, report_fallbacks
+from runner.system.private_files import write_private
+
+if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
+
+class RecordError(ValueError):
+    """A record's file that is not a JSON object (damaged, cut short, not ours)."""
+
+
+class NotJSON(RecordError):
+    """A record's file that is not JSON at all (cut short while written, or not text)."""
+
+
+def _str(v: JSON, default: str) -> str:
+    return v if isinstance(v, str) else default
+
+
+def _opt_str(v: JSON) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _int(v: JSON, default: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def _opt_int(v: JSON) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _float(v: JSON, default: float) -> float:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else default  # type: ignore[arg-type]
+
+
+def _objects(v: JSON) -> tuple[JSONObject, ...]:
+    return tuple(x for x in v if isinstance(x, dict)) if isinstance(v, list) else ()
+
+
+def _opt_objects(v: JSON) -> tuple[JSONObject, ...] | None:
+    return _objects(v) if isinstance(v, list) else None
+
+
+def _strings(v: JSON) -> tuple[str, ...]:
+    return tuple(x for x in v if isinstance(x, str)) if isinstance(v, list) else ()
+
+
+def _object(v: JSON) -> JSONObject | None:
+    return v if isinstance(v, dict) else None
+
+
+def parse_object(text: str | bytes, source: str) -> JSONObject:
+    """`text` as a JSON object; a RecordError naming `source` when it is not one."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise NotJSON(f"{source}: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{source}: not a JSON object (a {type(data).__name__})")
+    return data
+
+
+def _dumps(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, indent=2, default=str)
+
+
+@dataclass(frozen=True)
+class Report:
+    """report.json: how a run ended (a job of one group, a replica group's entry, or a job of replica groups)."""
+
+    job: str = ""
+    node: str = ""
+    outcome: str | None = None
+    exit_code: int | None = None
+    reason: str | None = None  # a job of replica groups: why it ended
+    attempts: int = 0
+    restarts: int = 0
+    duration_s: float = 0.0
+    failures: tuple[dict[str, Any], ...] = ()  # Failure.to_dict() of each, in order
+    groups: tuple[dict[str, Any], ...] | None = None  # a job of replica groups: each group's own report
+    ledger: dict[str, Any] | None = None  # the ETTR ledger (docs/goodput.md); absent before the ledger existed
+    warnings: tuple[str, ...] = ()
+    run_dir: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # the rest as written: health, launch, recoveries, standby, ...
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object (an optional field left out when None, as before)."""
+        head: dict[str, Any] = {"job": self.job, "node": self.node, "outcome": self.outcome,
+                                "exit_code": self.exit_code}
+        if self.reason is not None:
+            head["reason"] = self.reason
+        head |= {"attempts": self.attempts, "restarts": self.restarts, "duration_s": self.duration_s,
+                 "failures": list(self.failures)}
+        tail: dict[str, Any] = {}
+        if self.groups is not None:
+            tail["groups"] = list(self.groups)
+        if self.ledger is not None:
+            tail["ledger"] = self.ledger
+        tail |= {"warnings": list(self.warnings), "run_dir": self.run_dir}
+        return head | {k: v for k, v in self.extra.items() if k not in KNOWN_REPORT} | tail
+
+    def to_json(self) -> str:
+        """The file's text."""
+        return _dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Read leniently (see the module)."""
+        g = data.get
+        return cls(job=_str(g("job"), ""), node=_str(g("node"), ""), outcome=_opt_str(g("outcome")),
+                   exit_code=_opt_int(g("exit_code")), reason=_opt_str(g("reason")),
+                   attempts=_int(g("attempts"), 0), restarts=_int(g("restarts"), 0),
+                   duration_s=_float(g("duration_s"), 0.0), failures=_objects(g("failures")),
+                   groups=_opt_objects(g("groups")), ledger=_object(g("ledger")), warnings=_strings(g("warnings")),
+                   run_dir=_str(g("run_dir"), ""),
+                   extra={k: v for k, v in data.items() if k not in KNOWN_REPORT})
+
+    @classmethod
+    def from_json(cls, text: str | bytes, source: str = "report.json") -> Self:
+        """A report from its text; RecordError when it is not a JSON object."""
+        return cls.from_dict(parse_object(text, source))
+
+    @classmethod
+    def read(cls, path: Path, limit: int = -1) -> Self | None:
+        """The report at `path` (its first `limit` bytes); None when there is none or it is damaged."""
+        try:
+            with path.open("rb") as f:
+                return cls.from_json(f.read(limit), str(path))
+        except (OSError, RecordError):
+            return None
+
+
+KNOWN_REPORT = frozenset(f.name for f in fields(Report)) - {"extra"}
+
+
+@dataclass(frozen=True)
+class Status:
+    """status.json: a run's live state on this node (also what the etcd backend publishes for `runner status`)."""
+
+    node: str = ""
+    state: str = ""
+    attempt: int = 0
+    restarts: int = 0
+    run_id: str = ""
+    run_dir: str = ""
+    heartbeat: float = 0.0  # epoch seconds of the write
+    workers: tuple[JSONObject, ...] = ()  # rank, local_rank, pid, exit_code of the current attempt's
+    outcome: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # the rest: agent_pid, cause, lost, launch, ledger, groups, ...
+
+    @property
+    def agent_pid(self) -> int | None:
+        """The agent's pid (`runner stop` proves it is still this agent with its start time)."""
+        return _opt_int(self.extra.get("agent_pid"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: node, the agent's identity, state, ... then the rest in the order it was given."""
+        identity = {k: v for k, v in self.extra.items() if k.startswith("agent_")}
+        rest = {k: v for k, v in self.extra.items() if k not in KNOWN_STATUS and k not in identity}
+        return {"node": self.node, **identity, "state": self.state, "attempt": self.attempt,
+                "restarts": self.restarts, "run_id": self.run_id, "run_dir": self.run_dir,
+                "heartbeat": self.heartbeat, "workers": list(self.workers), "outcome": self.outcome, **rest}
+
+    def to_json(self) -> str:
+        """The file's text."""
+        return _dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Read leniently (see the module)."""
+        g = data.get
+        return cls(node=_str(g("node"), ""), state=_str(g("state"), ""), attempt=_int(g("attempt"), 0),
+                   restarts=_int(g("restarts"), 0), run_id=_str(g("run_id"), ""), run_dir=_str(g("run_dir"), ""),
+                   heartbeat=_float(g("heartbeat"), 0.0), workers=_objects(g("workers")),
+                   outcome=_opt_str(g("outcome")), extra={k: v for k, v in data.items() if k not in KNOWN_STATUS})
+
+    @classmethod
+    def from_json(cls, text: str | bytes, source: str = "status.json") -> Self:
+        """A status from its text; RecordError when it is not a JSON object."""
+        return cls.from_dict(parse_object(text, source))
+
+
+KNOWN_STATUS = frozenset(f.name for f in fields(Status)) - {"extra"}
+
+
+def write_status(status: Status, run_dir: Path) -> None:
+    """<run dir>/status.json (OSError when the disk refuses it)."""
+    write_private(RunDir(run_dir).status, status.to_json())
+
+
+def place_report(report: Report, run_dir: Path, name: str, warn: Callable[..., None],
+                 log: FilteringBoundLogger) -> Path | None:
+    """<run dir>/report.json, else <state dir>/reports/NAME-report.json, else the temp dir's; where it went.
+
+    The run dir may be full or read-only, and so may the others: each refusal is a warning, None if none took it.
+    """
+    text = report.to_json()
+    elsewhere, no_temp = report_fallbacks(name)
+    candidates = [RunDir(run_dir).report, *elsewhere]
+    if no_temp is not None:  # no usable temp dir at all
+        warn("report_write_failed", path="<temp dir>", error=str(no_temp))
+    for path in candidates:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_private(path, text)
+        except OSError as e:
+            warn("report_write_failed", path=str(path), error=str(e))
+            continue
+        if path.parent != run_dir:
+            log.warning("report_elsewhere", path=str(path))
+        return path
+    return None
