@@ -63,9 +63,12 @@ def run_crash_once(j: Job, *, warm: bool = True) -> tuple[int, str]:
     proc = j.start()
 
     def crash_now() -> bool:
+        # Every rank of attempt 0 has written its record: the crash stops the others, and a rank still starting
+        # (a cold interpreter, slower than its peer) would be stopped before it wrote one.
+        recorded = all((j.out / f"rank{r}.attempt0.json").exists() for r in (0, 1))
         if warm:  # attempt 0 runs in standbys forked once the server is warm; the next attempt's are forked at once
-            return all(ready_lines(j, r) >= 2 for r in (0, 1))
-        return (j.out / "rank1.attempt0.json").exists()
+            return recorded and all(ready_lines(j, r) >= 2 for r in (0, 1))
+        return recorded
 
     try:
         wait_for(lambda: crash_now() or proc.poll() is not None, timeout=120, what="the moment to crash")
