@@ -88,6 +88,12 @@ def main() -> None:
     if attempt < int(os.environ.get("PROBE_CRASH_ATTEMPTS", "0")):  # it crashes once told; the others wait
         while rank != crasher or not os.path.exists(os.path.join(out, "go")):
             time.sleep(0.05)
+        # The crash stops the other ranks: first let each write its record (a peer still starting would be stopped
+        # before it wrote one, and the test reads every rank's), for at most 30 s.
+        peers = [os.path.join(out, f"rank{r}.attempt{attempt}.json") for r in range(int(os.environ["WORLD_SIZE"]))]
+        deadline = time.monotonic() + 30
+        while not all(os.path.exists(p) for p in peers) and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise ValueError("probe crash")
     end = os.environ.get("PROBE_END", "exit:0")
     if end == "raise":
