@@ -45,6 +45,10 @@ class FakeRendezvous:
         self.closed: list[str] = []
         self.charges: list[tuple[FailureClass | None, bool]] = []  # (failure class, charged) of each charge_restart
         self.marks: list = []  # what the node ledger was told (note_node)
+        self.mending = False  # what recovering() says (a hosted founder going on alone)
+
+    def recovering(self) -> bool:
+        return self.mending
 
     def on_stop(self, sink) -> None:
         self.stop_sink = sink
@@ -411,3 +415,32 @@ def test_a_culprit_kept_in_is_warned_about_only_where_the_job_could_have_gone_on
     assert failed.kept_out(ctx, verdict) == ""
     said = [(lvl, event) for lvl, event, _ in ctx.log.lines if event == "culprit_kept_in"]
     assert said == [(level, "culprit_kept_in")]
+
+
+@pytest.mark.parametrize(("mending", "news_after", "found"), [
+    (True, 0.4, True),  # the store mends past the usual wait: the news it then carries is waited for
+    (False, 0.4, False),  # nothing mends: the usual wait (PEER_SETTLE_S + lease_ttl) and no longer
+    (True, 2.0, False),  # mending for ever: at most connect_timeout more
+])
+def test_the_wait_for_a_lost_peers_news_goes_on_while_the_rendezvous_mends_its_store(
+        tmp_path, monkeypatch, mending, news_after, found):
+    """A rank died of a closed connection; the peer's loss is heard only once a hosted founder went on alone and let
+    the lost node go (CI: 0.6 s after lease_ttl + 3 s, and the gloo collateral was charged as a restart)."""
+    from runner.events import PeerLost
+    rdzv = FakeRendezvous()
+    rdzv.mending = mending
+    ctx = make_ctx(tmp_path, rdzv)
+    rendezvous_spec = dataclasses.replace(ctx.spec.rendezvous, lease_ttl=0.2, connect_timeout=1.0)
+    ctx.inputs = dataclasses.replace(ctx.inputs, spec=dataclasses.replace(ctx.spec, rendezvous=rendezvous_spec))
+    ctx.run.result = RendezvousResult(0, "n0", 0, 2, 1, "127.0.0.1", 1, nodes=("n0", "n1"))
+    monkeypatch.setattr(running, "PEER_SETTLE_S", 0.0)  # the usual wait: lease_ttl, 0.2 s
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        loop.call_later(news_after, ctx.events.put_nowait, PeerLost("n1", "lease expired"))
+        return await running.peer_news(ctx)
+
+    heard = run(go())
+    assert (heard is not None) is found, heard
+    if found:
+        assert heard.node == "n1"

@@ -110,6 +110,12 @@ class Rendezvous(Protocol):
     async def publish(self, state: dict[str, object]) -> None:
         """Publish this node's live state (machine state, attempt, worker pids/exit codes) for `runner status`."""
 
+    def recovering(self) -> bool:
+        """Whether the rendezvous is mending its own store now (a hosted etcd's founder going on alone).
+
+        News of a lost peer, which the store carries, may then come later than a lease_ttl (runner.states.running).
+        """
+
     async def progress_of_nodes(self) -> dict[str, float]:
         """When each node's workers last made progress, as the nodes published it (`progress_at`, epoch seconds).
 

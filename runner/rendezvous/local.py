@@ -97,6 +97,10 @@ class LocalRendezvous:
         """Keep the latest state (the agent also writes it to <run dir>/status.json)."""
         self.state = state
 
+    def recovering(self) -> bool:
+        """No store to mend."""
+        return False
+
     async def progress_of_nodes(self) -> dict[str, float]:
         """One node: no other node's progress to know of."""
         return {}

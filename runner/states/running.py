@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 SETTLE_S = 2.0  # a rank that failed of a closed connection: how long its peers may take to fail of their own
 PEER_SETTLE_S = 3.0  # and, on several nodes, how long the other nodes may take to say they failed (or be lost)
+RECOVERY_POLL_S = 0.2  # past that, how often the wait asks whether the rendezvous still mends its store
 C10D_WAIT_S = 2.0  # c10d's mismatch check raises on every rank at once: how long the other ranks' words are awaited
 
 
@@ -164,13 +165,21 @@ async def peer_news(ctx: Context) -> PeerLost | None:
     loop = asyncio.get_running_loop()
     # A node that said nothing may have lost its host with it (no agent, no guard left to revoke its lease): its
     # lease lapses within lease_ttl, and that names it; a node that failed says so well before.
-    settle = PEER_SETTLE_S + ctx.spec.rendezvous.lease_ttl
-    deadline, held, found = loop.time() + settle, list[Event](), None
-    while found is None and (left := deadline - loop.time()) > 0:
+    # A rendezvous mending its store (a hosted founder going on alone) carries that news only once mended: the wait
+    # goes on while it mends, for at most connect_timeout more.
+    rdzv = ctx.spec.rendezvous
+    deadline, held, found = loop.time() + PEER_SETTLE_S + rdzv.lease_ttl, list[Event](), None
+    limit = deadline + rdzv.connect_timeout
+
+    def left(now: float) -> float:
+        if now < deadline:
+            return deadline - now
+        return min(RECOVERY_POLL_S, limit - now) if ctx.rendezvous.recovering() else 0.0
+    while found is None and (wait := left(loop.time())) > 0:
         try:
-            event = await asyncio.wait_for(ctx.events.get(), left)
+            event = await asyncio.wait_for(ctx.events.get(), wait)
         except TimeoutError:
-            break
+            continue
         if isinstance(event, PeerLost):
             found = event
         else:

@@ -30,13 +30,16 @@ async def main() -> None:
     while not all((out / f"rank{r}.json").exists() for r in range(n)):
         await asyncio.sleep(0.02)
     info = {"pid": os.getpid(), "shepherd": shepherd.pid, "cgroup": str(shepherd.cgroup.path) if shepherd.cgroup else None}
-    (out / "agent.tmp").write_text(json.dumps(info))
-    (out / "agent.tmp").replace(out / "agent.json")
+
+    def note(name: str, text: str) -> None:  # whole or not at all: a test polls these files while they change
+        (out / f"{name}.tmp").write_text(text)
+        (out / f"{name}.tmp").replace(out / name)
+    note("shepherds.txt", f"{shepherd.pid} {shepherd.restarts}\n")  # there before agent.json says ready
+    note("agent.json", json.dumps(info))
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    report = out / "shepherds.txt"
     while not stop.is_set():  # note every guard pid (a test kills one and expects another)
-        report.write_text(f"{shepherd.pid} {shepherd.restarts}\n")
+        note("shepherds.txt", f"{shepherd.pid} {shepherd.restarts}\n")
         try:
             await asyncio.wait_for(stop.wait(), 0.05)
         except TimeoutError:

@@ -36,10 +36,12 @@ def main() -> None:
     a = p.parse_args()
     group, rank = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["RANK"])
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    Path(a.out, f"g{group}.r{rank}.a{attempt}.pid").write_text(json.dumps({
+    pid_file = Path(a.out, f"g{group}.r{rank}.a{attempt}.pid")
+    pid_file.with_suffix(".tmp").write_text(json.dumps({  # then renamed: a test polling *.pid reads it whole
         "pid": os.getpid(), **{k: os.environ[k] for k in (
             "RANK", "WORLD_SIZE", "MASTER_PORT", "TORCHFT_LIGHTHOUSE", "NUM_REPLICA_GROUPS", "TORCHFT_MANAGER_PORT")},
     }))
+    pid_file.with_suffix(".tmp").replace(pid_file)
     for step in range(1, a.steps + 1):
         time.sleep(a.step_s)
         if group == a.fail_group and attempt < a.fail_attempts and step == a.fail_at:

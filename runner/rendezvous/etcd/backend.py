@@ -343,6 +343,10 @@ class EtcdRendezvous:
             return {}
         return ledger_of(kvs)
 
+    def recovering(self) -> bool:
+        """An etcd this node does not run mends itself: nothing to say (the hosted backend knows its own)."""
+        return False
+
     async def progress_of_nodes(self) -> dict[str, float]:
         """Every live node's published `progress_at` ({} when etcd does not answer: the caller has only its own)."""
         try:

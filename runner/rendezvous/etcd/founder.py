@@ -63,12 +63,14 @@ async def look_at(conn: Connection) -> Look:
 
 
 async def watch(url: str, creds: Credentials, me: str, go_alone: Callable[[MemberInfo], Awaitable[None]],
-                log: FilteringBoundLogger, *, clock: Callable[[], float] | None = None) -> None:
+                log: FilteringBoundLogger, *, clock: Callable[[], float] | None = None,
+                leaderless: Callable[[bool], None] = lambda _: None) -> None:
     """Look at the founder's etcd each POLL_S while the job runs (cancelled at its end), on one connection.
 
     After NO_LEADER_S without a leader, go on alone when the rule allows (`go_alone(lost)`: etcd started again as a
     cluster of one, the lost voter's node let go). Only the one voter the rule could go on without is dialled. A
-    failed try is said, and tried again at the next look that finds the same.
+    failed try is said, and tried again at the next look that finds the same. `leaderless` hears each look's
+    verdict: no leader (True), or one (False).
     """
     now = clock or asyncio.get_running_loop().time
     conn = Connection(Endpoint.parse(url), Credentials(ca=creds.ca, cert=creds.cert, key=creds.key),
@@ -81,6 +83,7 @@ async def watch(url: str, creds: Credentials, me: str, go_alone: Callable[[Membe
                 look = await look_at(conn)
             except RendezvousError:
                 continue  # its own etcd restarting (its supervisor), or too loaded to answer: look again
+            leaderless(not look.leader)
             if look.leader:
                 leaderless_since = None
                 continue

@@ -95,6 +95,8 @@ class HostedRendezvous:
         self._members: Membership | None = None
         self._reconciling: asyncio.Task[None] | None = None
         self._founding: asyncio.Task[None] | None = None  # the founder's watch (runner.rendezvous.etcd.founder)
+        self._leaderless = False  # the founder's watch found its etcd without a leader at its last look
+        self._going_alone = False  # the founder going on alone, until the lost node was let go
         self._admitted = False
         self._lost: str | None = None  # why the rendezvous is lost (_unless_lost)
         self._lost_at = 0.0  # when (monotonic): an answer of etcd after it means the rendezvous is back
@@ -145,7 +147,8 @@ class HostedRendezvous:
                 members.server = server
                 if plan is not None:  # the founder, members to come: it goes on alone should the other of two go
                     watch = founder.watch(server.client_urls.split(",")[0], credentials(self._spec), plan.name,
-                                          lambda lost: self._go_on_alone(server, lost.name), self._log)
+                                          lambda lost: self._go_on_alone(server, lost.name), self._log,
+                                          leaderless=self._saw_leaderless)
                     self._founding = asyncio.get_running_loop().create_task(watch, name="etcd-founder")
         if self._server is None:
             if ips and not elsewhere:
@@ -158,6 +161,9 @@ class HostedRendezvous:
             self._log.info("rendezvous_members_planned", members=count, hosts="the job's first nodes, one per "
                            "machine", detail="the rendezvous outlives any one of them")
 
+    def _saw_leaderless(self, leaderless: bool) -> None:
+        self._leaderless = leaderless
+
     async def _go_on_alone(self, server: HostedEtcd, lost: str) -> None:
         """The founder's etcd as a cluster of one (runner.rendezvous.etcd.founder); the lost voter's node let go.
 
@@ -165,7 +171,15 @@ class HostedRendezvous:
         extends every lease when a leader is elected). Cut off rather than lost, that node holds one voter of two:
         it could not go on anyway, and its lease lapsing is what fences it.
         """
-        await server.go_on_alone()
+        self._going_alone = True  # until the lost node was let go: the news of it comes late (recovering)
+        try:
+            await server.go_on_alone()
+            await self._let_go(lost)
+        finally:
+            self._going_alone = False
+
+    async def _let_go(self, lost: str) -> None:
+        """The lost node's lease revoked (its live state's), so every node hears of its loss now."""
         keys = JobKeys(self._spec.rendezvous.prefix, self._spec.name)
         session = self._inner.session
         try:
@@ -330,6 +344,10 @@ class HostedRendezvous:
     async def node_ledger(self) -> dict[str, NodeRecord]:
         """As the etcd backend."""
         return await self._inner.node_ledger()
+
+    def recovering(self) -> bool:
+        """While this node's founding member has no leader, and until it went on alone and let the lost node go."""
+        return self._leaderless or self._going_alone
 
     async def progress_of_nodes(self) -> dict[str, float]:
         """As the etcd backend ({} once the rendezvous is lost)."""
