@@ -75,7 +75,8 @@ PHRASES: dict[str, Phrase] = {
     "etcd_task_failed": phrase("an etcd background task[ ({task})] failed[: {error:long}]"),
     "etcd_watch_compacted": phrase("etcd no longer has the history this node watches from[ (revision {revision})]: "
                                    "watching from the oldest it has[ (revision {oldest})]"),
-    "etcd_watch_lost": phrase("the watch on etcd was lost: watching again[ from revision {resume_from}]"),
+    "etcd_watch_lost": phrase("lost etcd's feed of the other nodes' news (its member or the link went away): "
+                              "following it again from where it stopped[ (revision {resume_from})]"),
     "fence_peer_unknown": phrase("could not read where the round's other nodes[ ({nodes})] run, to reach them if "
                                  "etcd goes away[: {error:long}]"),
     "fence_peer_unresolved": phrase("could not resolve the address of a node of the round[ ({host})], to reach it if "

@@ -202,7 +202,8 @@ class Recoveries:
         parts += [f"to {phase} median {round(median(values), 3):.3f} s, max {round(max(values), 3):.3f} s"
                   for phase in PHASES if (values := self.phase_values(phase))]
         if unknown:
-            parts.append(f"ready unknown for {unknown} (docs/time_to_recover.md)")
+            parts.append(f"ready unknown for {unknown} (the workers sent no heartbeat or timer to say they were "
+                         "ready: docs/time_to_recover.md)")
         return "time to recover: " + "; ".join(parts)
 
 
