@@ -9,12 +9,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
 
+from bench.soak.model import Agent
+from bench.soak.procs import ident
+from bench.soak.soak import Soak
 from bench.soak.state import Options
 
 CHAOS = ROOT / "bench" / "chaos.py"
@@ -61,3 +65,19 @@ def row(out: str, first: str) -> list[str]:
         if cells and cells[0] == first:
             return cells
     raise AssertionError(f"no row {first!r} in the soak's tables")
+
+
+def agent_of(soak: Soak, procs: list[subprocess.Popen[str]], code: str, node: str = "n0", *,
+             ran_s: float = 0.0) -> Agent:
+    """A real process (`python -c code`) as an agent of the soak's job: stdin and stdout pipes, the job's token, its
+    output a file, its run dir set; started `ran_s` ago as the soak counts it."""
+    job = soak.state.jobs[0]
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "CHAOS_TOKEN": job.token})
+    procs.append(proc)
+    me = ident(proc.pid)
+    assert me is not None
+    agent = Agent(node, 0, proc, me, job.dir / f"{node}.log", time.time() - ran_s)
+    agent.run_dir = job.dir / "runs" / node
+    job.agents.append(agent)
+    return agent

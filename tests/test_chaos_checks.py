@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, wait_for
-from soak_helpers import soak_args
+from soak_helpers import agent_of, soak_args
 
 from bench.soak.bounds import CLASSES, PREFIX
 from bench.soak.infra import ChaosEtcd
@@ -71,20 +71,6 @@ def soak(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Soak:
     s.state.jobs.append(job)
     s.state.job = job
     return s
-
-
-def agent_of(soak: Soak, procs: list[subprocess.Popen[str]], code: str, node: str = "n0") -> Agent:
-    """A real process as an agent of the soak's job (its output a file, its run dir set)."""
-    job = soak.state.jobs[0]
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "CHAOS_TOKEN": job.token})
-    procs.append(proc)
-    me = ident(proc.pid)
-    assert me is not None
-    agent = Agent(node, 0, proc, me, job.dir / f"{node}.log", time.time())
-    agent.run_dir = job.dir / "runs" / node
-    job.agents.append(agent)
-    return agent
 
 
 def marker(job: Job, node: str, pid: int, ticks: int, *, rank: int = 0, attempt: int = 0, size: int = 2,

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, wait_for
-from soak_helpers import soak_args
+from soak_helpers import agent_of, soak_args
 
 from bench.soak import checks as checks_module
 from bench.soak import hosts as hosts_module
@@ -138,16 +138,8 @@ def etcd(tmp_path: Path) -> Iterator[ChaosEtcd]:
 def live_agent(soak: Soak, procs: list[subprocess.Popen[str]], code: str, node: str = "n0") -> Agent:
     """A real process as a running agent of the soak's job (stdin and stdout pipes, the job's token, its output a
     file); it has run a minute already (signal_agent waits 10 s for a new agent's handlers)."""
-    job = soak.state.jobs[0]
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "CHAOS_TOKEN": job.token})
-    procs.append(proc)
-    me = ident(proc.pid)
-    assert me is not None
-    agent = Agent(node, 0, proc, me, job.dir / f"{node}.log", time.time() - 60)
+    agent = agent_of(soak, procs, code, node, ran_s=60)
     agent.out.touch()
-    agent.run_dir = job.dir / "runs" / node
-    job.agents.append(agent)
     return agent
 
 
