@@ -6,6 +6,7 @@
 #   bench/mutation.sh [WORKDIR]          # default /tmp/runner-mutation; prints the score per module at the end
 #   MUT_VENV=/tmp/mut-venv CHILDREN=1    # where mutmut lives (made if missing), how many mutants run at once
 #   OVER=/tmp/runner-mutation            # re-run only that full run's survivors (and changed modules), score over it
+#   ONLY='runner.hangs.*'                # only the mutants of these names (mutmut's patterns; one module's: its rows)
 #
 # Run it niced on a shared machine: `nice -n 19 bench/mutation.sh`. Re-running in the same WORKDIR after adding tests
 # re-checks every mutant (the copy is made anew). `cd WORKDIR && $MUT_VENV/bin/mutmut show NAME` shows one mutant.
@@ -34,6 +35,12 @@ sed "s|@BASETEMP@|$WORK/pytest-tmp|" "$ROOT/bench/mutation/pyproject.toml" > "$W
 
 cd "$WORK"
 "$VENV/bin/mutmut" --version || true
+if [ -n "${ONLY:-}" ]; then
+    read -r -a only <<< "$ONLY"
+    "$VENV/bin/mutmut" run --max-children "${CHILDREN:-1}" "${only[@]}"
+    "$VENV/bin/python" "$ROOT/bench/mutation/score.py" "$WORK"
+    exit 0
+fi
 if [ -z "${OVER:-}" ]; then
     "$VENV/bin/mutmut" run --max-children "${CHILDREN:-1}"
     "$VENV/bin/python" "$ROOT/bench/mutation/score.py" "$WORK"
