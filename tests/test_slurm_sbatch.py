@@ -29,8 +29,11 @@ RUNNER = str(Path(sys.executable).with_name("runner"))
 SIGNAL_WORKER = """
 import os, signal, sys, time
 out = sys.argv[1]
-def on_term(signum, frame):
-    open(os.path.join(out, "term-" + os.environ["RANK"]), "w").write(str(signum))
+def on_term(signum, frame):  # written, then renamed: the test reads it as soon as it exists
+    path = os.path.join(out, "term-" + os.environ["RANK"])
+    with open(path + ".tmp", "w") as f:
+        f.write(str(signum))
+    os.replace(path + ".tmp", path)
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 open(os.path.join(out, "ready-" + os.environ["RANK"]), "w").close()
