@@ -170,9 +170,13 @@ MAX_REPLY_BYTES = 256 << 20
 CHANNEL_OPTIONS = (("grpc.enable_retries", 0), ("grpc.enable_http_proxy", 0),
                    ("grpc.max_receive_message_length", MAX_REPLY_BYTES))
 
-# gRPC status codes after which a reconnect may help (etcd restarting, leader change, token expired).
+# gRPC status codes after which a reconnect may help (etcd restarting, leader change, token expired). INTERNAL is
+# never an answer of etcd's (its refusals are INVALID_ARGUMENT, FAILED_PRECONDITION, PERMISSION_DENIED, NOT_FOUND, ...):
+# gRPC's own transport gives it when a connection breaks under a call ("Internal error from Core": a member host lost
+# during a rendezvous, CI 2026-12-01, read as a refused request it ended a survivor with exit 3).
 RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-                         grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED})
+                         grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         grpc.StatusCode.INTERNAL})
 
 
 # What etcd 3.5 answers, with code UNKNOWN, while it applies its log behind what it committed (more than 5000
@@ -181,7 +185,10 @@ RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_E
 # And what etcd answers, with code UNKNOWN, when the call's own deadline (or cancel) ended its work server-side: a
 # member in an election holding a new connection's authentication past a failover's short try does (CI, 2026-11-28:
 # read as a refused login, it ended a survivor with exit 3). The call timed out; it was never refused.
-BUSY_SIGNS = ("etcdserver: too many requests", "context deadline exceeded", "context canceled")
+# And what gRPC's transport says, with whatever code, when the connection under a call broke: never etcd's answer.
+BUSY_SIGNS = ("etcdserver: too many requests", "context deadline exceeded", "context canceled",
+              "Stream removed", "Socket closed", "Connection reset", "Broken pipe", "Internal error from Core",
+              "failed to connect to all addresses")
 
 
 class Unavailable(Exception):
