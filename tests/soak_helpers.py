@@ -55,7 +55,18 @@ def passed(out: str, what: str, known_bugs: Mapping[str, Callable[[str], bool]])
     for bug, matches in known_bugs.items():
         if matches(out):
             pytest.xfail(bug)
-    pytest.fail(f"{what}:\n{out[-6000:]}")
+    pytest.fail(f"{what}:\n{failure_digest(out)}")
+
+
+def failure_digest(out: str, *, timeline: int = 40, tail: int = 3000) -> str:
+    """What a failed soak's log must show to be read without a rerun: the soak's own timeline (its `[  t s]` lines,
+    the last `timeline` of them), the verdict's first line (which invariant broke), and the output's last `tail`
+    characters (the detail: a node's log). CI shows only the end of a failure, and a node's log alone does not say
+    which fault came before it (CI 2026-12-01, seed 3: a node that could not reach etcd, with no fault in sight)."""
+    lines = out.splitlines()
+    steps = [line for line in lines if line.startswith("[") and " waits for " not in line][-timeline:]
+    verdict = [line for line in lines if line.startswith(("FAILED:", "ERROR ", "OK:"))][:1]
+    return "\n".join(["timeline:", *steps, "verdict:", *verdict, "end of the output:", out[-tail:]])
 
 
 def row(out: str, first: str) -> list[str]:

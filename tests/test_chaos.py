@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 from ci_skips import need
 from conftest import ROOT
+from soak_helpers import failure_digest
 from torchft_mark import needs_torchft
 
 from bench.soak.verdict import skipped_from_output
@@ -106,7 +107,7 @@ def verdict(code: int, out: str, what: str, asked: tuple[str, ...], then: str = 
     for bug, matches in KNOWN_BUGS.items():
         if matches(out):
             pytest.xfail(bug)
-    pytest.fail(f"{what}: exit code {code}\n{then}{out[-6000:]}")
+    pytest.fail(f"{what}: exit code {code}\n{then}{failure_digest(out)}")
 
 
 @pytest.mark.parametrize("hosted", [False, True], ids=["external-etcd", "hosted-etcd"])
