@@ -25,6 +25,7 @@ from runner.agent.result import attempts_words
 from runner.cli.status import print_status
 from runner.config.spec import Entrypoint, JobSpec
 from runner.core.context import GroupRun
+from runner.diagnosis.failure import Failure
 from runner.errors import RendezvousError
 from runner.observe.console import ConsoleRenderer, printable
 from runner.outcomes import FailureKind
@@ -32,7 +33,6 @@ from runner.rendezvous.etcd.host_rule import wait_for_host
 from runner.runs.status import ETTR_MEANING, table
 from runner.states.restarting import count_uncharged
 from runner.testing.etcd_server import free_port
-from runner.workers.failures import Failure
 
 STAMP = "2026-01-02T03:04:05.000001Z"
 ESCAPE = re.compile(r"\\[ntrx]|\\u[0-9a-f]{4}|\x1b\[")  # a literal `\n`, `\x1b`..., or a colour code

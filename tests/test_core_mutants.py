@@ -31,11 +31,11 @@ from runner.core.machine import (
     mermaid,
 )
 from runner.core.restart_policy import GUARDS, gather, settle
+from runner.diagnosis.failure import Failure
 from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED, RendezvousError
 from runner.events import StopRequested
 from runner.outcomes import FailureClass, FailureKind, Outcome
 from runner.rendezvous.base import RoundCharge
-from runner.workers.failures import Failure
 
 S, T, G = GroupState, Trigger, Guard
 

@@ -23,10 +23,11 @@ from failing_jobs import WORKER, failing_job, report, worker_pid
 from hypothesis import given
 from hypothesis import strategies as st
 
+from runner.diagnosis import oom
+from runner.diagnosis.evidence import fingerprint, traceback_parts
+from runner.diagnosis.failure import Failure, default_class
 from runner.outcomes import FailureClass, FailureKind
 from runner.system.cgroup import JobCgroup
-from runner.workers import oom
-from runner.workers.failures import Failure, default_class, fingerprint, traceback_parts
 
 pytestmark = pytest.mark.integration
 

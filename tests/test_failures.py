@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from runner.config.spec import Backoff
+from runner.diagnosis.evidence import read_error_file, signal_name, tail
+from runner.diagnosis.failure import worker_failure
 from runner.states.restarting import backoff_delay
-from runner.workers.failures import read_error_file, signal_name, tail, worker_failure
 
 
 def test_signal_name_and_oom_hint(tmp_path):
@@ -57,9 +58,9 @@ def test_backoff_first_restart_is_immediate_then_grows_to_max():
 @given(st.text(min_size=1, max_size=20).filter(lambda s: " lost: " not in s), st.text(max_size=200))
 def test_a_peers_report_reads_the_same_with_or_without_its_cause(node: str, cause: str) -> None:
     """`node b lost: reported FAILED` and the same with `: <its root cause>`: one detected line, a peer report."""
+    from runner.diagnosis.failure import Failure, peer_reported, reported_line
     from runner.events import PEER_REPORTED
     from runner.outcomes import FailureKind
-    from runner.workers.failures import Failure, peer_reported, reported_line
 
     bare = f"node {node} lost: {PEER_REPORTED}"
     for reason in (bare, f"{bare}: {cause}"):
@@ -74,9 +75,9 @@ def test_a_peers_report_is_read_from_the_loss_whatever_the_words_say_after_a_han
     """A hang's analysis rewrites a peer failure's reason and `detected` (a mismatch: "collective mismatch #4 ...",
     "node a reported FAILED"): the loss it carries still says the peer reported FAILED, so this node lets the peer
     charge the round first (before, the words decided: CI saw a node charge a peer's SIGABRT as node_lost)."""
+    from runner.diagnosis.failure import Failure, peer_reported
     from runner.events import PEER_REPORTED, PeerLost
     from runner.outcomes import FailureKind
-    from runner.workers.failures import Failure, peer_reported
 
     def peer(why: str) -> Failure:
         return Failure(kind=FailureKind.PEER, reason=reason, attempt=0, detected=detected, peer=PeerLost("a", why))
@@ -91,9 +92,9 @@ def test_a_failed_node_publishes_its_own_cause_or_the_peer_it_lost(why: str, cau
     failed of (`lost`, which the peers name instead of it); nothing while not FAILED."""
     from runner.agent.services import CAUSE_CHARS, root_cause
     from runner.core.group_state import GroupState
+    from runner.diagnosis.failure import Failure
     from runner.events import PeerLost
     from runner.outcomes import FailureKind
-    from runner.workers.failures import Failure
 
     own = Failure(kind=FailureKind.WORKER, reason=f"rank 1 exited with code 1: {cause}", attempt=0)
     published = root_cause(own, GroupState.FAILED)

@@ -8,6 +8,7 @@ import re
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from runner.diagnosis.hang import watchdog_failure
 from runner.events import TimerExpired
 from runner.hangs import (
     C10D_PRINT,
@@ -32,7 +33,6 @@ from runner.hangs import (
     to_wire,
 )
 from runner.report.page import hang_lines
-from runner.workers.failures import watchdog_failure
 
 NOW = 1_800_000_000 * 10**9
 

@@ -22,6 +22,7 @@ LAYERS = (
     "runner",  # foundation: errors, events, outcomes, the worker contract's names, the version
     "runner.system",  # process primitives: pidfds, the guard, cgroups, private files, signals
     "runner.rundir",  # the run dir's layout (every path) and its records (report, status), one codec each
+    "runner.diagnosis",  # evidence (exits, tracebacks, the recorder's verdict, OOM) into one Failure record
     "runner.config",  # the spec: load, validate, resolve
     "runner.config.clusters",  # Slurm and Kubernetes templates of a spec
     "runner.observe",  # console, live line, progress, logs, metrics, time to recover

@@ -21,10 +21,10 @@ from runner.core.machine import (
     mermaid,
 )
 from runner.core.restart_policy import GUARDS, gather, settle
+from runner.diagnosis.failure import Failure
 from runner.errors import RendezvousError
 from runner.outcomes import FailureClass, FailureKind
 from runner.rendezvous.base import RoundCharge
-from runner.workers.failures import Failure
 
 S, T, G = GroupState, Trigger, Guard
 LIVE = [s for s in GroupState if s is not S.SHUTDOWN]

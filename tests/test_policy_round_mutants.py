@@ -21,12 +21,12 @@ from runner.core import restart_policy
 from runner.core.context import Charge
 from runner.core.machine import GroupState, Trigger, mermaid
 from runner.core.restart_policy import as_counted, counted_as
+from runner.diagnosis.failure import Failure
 from runner.outcomes import FailureClass, FailureKind
 from runner.rendezvous.base import RoundCharge
 from runner.rendezvous.etcd import round as round_module
 from runner.rendezvous.etcd.keys import dump, load
 from runner.rendezvous.etcd.round import CLOSED_ZLIB, Roster, RoundResult, decode_closed, encode_closed
-from runner.workers.failures import Failure
 
 C = FailureClass
 PEER = Failure(kind=FailureKind.PEER, reason="node b lost: reported FAILED", attempt=0)  # node_lost until charged

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 from terminal import ANSI, only_run_dir, run_job_on_a_terminal, screen
 
-from runner.workers.failures import collateral, exception_line
+from runner.diagnosis.evidence import collateral, exception_line
 
 if TYPE_CHECKING:
     from multinode_helpers import Node

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from runner.config.spec import Budgets, ClassBudget, Entrypoint, JobSpec
 from runner.core import restart_policy
 from runner.core.context import Charge, GroupRun
+from runner.diagnosis.failure import Failure
 from runner.outcomes import FailureClass, FailureKind
 from runner.rendezvous.base import RoundCharge
 from runner.rendezvous.etcd.budget import marker_charge, marker_record
 from runner.rendezvous.etcd.keys import dump, load
 from runner.states.restarting import count_uncharged
-from runner.workers.failures import Failure
 
 EXC, LOST = FailureClass.EXCEPTION, FailureClass.NODE_LOST
 

@@ -18,13 +18,13 @@ from runner.config.spec import Nodes
 from runner.core.context import Charge, Context, JobInputs
 from runner.core.group_state import GroupState
 from runner.core.machine import Step, Trigger
+from runner.diagnosis.failure import Failure
 from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
 from runner.events import Fenced, GuardLost, MembershipChanged, StopRequested, TimerExpired, WorkerExited
 from runner.hangs import Finding, Verdict
 from runner.outcomes import FailureClass, FailureKind, Outcome
 from runner.rendezvous.base import RendezvousResult, RoundCharge
 from runner.states import failed, init, rendezvous, restarting, running, shutdown
-from runner.workers.failures import Failure
 
 SPEC = """
 version: 1

@@ -24,12 +24,12 @@ if TYPE_CHECKING:
 
     from runner.config.spec import JobSpec
     from runner.core.context import Context
+    from runner.diagnosis.failure import Failure
     from runner.events import Event
     from runner.rendezvous.base import Rendezvous
     from runner.system.shepherd import Shepherd
     from runner.system.soft_io import WarnOnce
     from runner.watchdog.service import Watchdog
-    from runner.workers.failures import Failure
     from runner.workers.launch_plan import LaunchPlan
     from runner.workers.standby import StandbyPool
 

@@ -34,12 +34,12 @@ if TYPE_CHECKING:
 
     from runner.config.spec import JobSpec
     from runner.core.group_state import GroupState
+    from runner.diagnosis.failure import Failure
     from runner.outcomes import Outcome
     from runner.rendezvous.base import Rendezvous, RendezvousResult, RoundCharge
     from runner.watchdog.flight import FlightRecorder
     from runner.watchdog.service import Watchdog
     from runner.watchdog.stall import StallWatch
-    from runner.workers.failures import Failure
     from runner.workers.group import Worker, WorkerGroup
     from runner.workers.standby import StandbyPool
 

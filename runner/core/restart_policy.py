@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING
 
 from runner.core.context import Charge
 from runner.core.machine import TRANSITIONS, Edge, Guard, GuardCheck, Step, Trigger
+from runner.diagnosis.evidence import traceback_parts
+from runner.diagnosis.failure import peer_reported
 from runner.errors import EXIT_INFRA, EXIT_WORKERS_FAILED, RendezvousError
 from runner.outcomes import FailureClass, FailureKind, Outcome
-from runner.workers.failures import peer_reported, traceback_parts
 
 if TYPE_CHECKING:
     from runner.config.spec import ClassBudget
     from runner.core.context import Context
-    from runner.workers.failures import Failure
+    from runner.diagnosis.failure import Failure
 
 
 def current(ctx: Context) -> Failure:

@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING
 
 from runner.core.machine import Step, Trigger
 from runner.core.restart_policy import as_counted, gather
+from runner.diagnosis import oom
 from runner.outcomes import FailureClass, FailureKind
 from runner.rendezvous.node_ledger import Mark
 from runner.rundir.layout import RunDir
 from runner.system import procs
 from runner.system.private_files import write_private
-from runner.workers import oom
 
 if TYPE_CHECKING:
     from runner.core.context import Context
+    from runner.diagnosis.failure import Failure
     from runner.hangs import Verdict
-    from runner.workers.failures import Failure
 
 
 async def handle(ctx: Context) -> Step:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from runner.config.redact import spec_for_disk
 from runner.core.machine import Step, Trigger
+from runner.diagnosis.failure import Failure
 from runner.errors import RunnerError
 from runner.outcomes import FailureKind, Outcome
 from runner.rendezvous.etcd.lease_revoke import LeaseHolder
@@ -17,7 +18,6 @@ from runner.rundir.layout import RunDir
 from runner.states.waiting import Stopped, unless_stopped
 from runner.system import signals
 from runner.system.private_files import write_private
-from runner.workers.failures import Failure
 from runner.workers.standby import StandbyPool
 
 if TYPE_CHECKING:

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from runner.config.durations import format_duration
 from runner.core.machine import Step, Trigger
+from runner.diagnosis.failure import Failure
 from runner.errors import EXIT_INFRA, EXIT_STOPPED_BASE, JobClosed, RendezvousError, RendezvousTimeout
 from runner.outcomes import FailureKind, Outcome
 from runner.states.waiting import Stopped, unless_stopped
-from runner.workers.failures import Failure
 
 if TYPE_CHECKING:
     from runner.core.context import Context

@@ -17,7 +17,7 @@ from runner.states.waiting import Stopped, unless_stopped
 if TYPE_CHECKING:
     from runner.config.spec import Backoff
     from runner.core.context import Context
-    from runner.workers.failures import Failure
+    from runner.diagnosis.failure import Failure
 
 
 async def handle(ctx: Context) -> Step:

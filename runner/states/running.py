@@ -10,6 +10,10 @@ from typing import TYPE_CHECKING
 from runner.contract import CODE_ENDED_FILE
 from runner.core.machine import Step, Trigger
 from runner.core.restart_policy import claim_round_for_membership
+from runner.diagnosis.evidence import mismatch_line
+from runner.diagnosis.failure import Failure, worker_failure
+from runner.diagnosis.hang import collective_mismatch, peer_hang, watchdog_failure, with_hang, with_mismatch
+from runner.diagnosis.lookup import Look, look_for
 from runner.errors import EXIT_INFRA, EXIT_OK, EXIT_WORKERS_FAILED
 from runner.events import (
     PEER_REPORTED,
@@ -25,18 +29,6 @@ from runner.events import (
     WorkerExited,
 )
 from runner.outcomes import FailureKind, Outcome
-from runner.workers.failures import (
-    Failure,
-    collateral,
-    collective_mismatch,
-    collective_timeout,
-    mismatch_line,
-    peer_hang,
-    watchdog_failure,
-    with_hang,
-    with_mismatch,
-    worker_failure,
-)
 
 if TYPE_CHECKING:
     from runner.core.context import Context
@@ -229,12 +221,14 @@ async def on_worker_exit(ctx: Context, event: WorkerExited) -> Step | None:
         failure = worker_failure(ctx.run.attempt, event.rank, event.local_rank, event.exit_code,
                                  worker.plan.log_dir, ctx.run.group.stderr_tail(event.local_rank))
         workers = ctx.run.group.workers.values()
-        if ctx.recorder is not None and (words := collective_mismatch(failure)):  # the rank whose call differed
+        look = look_for(failure, recorder=ctx.recorder is not None)  # the diagnosis's rule: cause or collateral
+        if look is Look.MISMATCH and ctx.recorder is not None:  # the rank whose call differed
+            words = collective_mismatch(failure)
             found = await ctx.recorder.named(workers, mismatched=await dying_words(ctx, event.rank, words))
             failure = with_mismatch(failure, found)
-        elif ctx.recorder is not None and collective_timeout(failure):  # a hang that a peer gave up on: its culprit
+        elif look is Look.TIMEOUT and ctx.recorder is not None:  # a hang that a peer gave up on: its culprit
             failure = with_hang(failure, await ctx.recorder.named(workers, timed_out=(event.rank,)))
-        elif collateral(failure.stderr_tail) and (lost := await peer_news(ctx)) is not None:
+        elif look is Look.PEER and (lost := await peer_news(ctx)) is not None:
             ctx.log.info("collateral_failure", rank=event.rank, exit_code=event.exit_code, root_cause=lost.node)
             return await on_peer_lost(ctx, lost)  # the rank died of another node's failure: that node is the culprit
         ctx.run.failure = failure

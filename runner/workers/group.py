@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import structlog
 
+from runner.diagnosis.evidence import collateral
 from runner.events import WorkerExited
 from runner.observe.progress import Progress
 from runner.system import procs
@@ -30,7 +31,6 @@ from runner.system.cgroup import JobCgroup
 from runner.system.procs import exit_code
 from runner.system.shepherd import TAG_VAR, Shepherd
 from runner.system.soft_io import warn_once
-from runner.workers.failures import collateral
 from runner.workers.launch_plan import LaunchPlan, WorkerPlan
 from runner.workers.standby import Standby, StandbyPool
 from runner.workers.tee import Console, Tee

@@ -34,11 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from runner.diagnosis.evidence import COLLATERAL
 from runner.observe.live_line import DIM, LIVE, RESET
 from runner.system import thread_signals
 from runner.system.pipe_reader import PipeReader
 from runner.system.soft_io import close_fd, describe, warn_once, write_all
-from runner.workers.failures import COLLATERAL
 
 TRACEBACK_START = re.compile(rb"^(?:\[(?:default)?rank\d+\]:\s?)?Traceback \(most recent call last\):\s*$")
 RANK_MARK = re.compile(rb"^\[(?:default)?rank\d+\]:\s?")
