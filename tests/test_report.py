@@ -218,10 +218,10 @@ def test_the_page_reads_any_report_json_without_raising(failures: list, groups: 
     from runner.report.ledger_page import ledger_section
     from runner.report.page import groups_table
     from runner.report.story import NodeStory, Story
-    from runner.rundir.records import Report
+    from runner.rundir.records import FailureRecord, Report
 
-    node = NodeStory(node="n0", job="j", run_dir="/x", failures=failures, report=Report.from_dict(report), start=1.0,
-                     end=2.0)
+    node = NodeStory(node="n0", job="j", run_dir="/x", failures=[FailureRecord.from_dict(f) for f in failures],
+                     report=Report.from_dict(report), start=1.0, end=2.0)
     story = Story([node], groups)
     story.root_cause()
     assert "</table>" in groups_table(story)

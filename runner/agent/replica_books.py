@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -143,7 +143,7 @@ class JobBooks:
             reason=job.reason, duration_s=round(time.monotonic() - self.started, 3),
             attempts=sum(g.ctx.run.attempt + 1 for g in view.groups),
             restarts=sum(g.ctx.run.restarts for g in view.groups),
-            failures=tuple(f.to_dict() | {"group": g.index} for g in view.groups for f in g.ctx.run.failures),
+            failures=tuple(replace(f.record(), group=g.index) for g in view.groups for f in g.ctx.run.failures),
             extra={"replica_groups": {"count": self.groups_spec.count, "min_active": self.groups_spec.min_active,
                                       "nproc_per_node": self.groups_spec.nproc_per_node,
                                       "lighthouse": self.lighthouse_status(view.lighthouse)}},

@@ -6,6 +6,7 @@ verdict in runner.diagnosis.hang.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from runner.events import PEER_REPORTED, PeerLost
 from runner.hangs import Verdict
 from runner.outcomes import FailureClass, FailureKind
 from runner.rundir.layout import error_file, stderr_log
+from runner.rundir.records import FailureRecord
 
 HINTS = {
     "SIGKILL": "SIGKILL is often the kernel's OOM killer (check `dmesg` / memory limits) or an external kill",
@@ -113,6 +115,10 @@ class Failure:
         if self.fingerprint:
             out["fingerprint"] = self.fingerprint
         return out
+
+    def record(self) -> FailureRecord:
+        """The record written to failure.json and report.json (runner.rundir.records)."""
+        return FailureRecord.from_dict(json.loads(json.dumps(self.to_dict(), default=str)))
 
     def with_oom_evidence(self, evidence: str) -> Failure:
         """This failure classed `oom` on `evidence` (runner.workers.oom); unchanged when there is none."""

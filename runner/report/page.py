@@ -5,9 +5,9 @@ from __future__ import annotations
 import html
 import time
 
-from runner.json_types import JSONObject
 from runner.report.ledger_page import ledger_section
 from runner.report.story import NodeStory, Story
+from runner.rundir.records import FailureRecord
 
 WIDTH = 1180  # px of the timeline
 CHAR_PX = 7  # px an 11px system-ui character takes at most (digits, "+", "s"): to keep a label inside the SVG
@@ -98,10 +98,11 @@ def root_cause(story: Story, outcome: str) -> str:
     node, f = found
     recovered = outcome == "succeeded"
     title = "Recovered from" if recovered else "Root cause"
-    lines = [f"<b>{title}</b> (node {esc(node)}, attempt {esc(f.get('attempt'))}): {esc(f.get('reason', ''))}"]
-    lines += [f"{key}: {esc(f[key])}" for key in ("detected", "culprit_note", "error", "hint") if f.get(key)]
-    if f.get("log_dir"):
-        lines.append(f"logs: <code>{esc(f['log_dir'])}</code>")
+    lines = [f"<b>{title}</b> (node {esc(node)}, attempt {esc(f.attempt)}): {esc(f.reason)}"]
+    lines += [f"{key}: {esc(value)}" for key, value in (("detected", f.detected), ("culprit_note", f.culprit_note),
+                                                        ("error", f.error), ("hint", f.hint)) if value]
+    if f.log_dir:
+        lines.append(f"logs: <code>{esc(f.log_dir)}</code>")
     cls = "cause recovered" if recovered else "cause"
     return f'<div class="{cls}" id="root-cause">' + "<br>".join(lines) + "</div>"
 
@@ -253,17 +254,18 @@ def hang_lines(hang: object) -> list[str]:
     return [f'<div class="hang">{esc(k)}: {esc(v)}</div>' for k, v in items if v]
 
 
-def failure_block(node: NodeStory, f: JSONObject) -> str:
+def failure_block(node: NodeStory, f: FailureRecord) -> str:
     """One failure."""
-    head = f"node {node.node} · attempt {f.get('attempt')} · {f.get('kind', '?')}: {f.get('reason', '')}"
-    parts = [f'<details class="failure" data-attempt="{esc(f.get("attempt"))}" open><summary>{esc(head)}</summary>']
-    parts += [f"<div>{esc(key)}: {esc(f[key])}</div>" for key in ("detected", "culprit_note", "error", "hint",
-                                                                  "log_dir") if f.get(key)]
-    parts += hang_lines(f.get("hang"))
-    for key, label in (("traceback", "traceback"), ("stderr_tail", "last lines of stderr"),
-                       ("stacks", "stacks before the kill")):
-        if f.get(key):
-            parts.append(f"<div>{label}:</div><pre>{esc(f[key])}</pre>")
+    head = f"node {node.node} · attempt {f.attempt} · {f.kind or '?'}: {f.reason}"
+    parts = [f'<details class="failure" data-attempt="{esc(f.attempt)}" open><summary>{esc(head)}</summary>']
+    parts += [f"<div>{esc(key)}: {esc(value)}</div>" for key, value in (
+        ("detected", f.detected), ("culprit_note", f.culprit_note), ("error", f.error), ("hint", f.hint),
+        ("log_dir", f.log_dir)) if value]
+    parts += hang_lines(f.hang)
+    for value, label in ((f.traceback, "traceback"), (f.stderr_tail, "last lines of stderr"),
+                         (f.stacks, "stacks before the kill")):
+        if value:
+            parts.append(f"<div>{label}:</div><pre>{esc(value)}</pre>")
     parts.append("</details>")
     return "".join(parts)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pathlib import Path
 
 from runner.json_types import JSONObject
 from runner.rundir.layout import RunDir
-from runner.rundir.records import Report
+from runner.rundir.records import FailureRecord, Report
 
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a JSON-lines file is read up to this size
 MAX_JSON_BYTES = 8 * 1024 * 1024  # report.json, failure.json
@@ -100,7 +99,7 @@ class NodeStory:
     run_dir: str
     transitions: list[Transition] = field(default_factory=list)
     workers: list[WorkerLife] = field(default_factory=list)
-    failures: list[JSONObject] = field(default_factory=list)
+    failures: list[FailureRecord] = field(default_factory=list)
     report: Report = field(default_factory=Report)
     start: float = 0.0
     end: float = 0.0
@@ -139,10 +138,7 @@ class NodeStory:
 
     def cause(self, attempt: int) -> str:
         """The recorded root cause of `attempt`, if any."""
-        for f in self.failures:
-            if f.get("attempt") == attempt:
-                return str(f.get("reason", ""))
-        return ""
+        return next((f.reason for f in self.failures if f.attempt == attempt), "")
 
     def attempts(self) -> list[tuple[int, float, float, str]]:
         """(attempt, start, end, how it ended) for every attempt of this node."""
@@ -193,14 +189,14 @@ class Story:
         found = {n.outcome for n in self.nodes}
         return next((o for o in order if o in found), min(found) if found else "unknown")
 
-    def root_cause(self) -> tuple[str, JSONObject] | None:
+    def root_cause(self) -> tuple[str, FailureRecord] | None:
         """(node, failure) that explains the run: the last attempt's first failure not merely caused by a peer."""
         found = [(n.node, f) for n in self.nodes for f in n.failures]
         if not found:
             return None
-        last = max(attempt_of(f) for _, f in found)
-        candidates = [(node, f) for node, f in found if attempt_of(f) == last]
-        own = [(node, f) for node, f in candidates if f.get("kind") != "peer"]
+        last = max(f.attempt for _, f in found)
+        candidates = [(node, f) for node, f in found if f.attempt == last]
+        own = [(node, f) for node, f in candidates if f.kind != "peer"]
         return (own or candidates)[0]
 
 
@@ -265,22 +261,11 @@ def worker_lives(events: list[JSONObject], transitions: list[Transition]) -> lis
     return sorted(lives.values(), key=lambda w: (w.local_rank, w.start))
 
 
-def failures(run_dir: Path, report: Report) -> list[JSONObject]:
+def failures(run_dir: Path, report: Report) -> list[FailureRecord]:
     """Every failure: report.json's list, else each attempt_<k>/failure.json."""
     if report.failures:
         return list(report.failures)
-    found = []
-    for path in RunDir(run_dir).failures():
-        data = read_json(path)
-        if data:
-            found.append(data)
-    return found
-
-
-def attempt_of(failure: JSONObject) -> int:
-    """A failure record's attempt (0 when it names none, or not as a number)."""
-    value = failure.get("attempt", 0)
-    return int(value) if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)) else 0
+    return [f for p in RunDir(run_dir).failures() if (f := FailureRecord.read(p, MAX_JSON_BYTES)) is not None]
 
 
 def to_transition(e: JSONObject) -> Transition | None:
@@ -326,13 +311,3 @@ def json_lines(path: Path) -> Iterator[JSONObject]:
 def read_report(run_dir: RunDir) -> Report | None:
     """A run dir's report.json (None: none yet, or damaged)."""
     return Report.read(run_dir.report, MAX_JSON_BYTES)
-
-
-def read_json(path: Path) -> JSONObject | None:
-    """A JSON object file, or None."""
-    try:
-        with path.open("rb") as f:
-            data = json.loads(f.read(MAX_JSON_BYTES))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

@@ -1,10 +1,14 @@
-"""The run dir's records, each written and read through one codec: report.json (`Report`), status.json (`Status`).
+"""The run dir's records, each written and read through one codec.
+
+report.json (`Report`), status.json (`Status`), attempt_<k>/failure.json and each of a report's failures
+(`FailureRecord`).
 
 `to_json` writes what the agent has always written (the same keys, the same meanings: docs/usage.md, docs/goodput.md
 and other tools read them); `from_json` reads any version of it: a missing key takes its default, a key of the wrong
 type is read as missing, a key this version does not know is kept in `extra` as it was (so a reader never loses what
 a newer agent wrote), and text that is not a JSON object is a `RecordError` naming the file, never a traceback.
-The failures a report lists and the ETTR ledger stay JSON objects here (`Failure.to_dict()`, observe/ledger.py).
+The ETTR ledger stays a JSON object here (observe/ledger.py); a hang's verdict and a lost peer inside a failure too
+(runner/hangs.py and runner/events.py write them; the report page reads them as it finds them).
 """
 
 from __future__ import annotations
@@ -85,6 +89,78 @@ def _dumps(data: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
+class FailureRecord:
+    """A failed attempt's root cause as written: attempt_<k>/failure.json, and each entry of report.json's `failures`.
+
+    What runner.diagnosis's `Failure.to_dict()` writes, read back typed (the JSON keys are the field names, but
+    `class` for `failure_class`); an empty text or a None field is left out when written, as the agent always did.
+    """
+
+    kind: str = ""
+    reason: str = ""
+    attempt: int = 0
+    failure_class: str = ""  # JSON "class": the class the restart budgets charged (docs/failure_classes.md)
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    signal: str = ""
+    hint: str = ""
+    error: str = ""  # torch's error file's message
+    traceback: str = ""
+    stderr_tail: str = ""
+    stacks: str = ""
+    log_dir: str = ""
+    evidence: str = ""
+    detected: str = ""
+    culprit_note: str = ""
+    fingerprint: str = ""
+    group: int | None = None  # a job of replica groups: the group it failed in
+    hang: JSONObject | None = None  # the flight recorders' verdict (runner.hangs.Verdict.to_dict())
+    peer: JSONObject | None = None  # the lost peer (runner.events.PeerLost.to_dict())
+    extra: JSONObject = field(default_factory=dict)  # the failure's own extras (Failure.extra)
+    unknown: JSONObject = field(default_factory=dict)  # keys this version does not know, kept as written
+
+    def to_dict(self) -> JSONObject:
+        """The JSON object: the fields that say something, then the unknown keys as they were read."""
+        out: JSONObject = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "unknown" or value in (None, "", {}):
+                continue
+            out["class" if f.name == "failure_class" else f.name] = value
+        return out | {k: v for k, v in self.unknown.items() if k not in out}
+
+    def to_json(self) -> str:
+        """failure.json's text."""
+        return _dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, JSON]) -> Self:
+        """Read leniently (see the module)."""
+        g = data.get
+        texts = {f: _str(g(f), "") for f in ("kind", "reason", "signal", "hint", "error", "traceback",
+                                             "stderr_tail", "stacks", "log_dir", "evidence", "detected",
+                                             "culprit_note", "fingerprint")}
+        return cls(**texts, attempt=_int(g("attempt"), 0), failure_class=_str(g("class"), ""),
+                   rank=_opt_int(g("rank")), local_rank=_opt_int(g("local_rank")), exit_code=_opt_int(g("exit_code")),
+                   group=_opt_int(g("group")), hang=_object(g("hang")), peer=_object(g("peer")),
+                   extra=_object(g("extra")) or {},
+                   unknown={k: v for k, v in data.items() if k not in KNOWN_FAILURE})
+
+    @classmethod
+    def read(cls, path: Path, limit: int = -1) -> Self | None:
+        """The failure record at `path` (its first `limit` bytes); None when there is none or it is damaged."""
+        try:
+            with path.open("rb") as f:
+                return cls.from_dict(parse_object(f.read(limit), str(path)))
+        except (OSError, RecordError):
+            return None
+
+
+KNOWN_FAILURE = frozenset({"class"} | {f.name for f in fields(FailureRecord)} - {"failure_class", "unknown"})
+
+
+@dataclass(frozen=True)
 class Report:
     """report.json: how a run ended (a job of one group, a replica group's entry, or a job of replica groups)."""
 
@@ -96,7 +172,7 @@ class Report:
     attempts: int = 0
     restarts: int = 0
     duration_s: float = 0.0
-    failures: tuple[dict[str, Any], ...] = ()  # Failure.to_dict() of each, in order
+    failures: tuple[FailureRecord, ...] = ()  # each failed attempt's root cause, in order
     groups: tuple[dict[str, Any], ...] | None = None  # a job of replica groups: each group's own report
     ledger: dict[str, Any] | None = None  # the ETTR ledger (docs/goodput.md); absent before the ledger existed
     warnings: tuple[str, ...] = ()
@@ -110,7 +186,7 @@ class Report:
         if self.reason is not None:
             head["reason"] = self.reason
         head |= {"attempts": self.attempts, "restarts": self.restarts, "duration_s": self.duration_s,
-                 "failures": list(self.failures)}
+                 "failures": [f.to_dict() for f in self.failures]}
         tail: dict[str, Any] = {}
         if self.groups is not None:
             tail["groups"] = list(self.groups)
@@ -130,7 +206,8 @@ class Report:
         return cls(job=_str(g("job"), ""), node=_str(g("node"), ""), outcome=_opt_str(g("outcome")),
                    exit_code=_opt_int(g("exit_code")), reason=_opt_str(g("reason")),
                    attempts=_int(g("attempts"), 0), restarts=_int(g("restarts"), 0),
-                   duration_s=_float(g("duration_s"), 0.0), failures=_objects(g("failures")),
+                   duration_s=_float(g("duration_s"), 0.0),
+                   failures=tuple(map(FailureRecord.from_dict, _objects(g("failures")))),
                    groups=_opt_objects(g("groups")), ledger=_object(g("ledger")), warnings=_strings(g("warnings")),
                    run_dir=_str(g("run_dir"), ""),
                    extra={k: v for k, v in data.items() if k not in KNOWN_REPORT})

@@ -6,7 +6,6 @@ runner/core/restart_policy.py) choose retry, give_up or non_retryable.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from dataclasses import replace
@@ -114,6 +113,6 @@ def save(ctx: Context, failure: Failure) -> None:
     path = RunDir(ctx.inputs.run_dir).failure(failure.attempt)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_private(path, json.dumps(failure.to_dict(), indent=2, default=str))
+        write_private(path, failure.record().to_json())
     except OSError as e:
         ctx.warnings.warn("failure_write_failed", path=str(path), error=str(e))

@@ -99,7 +99,7 @@ def report(ctx: Context) -> Report:
         attempts=ctx.run.attempt + 1,
         restarts=ctx.run.restarts,
         duration_s=round(time.monotonic() - ctx.inputs.started, 3),
-        failures=tuple(f.to_dict() for f in ctx.run.failures),
+        failures=tuple(f.record() for f in ctx.run.failures),
         ledger=ledger if isinstance(ledger, dict) else None,
         warnings=(*ctx.warnings.seen, *(k for k in process_failures(ctx) if k not in ctx.warnings.seen)),
         run_dir=str(ctx.inputs.run_dir),
