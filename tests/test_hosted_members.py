@@ -168,6 +168,22 @@ def test_the_first_node_started_again_joins_the_members_that_went_on(cluster: Cl
     assert events_of(again, "rendezvous_complete")[-1]["nodes"] == 3
 
 
+def test_two_agents_of_one_machine_count_once_and_the_founder_stays_the_only_member(cluster: Cluster) -> None:
+    """Three nodes on two machines: a and b share a's, c has its own. With no third machine, two voters would need
+    each other (a lost, c could not go on; the founder's etcd wiped, nothing to start afresh from), so the members
+    stay one: c hosts no etcd (the rule that counted nodes made it a member within seconds)."""
+    cluster.write(members3(hosted_spec(port_of(cluster), nodes="3", args=probe_args(cluster.out, "--sleep", "20"))))
+    a, _ = start_host(cluster)
+    b, c = cluster.start("b", on="a"), cluster.start("c")
+    wait_for(lambda: all(n.state() == "RUNNING" for n in (a, b, c)), timeout=60, what="a, b and c RUNNING")
+    for node in (a, b, c):
+        assert node.wait(90) == 0, node.output()[-3000:]
+        assert node.report()["outcome"] == "succeeded"
+    assert events_of(a, "rendezvous_members_planned")[0]["members"] == 3  # asked for, as by default
+    assert not joined(b) and not joined(c), (joined(b), joined(c))
+    assert [e["members"] for e in events_of(c, "rendezvous_members_kept")] == [1], c.output()[-3000:]
+
+
 def test_two_nodes_lose_the_lone_member_host_and_fail_fast_naming_it(cluster: Cluster) -> None:
     """nodes 2, a real gloo world: one member only (two cannot keep a quorum without each other). Host a lost: b's
     rank dies of it, b says once that the rendezvous is lost and why, does not retry, and exits within the news wait

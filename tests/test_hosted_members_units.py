@@ -23,7 +23,15 @@ from runner.rendezvous.etcd.client import Credentials, EtcdSession, MemberInfo
 from runner.rendezvous.etcd.hosted import HostedRendezvous, round_members, with_member_hosts
 from runner.rendezvous.etcd.keys import JobKeys, dump
 from runner.rendezvous.etcd.lease_revoke import RevokeTicket
-from runner.rendezvous.etcd.members import Membership, client_urls, lost_members, peer_host, serving, target
+from runner.rendezvous.etcd.members import (
+    Membership,
+    client_urls,
+    lost_members,
+    may_grow,
+    peer_host,
+    serving,
+    target,
+)
 from runner.testing.etcd_server import EtcdServer, free_port
 
 HOSTED = """\
@@ -88,6 +96,39 @@ def test_the_member_count_is_odd_never_above_the_nodes_and_one_without_the_secre
 
 def member(i: int, ip: str, *, learner: bool = False) -> MemberInfo:
     return MemberInfo(i, f"n{i}", (f"https://{ip}:29401",), (f"https://{ip}:29400",), learner)
+
+
+def test_members_grow_over_machines_not_nodes() -> None:
+    """a and b share 10.0.0.1 (a hosts the founding member), c is alone on 10.0.0.3: one machine with no member is
+    no reason to grow to two voters that would need each other (the old rule counted the nodes: c joined)."""
+    founder = [member(1, "10.0.0.1")]
+    assert not may_grow("10.0.0.3", founder, {"10.0.0.1", "10.0.0.3"})
+    assert may_grow("10.0.0.3", founder, {"10.0.0.1", "10.0.0.3", "10.0.0.4"})  # d on a machine of its own
+    assert not may_grow("10.0.0.1", founder, {"10.0.0.1", "10.0.0.3", "10.0.0.4"})  # b: its machine has one
+    two = [member(1, "10.0.0.1"), member(3, "10.0.0.3")]
+    assert may_grow("10.0.0.4", two, {"10.0.0.4"})  # an even count grows by any free machine (a lost member's)
+    assert not may_grow("10.0.0.4", [*two, member(5, "10.0.0.5", learner=True)], {"10.0.0.4", "10.0.0.6"})
+
+
+@given(machines=st.lists(st.integers(0, 5), min_size=1, max_size=12), goal=st.sampled_from([1, 3, 5]))
+def test_growth_over_any_placement_ends_odd_one_per_machine_as_many_as_the_machines_allow(
+    machines: list[int], goal: int
+) -> None:
+    """Node i runs on machine machines[i]; node 0 founds. The nodes join one at a time as the rule lets them (each
+    re-reads the list, as reconcile does) until the goal: the count is odd, one member per machine, and as high as
+    the distinct machines among the first 2 x goal nodes allow."""
+    first = [f"10.0.0.{m}" for m in machines[:2 * goal]]
+    members = [member(0, first[0])]
+    while len(members) < goal:
+        joining = next((ip for ip in first if may_grow(ip, members, set(first))), None)
+        if joining is None:
+            break
+        members.append(member(len(members), joining))
+    hosts = [peer_host(m) for m in members]
+    assert len(set(hosts)) == len(hosts)
+    assert len(members) % 2 == 1
+    distinct = len(set(first))
+    assert len(members) == min(goal, distinct if distinct % 2 else distinct - 1)
 
 
 def test_learners_serve_no_client_and_a_member_is_known_by_its_peer_address() -> None:

@@ -96,6 +96,9 @@ class EtcdRendezvous:
         self._stop_sink: Callable[[StopRequested], None] | None = None  # None: onto the events queue
         self._result: RendezvousResult | None = None
         self._state: dict[str, object] = {}
+        # Fields every live state record of this node carries (a hosted node's `member_at`: where its etcd member
+        # would serve, so the growth of the members counts machines, not nodes: runner.rendezvous.etcd.members).
+        self.always_published: dict[str, str] = {}
         self._admitted = False  # open() passed the spec and closed-job checks: this node belongs to the job
         self._joiner: RoundJoiner | None = None  # once open(): this node's way into the rounds
         self._epoch = b""  # the job's epoch token this node was admitted under
@@ -378,7 +381,7 @@ class EtcdRendezvous:
     def _state_record(self, state: dict[str, object]) -> dict[str, object]:
         """`state` plus node, round, time; remembered as this node's last state."""
         r = self._result.round if self._result else None
-        self._state = {**state, "node": self._node, "round": r, "time": time.time()}
+        self._state = {**state, **self.always_published, "node": self._node, "round": r, "time": time.time()}
         return self._state
 
     async def close(self, outcome: str, *, alone: bool = False) -> None:

@@ -58,7 +58,7 @@ from runner.rendezvous.etcd.hosted_server import STOP_GRACE_S, HostedEtcd, PeerP
 from runner.rendezvous.etcd.job_secret import job_trust
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.etcd.lease_revoke import LeaseListener
-from runner.rendezvous.etcd.members import Membership, Place, target
+from runner.rendezvous.etcd.members import MEMBER_AT, Membership, Place, target
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -134,10 +134,7 @@ class HostedRendezvous:
         await refuse_without_secret(self._spec)
         trust = job_trust(rdzv, self._spec.name)  # read now: a bad secret file is refused before anything starts
         count = target(self._spec, secured=trust is not None and not loopback_only(ips))
-        members = self._members = Membership(
-            self._node, JobKeys(rdzv.prefix, self._spec.name), target=count, place=await self._place(endpoint.port),
-            start=lambda plan: self._start_member(plan, endpoint.port), promote_timeout=rdzv.connect_timeout,
-            log=self._log)
+        members = self._members = await self._membership(endpoint.port, count)
         others = tuple((e.host, e.port) for e in map(Endpoint.parse, rdzv.endpoints[1:]))
         elsewhere = bool(ips) and not port_taken(ips, endpoint.port) and await self._members_elsewhere(others)
         if ips and not elsewhere and not port_taken(ips, endpoint.port):
@@ -207,6 +204,19 @@ class HostedRendezvous:
                               message=f"the job's etcd answers at {found}: this machine's member was lost, this node "
                                       "joins the members that went on instead of starting an etcd of its own")
         return found is not None
+
+    async def _membership(self, port: int, count: int) -> Membership:
+        """This node's part in the members (`count`: their target), its member's address in every state record.
+
+        Published there, the address lets the members grow over machines, not nodes (runner.rendezvous.etcd.members).
+        """
+        place = await self._place(port)
+        if place is not None and count > 1:
+            self._inner.always_published = {MEMBER_AT: place.ip}
+        rdzv = self._spec.rendezvous
+        return Membership(self._node, JobKeys(rdzv.prefix, self._spec.name), target=count, place=place,
+                          start=lambda plan: self._start_member(plan, port), promote_timeout=rdzv.connect_timeout,
+                          log=self._log)
 
     async def _place(self, port: int) -> Place | None:
         """Where a member of this node would serve: its advertised address, if this machine's and no loopback one.

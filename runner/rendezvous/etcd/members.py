@@ -10,8 +10,9 @@ as nodes leave (docs/multinode.md#members).
   has none (its address is no member's), among the round's first 2 x target nodes, claims the member key (on its
   lease: one node at a time, and a dead claimant's claim lapses), adds itself as a learner (it votes only once it
   caught up: the quorum never waits on a member still copying), starts its etcd joining the cluster, promotes
-  itself once etcd lets it, and lets the claim go. An odd count grows only when two nodes can join (1 -> 3, never
-  to 2 and stuck there).
+  itself once etcd lets it, and lets the claim go. An odd count grows only when two machines with no member can
+  join (1 -> 3, never to 2 and stuck there): machines, not nodes, counted by the address each of the first nodes
+  would serve a member at (`member_at` in its live state record), so agents sharing a machine count once.
 - Losing: the round's first node removes every member whose node is live no more (no state key: lost, or gone)
   and whose etcd no longer accepts a connection (a lease lapsed under load, its node alive, costs no member), and
   every learner nobody is starting (no claim). A node that finds a member of its own name it does not run (its
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
@@ -41,12 +42,13 @@ from runner.rendezvous.etcd.client import (
     MembersBusy,
     absent,
     delete_op,
+    key_range,
     prefix_range,
     put_op,
     value_is,
 )
 from runner.rendezvous.etcd.hosted_server import PEER_PORT_OFFSET, HostedEtcd, PeerPlan
-from runner.rendezvous.etcd.keys import JobKeys
+from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.system import tcp
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from runner.rendezvous.base import RendezvousResult
 
 T = TypeVar("T")
+MEMBER_AT = "member_at"  # a live state record's field: the address this node's member would serve at
 GROW_WINDOW_S = 60.0  # after a round, how long a node keeps reading the member list while the cluster grows
 POLL_S = 1.0  # between two reads, for a node that may join
 SERVING_DIAL_S = 1.0  # how long a member of a node whose lease lapsed has to accept a connection (else: lost)
@@ -80,6 +83,19 @@ def peer_host(member: MemberInfo) -> str | None:
         with contextlib.suppress(ValueError):
             return urlsplit(url).hostname
     return None
+
+
+def may_grow(ip: str, members: list[MemberInfo], candidates: Collection[str]) -> bool:
+    """Whether the node whose member would serve at `ip`, no member and among the round's first nodes, joins now.
+
+    `candidates`: the addresses the round's first nodes would serve a member at. One joins at a time (no learner),
+    one member per machine, and an odd count grows only when two machines with no member can join.
+    """
+    hosting = {peer_host(m) for m in members}
+    if any(m.learner for m in members) or ip in hosting:
+        return False
+    free = {ip, *candidates} - hosting
+    return len(members) % 2 == 0 or len(free) >= 2
 
 
 def voters(members: list[MemberInfo]) -> int:
@@ -157,6 +173,7 @@ class Membership:
         self._start, self._promote_timeout, self._log = start, promote_timeout, log
         self.server: HostedEtcd | None = None  # the member this node runs (the hosting node's from the start)
         self.round: RendezvousResult | None = None  # the last round this node is in (set by its rendezvous)
+        self._kept_said = False  # whether it said the members stay fewer than the target for want of machines
 
     def _mine(self, member: MemberInfo) -> bool:
         """Whether `member` is the one this node runs now."""
@@ -193,7 +210,7 @@ class Membership:
                 if not settled:
                     await asyncio.sleep(POLL_S)
                     continue
-                if self._may_grow(members, result) and await self._grow(session, lease_id()):
+                if await self._may_grow(session, members, result) and await self._grow(session, lease_id()):
                     continue
                 await asyncio.sleep(POLL_S if result.group_rank < 2 * self.target else FAR_POLL_S)
         except RendezvousError as e:
@@ -239,14 +256,31 @@ class Membership:
             return False
         return any(m.name != self.node and not m.learner for m in found)
 
-    def _may_grow(self, members: list[MemberInfo], result: RendezvousResult) -> bool:
-        """Whether this node should try to join as a member now."""
+    async def _may_grow(self, session: EtcdSession, members: list[MemberInfo], result: RendezvousResult) -> bool:
+        """Whether this node should try to join as a member now (`may_grow`)."""
         if self.place is None or self.server is not None or result.group_rank >= 2 * self.target:
             return False
-        if any(m.learner for m in members) or any(peer_host(m) == self.place.ip for m in members):
-            return False  # one joins at a time; one member per machine
-        voters = len(members)
-        return voters % 2 == 0 or len(result.nodes) - voters >= 2
+        try:
+            candidates = await self._candidates(session, result)
+        except RendezvousError as e:  # unread (etcd busy, a member host just lost): no growth this time, not the end
+            self._log.info("rendezvous_members_unread", error=e.message)  # of the reconcile (the next poll reads)
+            return False
+        if may_grow(self.place.ip, members, candidates):
+            return True
+        machines = len({self.place.ip, *candidates} | {peer_host(m) for m in members})
+        if not self._kept_said and len(members) % 2 and not any(m.learner for m in members) and machines < self.target:
+            self._kept_said = True  # once: the machines only change with the rounds
+            self._log.info("rendezvous_members_kept", members=len(members), machines=machines,
+                           detail=f"the job's first nodes run on {machines} machine(s): the members stay "
+                                  f"{len(members)}, one per machine and an odd count, until more machines join")
+        return False
+
+    async def _candidates(self, session: EtcdSession, result: RendezvousResult) -> set[str]:
+        """Where the round's first 2 x target nodes would serve a member (their live state records' `member_at`)."""
+        first = result.nodes[:2 * self.target]
+        _, found = await session.call(lambda c: c.snapshot([key_range(self.keys.state(n)) for n in first]))
+        records = (load(kv.value) for kvs in found for kv in kvs)
+        return {at for r in records if isinstance(r, dict) and isinstance(at := r.get(MEMBER_AT), str)}
 
     async def _grow(self, session: EtcdSession, lease_id: int) -> bool:
         """Claim, add this node as a learner, start its etcd, promote it; True once it votes."""
