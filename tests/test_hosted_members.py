@@ -25,7 +25,7 @@ from multinode_helpers import Cluster, Node, probe_args
 
 from runner.contract import SECRET_ENV
 from runner.rendezvous.etcd.job_secret import JobTrust, derive, new_secret_file
-from runner.testing.hosts import Lab
+from runner.testing.hosts import HOST_STATE, Lab
 
 ETCDCTL = str(Path(sys.executable).parent / "etcdctl")
 
@@ -166,6 +166,28 @@ def test_the_first_node_started_again_joins_the_members_that_went_on(cluster: Cl
     assert events_of(again, "rendezvous_members_elsewhere"), again.output()[-3000:]
     assert events_of(again, "etcd_connected")[0]["endpoint"] != f"a:{HOSTED_PORT}"  # a survivor, not its own
     assert events_of(again, "rendezvous_complete")[-1]["nodes"] == 3
+
+
+def test_the_first_node_started_again_finds_the_members_its_machine_knew_though_the_spec_names_it_alone(
+        cluster: Cluster) -> None:
+    """Endpoints naming a alone (the spec a user writes); three members form on a, b and c. a's agent is SIGKILLed
+    (its guard takes its workers and its etcd with it), and a is started again on the same machine. The spec's only
+    endpoint is a's own, where nothing serves now: without what a's machine remembers of the members
+    (runner/rendezvous/etcd/member_memo.py) it hosted an etcd of its own, empty, a second job under the job's name,
+    and waited there alone. It must join the members on b and c, and the job finish on all three."""
+    a, b, c = three_members(cluster, probe_args(cluster.out, "--sleep", "40", "--sleep-later", "12"))
+    a.proc.kill()
+    a.proc.wait()
+    wait_for(lambda: any(e["nodes"] == 2 for e in events_of(b, "rendezvous_complete")), timeout=60,
+             what="b and c in a round without a")
+    again = cluster.start("a")
+    for node in (again, b, c):
+        assert node.wait(120) == 0, node.output()[-3000:]
+    assert events_of(again, "rendezvous_members_recalled"), again.output()[-3000:]
+    assert events_of(again, "rendezvous_members_elsewhere"), again.output()[-3000:]
+    assert events_of(again, "rendezvous_complete")[-1]["nodes"] == 3
+    left = again.host.run(["sh", "-c", f"ls {HOST_STATE}/runner/members/ 2>/dev/null || true"]).stdout
+    assert ".json" not in left, f"the memo outlived the job's success: {left}"
 
 
 def test_two_agents_of_one_machine_count_once_and_the_founder_stays_the_only_member(cluster: Cluster) -> None:

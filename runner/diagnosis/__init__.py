@@ -7,7 +7,8 @@
   once, as data; the tee (runner.workers.tee) and the group's blame (runner.workers.group) read the same rule.
 - hang.py: a failure joined with the flight recorder's verdict (runner.hangs): the culprit of a hang or a collective
   mismatch as the root cause.
-- oom.py: the kernel's OOM killer at work, from the worker's cgroup or the kernel log: the `oom` class's evidence.
+- oom.py: the kernel's OOM killer at work, from the worker's cgroup or the kernel log: the `oom` class's evidence
+  (`classed`: a worker's failure classed on it).
 
 The states (runner.states.running, runner.states.failed) gather the evidence (exits, the recorder, other nodes'
 news) and ask these modules what it means; they only record the answer.

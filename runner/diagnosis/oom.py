@@ -12,9 +12,15 @@ import contextlib
 import errno
 import os
 import re
+import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from runner.system import procs
 from runner.system.cgroup import JobCgroup
+
+if TYPE_CHECKING:
+    from runner.diagnosis.failure import Failure
 
 KMSG = Path("/dev/kmsg")
 MAX_RECORDS = 50_000  # records read from the kernel log at most (its ring buffer is bounded too)
@@ -87,3 +93,14 @@ def evidence(pid: int, cgroup: Path | None, start_ticks: int | None) -> str:
         return ""
     record = kernel_log_kill(pid, boot_us(start_ticks))
     return f"kernel log: {record}" if record else ""
+
+
+def classed(failure: Failure, pid: int, cgroup: Path | None) -> Failure:
+    """`failure` of the worker `pid` (unreaped: its cgroup and /proc entry remain) classed `oom` on evidence.
+
+    The kernel log is read only for a SIGKILL, the OOM killer's signal, and only with the worker's start time (it
+    tells this worker's record from a recycled pid's); the cgroup's count also catches a killed child (a DataLoader
+    worker) of a worker that then exited with an error.
+    """
+    stat = procs.read_stat(pid) if failure.exit_code == -signal.SIGKILL else None
+    return failure.with_oom_evidence(evidence(pid, cgroup, stat.start_time if stat is not None else None))

@@ -198,6 +198,14 @@ def ledger_path(job: str, identity: str, environ: Mapping[str, str] | None = Non
     return state_dir(environ) / "ledger" / f"{quote(job, safe='')}-{quote(identity, safe='')}.json"
 
 
+def members_memo_path(job: str, identity: str, environ: Mapping[str, str] | None = None) -> Path:
+    """The hosted etcd's members a node of the job last knew, on its machine: <state dir>/members/<job>-<id>.json.
+
+    Written and read by runner/rendezvous/etcd/member_memo.py.
+    """
+    return state_dir(environ) / "members" / f"{quote(job, safe='')}-{quote(identity, safe='')}.json"
+
+
 def index_path(environ: Mapping[str, str] | None = None) -> Path:
     """Where the runs index lives: <state dir>/runs.jsonl."""
     return state_dir(environ) / "runs.jsonl"

@@ -6,7 +6,6 @@ runner/core/restart_policy.py) choose retry, give_up or non_retryable.
 
 from __future__ import annotations
 
-import signal
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -17,7 +16,6 @@ from runner.diagnosis import oom
 from runner.outcomes import FailureClass, FailureKind
 from runner.rendezvous.node_ledger import Mark
 from runner.rundir.layout import RunDir
-from runner.system import procs
 from runner.system.private_files import write_private
 
 if TYPE_CHECKING:
@@ -93,19 +91,15 @@ def kept_out(ctx: Context, verdict: Verdict | None) -> str:
 def with_evidence(ctx: Context, failure: Failure) -> Failure:
     """`failure` classed `oom` when the failed worker's cgroup or the kernel log shows the OOM killer at work.
 
-    The worker is still unreaped here (its cgroup and /proc entry remain until the group is stopped). The kernel
-    log is read only for a SIGKILL, the OOM killer's signal; the cgroup's count also catches a killed child (a
-    DataLoader worker) of a worker that then exited with an error.
+    The worker is still unreaped here (its cgroup and /proc entry remain until the group is stopped); the diagnosis
+    reads the evidence (runner.diagnosis.oom `classed`).
     """
     if failure.kind is not FailureKind.WORKER or ctx.run.group is None or failure.local_rank is None:
         return failure
     worker = ctx.run.group.workers.get(failure.local_rank)
     if worker is None or worker.plan.rank != failure.rank:
         return failure
-    # The start time tells this worker's kernel log record from a recycled pid's; without it, the cgroup only.
-    stat = procs.read_stat(worker.pid) if failure.exit_code == -signal.SIGKILL else None
-    found = oom.evidence(worker.pid, worker.cgroup, stat.start_time if stat is not None else None)
-    return failure.with_oom_evidence(found)
+    return oom.classed(failure, worker.pid, worker.cgroup)
 
 
 def save(ctx: Context, failure: Failure) -> None:

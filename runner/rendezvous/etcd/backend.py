@@ -99,6 +99,9 @@ class EtcdRendezvous:
         # Fields every live state record of this node carries (a hosted node's `member_at`: where its etcd member
         # would serve, so the growth of the members counts machines, not nodes: runner.rendezvous.etcd.members).
         self.always_published: dict[str, str] = {}
+        # Endpoints known beyond the spec's before open() (a hosted node's members from its machine's memo): the
+        # session tries them after the spec's.
+        self.also_known: list[str] = []
         self._admitted = False  # open() passed the spec and closed-job checks: this node belongs to the job
         self._joiner: RoundJoiner | None = None  # once open(): this node's way into the rounds
         self._epoch = b""  # the job's epoch token this node was admitted under
@@ -130,6 +133,8 @@ class EtcdRendezvous:
         check_node_id(self._node)
         self._events = events
         self._session = new_session(self._spec, self._log, probe=False)  # the lease grant is the probe
+        if self.also_known:
+            self._session.learn(self.also_known)
         self._session.identity.on_loss(self._on_data_lost)
         await self._session.connect()
         self._lease = LeaseKeeper(self._session, self._spec.rendezvous.lease_ttl, self._log,

@@ -277,7 +277,7 @@ class Endpoint:
         secure = text.startswith("https://")
         bare = text.split("://", 1)[-1].rstrip("/")
         host, _, port = bare.rpartition(":")
-        if not host or not port.isdigit():
+        if not host or not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):  # "²" is a digit too
             msg = f"bad etcd endpoint '{text}'"
             raise RendezvousError(msg, fix="write endpoints as host:port, e.g. 10.0.0.5:2379")
         return cls(host.strip("[]"), int(port), secure)

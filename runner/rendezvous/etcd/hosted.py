@@ -58,7 +58,9 @@ from runner.rendezvous.etcd.hosted_server import STOP_GRACE_S, HostedEtcd, PeerP
 from runner.rendezvous.etcd.job_secret import job_trust
 from runner.rendezvous.etcd.keys import JobKeys, load
 from runner.rendezvous.etcd.lease_revoke import LeaseListener
+from runner.rendezvous.etcd.member_memo import MemberMemo, recall
 from runner.rendezvous.etcd.members import MEMBER_AT, Membership, Place, target
+from runner.rundir.layout import members_memo_path
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -100,6 +102,8 @@ class HostedRendezvous:
         self._admitted = False
         self._lost: str | None = None  # why the rendezvous is lost (_unless_lost)
         self._lost_at = 0.0  # when (monotonic): an answer of etcd after it means the rendezvous is back
+        # the members this node last knew, on its machine: found again when it starts again (member_memo.py)
+        self._memo = MemberMemo(members_memo_path(spec.name, spec.identity()), self._log)
 
     @property
     def _server(self) -> HostedEtcd | None:
@@ -135,7 +139,7 @@ class HostedRendezvous:
         trust = job_trust(rdzv, self._spec.name)  # read now: a bad secret file is refused before anything starts
         count = target(self._spec, secured=trust is not None and not loopback_only(ips))
         members = self._members = await self._membership(endpoint.port, count)
-        others = tuple((e.host, e.port) for e in map(Endpoint.parse, rdzv.endpoints[1:]))
+        others = tuple((e.host, e.port) for e in map(Endpoint.parse, rdzv.endpoints[1:])) + self._recalled(endpoint)
         elsewhere = bool(ips) and not port_taken(ips, endpoint.port) and await self._members_elsewhere(others)
         if ips and not elsewhere and not port_taken(ips, endpoint.port):
             plan = Place(ips[0], endpoint.port).plan(self._node) if count > 1 else None
@@ -160,6 +164,21 @@ class HostedRendezvous:
         if count > 1:
             self._log.info("rendezvous_members_planned", members=count, hosts="the job's first nodes, one per "
                            "machine", detail="the rendezvous outlives any one of them")
+
+    def _recalled(self, first: Endpoint) -> tuple[tuple[str, int], ...]:
+        """The members this node's machine last knew of this job, beyond the spec's endpoints (member_memo.py).
+
+        Tried as the spec's other endpoints are: a node started again after the first endpoint's member was lost
+        finds the members that went on, even when the spec names that machine alone.
+        """
+        given = {(e.host, e.port) for e in map(Endpoint.parse, self._spec.rendezvous.endpoints)} | {
+            (first.host, first.port)}
+        found = [e for e in recall(self._memo.path) if (e.host, e.port) not in given]
+        if found:
+            self._inner.also_known = [str(e) for e in found]
+            self._log.info("rendezvous_members_recalled", endpoints=self._inner.also_known,
+                           detail="the members this machine last knew of the job, tried beside the spec's endpoints")
+        return tuple((e.host, e.port) for e in found)
 
     def _saw_leaderless(self, leaderless: bool) -> None:
         self._leaderless = leaderless
@@ -263,6 +282,7 @@ class HostedRendezvous:
         def teach(urls: list[str]) -> None:
             session.learn(urls)
             self._inner.learn(urls)
+            self._memo.remember(urls)
         try:
             await members.reconcile(session, lambda: self._inner.lease.lease_id, teach)
         finally:
@@ -363,6 +383,8 @@ class HostedRendezvous:
     async def close(self, outcome: str, *, alone: bool = False) -> None:
         """Leave; a member then leaves the cluster, or, the last one, waits for the others (bounded) and stops etcd."""
         await self._stop_reconciling()
+        if outcome == "succeeded":  # the job is over: a later run starts afresh (a stopped node may be requeued)
+            self._memo.forget()
         if self._lost is not None and self._inner.session.answered_at <= self._lost_at:
             self._inner.give_up(self._lost)  # still lost: nothing more goes to etcd (leaving included)
         server, members = self._server, self._members
