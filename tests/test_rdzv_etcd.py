@@ -15,7 +15,7 @@ from runner.errors import JobClosed, RendezvousError, RendezvousTimeout
 from runner.events import MembershipChanged, PeerLost, StopRequested
 from runner.outcomes import FailureClass
 from runner.rendezvous.etcd.admin import read_status, request_stop
-from runner.rendezvous.etcd.keys import JobKeys, load
+from runner.rendezvous.etcd.keys import JobKeys, dump, load
 from runner.rendezvous.etcd.monitor import RoundMonitor
 from runner.testing.etcd_server import EtcdServer, etcd_server, free_port
 
@@ -139,6 +139,38 @@ def test_monitor_replays_changes_since_the_leaders_view(etcd: EtcdServer) -> Non
             await late.stop()
         assert isinstance(lost, PeerLost) and lost.node == "b"
         await close_all(nodes, "failed")
+    run(body)
+
+
+@pytest.mark.parametrize("same_run", [True, False], ids=["its-own-lease", "another-lease"])
+def test_a_state_naming_no_round_is_a_replacement_only_on_another_lease(etcd: EtcdServer, same_run: bool) -> None:
+    """b's run in this round publishes on its lease; then a state of b naming no round arrives after b's join record
+    of the round is gone (a run leaving: what a SIGTERMed peer's last states can look like). On b's own lease it is
+    b's run, not a replacement: a hears nothing until b leaves, and then that b was stopped (preempted, CI 2026-12-01:
+    read as "started again under its name", node_lost). On another lease it is another run of b: replaced.
+    Seen failing without the lease rule (its-own-lease: a PeerLost "started again under its name" at once)."""
+    async def body() -> None:
+        spec = make_spec(etcd.endpoint)
+        nodes = await open_nodes(spec, ["a", "b"])
+        res = await rounds(nodes)
+        a, b = nodes
+        await b.rdzv.publish({"state": "RUNNING", "attempt": 0})
+        keys, session = JobKeys(spec.rendezvous.prefix, spec.name), b.rdzv.session
+        lease = b.rdzv.lease.lease_id if same_run else await session.call(lambda c: c.lease_grant(30))
+        await session.call(lambda c: c.delete(keys.join(res[1].round, "b")))
+        await session.call(lambda c: c.put(keys.state("b"), dump({"state": "SHUTDOWN", "node": "b", "round": None}),
+                                           lease=lease))
+        if not same_run:
+            lost = await a.event(PeerLost)
+            assert (lost.node, lost.why) == ("b", "started again under its name: its run in this round is gone")
+            await close_all(nodes, "failed")
+            return
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(a.event(PeerLost), 3.0)
+        await b.rdzv.close("stopped")
+        lost = await a.event(PeerLost)
+        assert (lost.node, lost.why) == ("b", "node ended (stopped)")
+        await a.rdzv.close("failed")
     run(body)
 
 

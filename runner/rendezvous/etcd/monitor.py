@@ -127,6 +127,7 @@ class RoundMonitor:
         self._log = log or structlog.get_logger("runner.rendezvous.etcd.backend")
         self._watched = result.group_rank  # ring position of the member watched (itself: nobody)
         self._state: JSONObject = {}  # the watched member's last live state
+        self._run_lease = 0  # the lease the watched member's states of this round came on: its run's (0: none yet)
         self._finding: LostRecord | None = None  # a loss found here whose `lost` key is still to be written
         self._reported: set[tuple[str, str]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -141,7 +142,7 @@ class RoundMonitor:
     def _advance(self) -> None:
         """Watch the next member in the ring (none once it is this node again)."""
         self._watched = (self._watched + 1) % max(1, len(self._res.nodes))
-        self._state = {}
+        self._state, self._run_lease = {}, 0
 
     def _ranges(self) -> list[tuple[bytes, bytes | None]]:
         ranges: list[tuple[bytes, bytes | None]] = [self._k.news()]
@@ -234,7 +235,13 @@ class RoundMonitor:
                 last = final if final and final.get("outcome") == "succeeded" else last
             return await self._gone(node, last)
         if isinstance(state, dict):
-            foreign = state.get("round") != self._res.round and ("lost", node) not in self._reported  # once: no re-read
+            if state.get("round") == self._res.round and lease:
+                self._run_lease = lease
+            # A state on the lease of the member's states of this round is its run's, whatever round it names (a
+            # run leaving names none when its join record is already gone: CI read a SIGTERMed peer as replaced);
+            # another run of the node has another lease.
+            foreign = state.get("round") != self._res.round and ("lost", node) not in self._reported and not (
+                lease and lease == self._run_lease)  # once: no re-read
             if foreign and await self._replaced(node, lease):
                 self._found(node, REPLACED)
                 return False
