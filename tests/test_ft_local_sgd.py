@@ -20,7 +20,11 @@ pytestmark = [
     pytest.mark.integration,
     needs_torchft,
 ]
-OUTER = 12  # syncs
+# Syncs: long enough that a group whose worker starts late (a cold start under load) still finds the other training.
+# With min_active 1 the first group commits alone meanwhile; with 12 syncs (3 s of pacing) it finished them all alone
+# before the other's first under CI's load, and the test waited 90 s for a sync of both (CI, 2026-12-02). 40 give
+# 10 s of pacing, as test_the_shipped_spec_trains_to_its_end is long for the same reason.
+OUTER = 40
 EVERY = 5  # inner steps per sync
 
 
