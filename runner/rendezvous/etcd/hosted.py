@@ -139,7 +139,7 @@ class HostedRendezvous:
         trust = job_trust(rdzv, self._spec.name)  # read now: a bad secret file is refused before anything starts
         count = target(self._spec, secured=trust is not None and not loopback_only(ips))
         members = self._members = await self._membership(endpoint.port, count)
-        others = tuple((e.host, e.port) for e in map(Endpoint.parse, rdzv.endpoints[1:])) + self._recalled(endpoint)
+        others = tuple((e.host, e.port) for e in map(Endpoint.parse, rdzv.endpoints[1:])) + self._recalled()
         elsewhere = bool(ips) and not port_taken(ips, endpoint.port) and await self._members_elsewhere(others)
         if ips and not elsewhere and not port_taken(ips, endpoint.port):
             plan = Place(ips[0], endpoint.port).plan(self._node) if count > 1 else None
@@ -165,14 +165,13 @@ class HostedRendezvous:
             self._log.info("rendezvous_members_planned", members=count, hosts="the job's first nodes, one per "
                            "machine", detail="the rendezvous outlives any one of them")
 
-    def _recalled(self, first: Endpoint) -> tuple[tuple[str, int], ...]:
+    def _recalled(self) -> tuple[tuple[str, int], ...]:
         """The members this node's machine last knew of this job, beyond the spec's endpoints (member_memo.py).
 
         Tried as the spec's other endpoints are: a node started again after the first endpoint's member was lost
         finds the members that went on, even when the spec names that machine alone.
         """
-        given = {(e.host, e.port) for e in map(Endpoint.parse, self._spec.rendezvous.endpoints)} | {
-            (first.host, first.port)}
+        given = {(e.host, e.port) for e in map(Endpoint.parse, self._spec.rendezvous.endpoints)}
         found = [e for e in recall(self._memo.path) if (e.host, e.port) not in given]
         if found:
             self._inner.also_known = [str(e) for e in found]
