@@ -63,7 +63,9 @@ def test_a_seeded_soak_on_hosts_with_host_loss_and_link_cut_passes(tmp_path: Pat
     assert int(row(out, "fenced")[1]) >= 1, row(out, "fenced")  # columns: invariant, held, ...
     assert int(row(out, "lease_expired")[1]) >= 1, row(out, "lease_expired")
     bridge = next(line.split("lab ")[1].split()[0] for line in out.splitlines() if "] lab rbr" in line)
-    assert bridge not in subprocess.run(["ip", "link"], capture_output=True, text=True, check=False).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=False).stdout
+    # By exact name ("N: rbr1: <...>"): a test beside it may hold rbr197, which contains "rbr1" (CI, stop 45).
+    assert f": {bridge}:" not in links and f": {bridge}@" not in links, links
 
 
 # ---------------------------------------------------------------------- the verdict fails on a broken invariant

@@ -46,6 +46,10 @@ class FakeRendezvous:
         self.charges: list[tuple[FailureClass | None, bool]] = []  # (failure class, charged) of each charge_restart
         self.marks: list = []  # what the node ledger was told (note_node)
         self.mending = False  # what recovering() says (a hosted founder going on alone)
+        self.told: list[str] = []  # "stopping" each time the agent told it that it stops, in order with the workers'
+
+    async def stopping(self) -> None:
+        self.told.append("stopping")
 
     def recovering(self) -> bool:
         return self.mending
@@ -256,6 +260,31 @@ def test_shutdown_after_a_stop_exits_128_plus_the_signal_and_writes_the_report(t
     assert report["exit_code"] == 130
     assert rdzv.closed == ["stopped"]
     assert rdzv.published[-1]["state"] == "SHUTDOWN"
+
+
+class StoppingGroup:
+    """Workers whose stop is noted in `told` (the rendezvous's fake notes its own there too)."""
+
+    def __init__(self, told: list[str]) -> None:
+        self.told = told
+        self.lost_bytes: dict[int, int] = {}  # the report asks what the log files refused
+
+    async def stop(self, signum, grace: float, hurry) -> None:
+        self.told.append("workers stopped")
+
+
+@pytest.mark.parametrize(("signum", "told"), [(15, ["stopping", "workers stopped"]), (0, ["workers stopped"])])
+def test_a_signal_of_its_own_is_told_to_the_rendezvous_before_the_workers_stop(tmp_path, signum, told):
+    """A hosting node stopped by a signal asks the others to stop before its workers do (Rendezvous.stopping):
+    CI saw its peer read it as lost first. A stop that came through the rendezvous (signum 0) is not told back."""
+    rdzv = FakeRendezvous()
+    machine = Machine()
+    ctx = make_ctx(tmp_path, rdzv, machine)
+    ctx.run.group = StoppingGroup(rdzv.told)
+    ctx.stop = StopRequested(signum, graceful=False)
+    machine.state = GroupState.SHUTDOWN
+    run(shutdown.handle(ctx))
+    assert rdzv.told == told
 
 
 def test_shutdown_keeps_the_workers_result_when_the_rendezvous_fails(tmp_path):

@@ -123,6 +123,14 @@ class Rendezvous(Protocol):
         may be working (rank 0 writing a checkpoint) while this node's wait for them. {} when it cannot be read.
         """
 
+    async def stopping(self) -> None:
+        """This node was stopped by a signal of its own, and stops its workers next.
+
+        A rendezvous that leaves with this node (a hosted etcd it alone holds) asks the other nodes to stop now,
+        before its workers stop: they would otherwise read its going as a lost peer. Never raises; bounded by the
+        caller.
+        """
+
     async def close(self, outcome: str, *, alone: bool = False) -> None:
         """Leave the rendezvous; `outcome` is the job's final outcome as this node saw it.
 

@@ -97,6 +97,9 @@ class LocalRendezvous:
         """Keep the latest state (the agent also writes it to <run dir>/status.json)."""
         self.state = state
 
+    async def stopping(self) -> None:
+        """No other node to tell."""
+
     def recovering(self) -> bool:
         """No store to mend."""
         return False

@@ -42,6 +42,8 @@ async def handle(ctx: Context) -> None:
         ctx.run.failures.append(ctx.run.failure)
     if ctx.run.standbys is not None:
         ctx.run.standbys.close()
+    if ctx.outcome is None and ctx.stop is not None and ctx.stop.signum:  # a signal of this node's own
+        await tell_others(ctx)
     if ctx.run.group is not None:
         await ctx.run.group.stop(forwarded_signal(ctx), grace_period(ctx), ctx.hurry)
     await stop_watchdogs(ctx)
@@ -65,6 +67,21 @@ async def handle(ctx: Context) -> None:
         ctx.warnings.warn("rendezvous_close_failed", error=str(e) or type(e).__name__)
     ctx.shepherd.close()
     write_report(ctx)
+
+
+async def tell_others(ctx: Context) -> None:
+    """Tell the rendezvous that this node stops (`Rendezvous.stopping`), within the stop's budget for etcd.
+
+    The workers' stop must not wait on it.
+    """
+    try:
+        async with asyncio.timeout(STOPPED_ETCD_BUDGET_S):
+            await ctx.rendezvous.stopping()
+    except TimeoutError:
+        ctx.warnings.warn("rendezvous_close_failed", error=f"the other nodes not told of this stop within "
+                          f"{STOPPED_ETCD_BUDGET_S:g} s")
+    except Exception as e:
+        ctx.warnings.warn("rendezvous_close_failed", error=str(e) or type(e).__name__)
 
 
 def grace_period(ctx: Context) -> float:

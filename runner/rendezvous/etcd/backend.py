@@ -348,6 +348,9 @@ class EtcdRendezvous:
             return {}
         return ledger_of(kvs)
 
+    async def stopping(self) -> None:
+        """An etcd this node does not run outlives it: the others hear of its going as of any node's."""
+
     def recovering(self) -> bool:
         """An etcd this node does not run mends itself: nothing to say (the hosted backend knows its own)."""
         return False

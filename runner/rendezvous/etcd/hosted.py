@@ -364,6 +364,18 @@ class HostedRendezvous:
         """As the etcd backend."""
         return await self._inner.node_ledger()
 
+    async def stopping(self) -> None:
+        """Ask the other nodes to stop now when no other voting member keeps the rendezvous.
+
+        Before this node's workers stop: asked after, a peer read a loaded host's going as a lost peer and restarted
+        first (CI, stop 45). A rendezvous other members keep needs no word: this node leaves it.
+        """
+        members = self._members
+        if members is None or self._server is None or not self._admitted or self._lost is not None:
+            return
+        if not await members.others_remain(self._inner.session):
+            await self._stop_others()
+
     def recovering(self) -> bool:
         """While this node's founding member has no leader, and until it went on alone and let the lost node go."""
         return self._leaderless or self._going_alone
