@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,12 +63,14 @@ def kill_proven(pid: int, program: str) -> None:
         os.close(fd)
 
 
-def wait_for(cond: Any, timeout: float = 60.0, what: str = "condition") -> None:
-    """Wait until cond() is true (generous timeout: the machines are shared and slow)."""
+def wait_for(cond: Any, timeout: float = 60.0, what: str = "condition",
+             show: Callable[[], str] | None = None) -> None:
+    """Wait until cond() is true (generous timeout: the machines are shared and slow); `show`: what a timeout
+    prints besides (the states the test waited on: a CI failure must say where things stood)."""
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f"\n{show()}" if show else ""))
         time.sleep(0.05)
 
 

@@ -130,7 +130,8 @@ def test_the_first_host_lost_during_a_rendezvous_the_survivors_close_it_and_fini
     training(cluster.tmp, 3)
     d = cluster.start("d")
     wait_for(lambda: all(n.state() == "RENDEZVOUS" for n in (a, b, c, d)) and events_of(a, "rendezvous_joined")[-1:]
-             and events_of(a, "rendezvous_joined")[-1]["round"] >= 1, timeout=60, what="a, b, c and d in one round")
+             and events_of(a, "rendezvous_joined")[-1]["round"] >= 1, timeout=90, what="a, b, c and d in one round",
+             show=lambda: "\n".join(f"{n.name}: {n.edges()}" for n in (a, b, c, d)) + "\n" + d.output()[-3000:])
     a.host.lose()
     for node in (b, c, d):
         assert node.wait(120) == 0, node.output()[-4000:]
