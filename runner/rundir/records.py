@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from runner.json_types import JSON, JSONObject
 from runner.rundir.layout import RunDir, report_fallbacks
@@ -26,6 +26,9 @@ from runner.system.private_files import write_private
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
+
+
+R = TypeVar("R")
 
 
 class RecordError(ValueError):
@@ -82,6 +85,18 @@ def parse_object(text: str | bytes, source: str) -> JSONObject:
     if not isinstance(data, dict):
         raise RecordError(f"{source}: not a JSON object (a {type(data).__name__})")
     return data
+
+
+def read_record(path: Path, parse: Callable[[bytes, str], R], limit: int = -1) -> R | None:
+    """The record `parse` makes of the file at `path` (its first `limit` bytes).
+
+    None when there is none, the file cannot be read, or it is damaged (a RecordError).
+    """
+    try:
+        with path.open("rb") as f:
+            return parse(f.read(limit), str(path))
+    except (OSError, RecordError):
+        return None
 
 
 def _dumps(data: Mapping[str, Any]) -> str:
@@ -148,13 +163,14 @@ class FailureRecord:
                    unknown={k: v for k, v in data.items() if k not in KNOWN_FAILURE})
 
     @classmethod
+    def from_json(cls, text: str | bytes, source: str = "failure.json") -> Self:
+        """A failure record from its text; RecordError when it is not a JSON object."""
+        return cls.from_dict(parse_object(text, source))
+
+    @classmethod
     def read(cls, path: Path, limit: int = -1) -> Self | None:
         """The failure record at `path` (its first `limit` bytes); None when there is none or it is damaged."""
-        try:
-            with path.open("rb") as f:
-                return cls.from_dict(parse_object(f.read(limit), str(path)))
-        except (OSError, RecordError):
-            return None
+        return read_record(path, cls.from_json, limit)
 
 
 KNOWN_FAILURE = frozenset({"class"} | {f.name for f in fields(FailureRecord)} - {"failure_class", "unknown"})
@@ -220,11 +236,7 @@ class Report:
     @classmethod
     def read(cls, path: Path, limit: int = -1) -> Self | None:
         """The report at `path` (its first `limit` bytes); None when there is none or it is damaged."""
-        try:
-            with path.open("rb") as f:
-                return cls.from_json(f.read(limit), str(path))
-        except (OSError, RecordError):
-            return None
+        return read_record(path, cls.from_json, limit)
 
 
 KNOWN_REPORT = frozenset(f.name for f in fields(Report)) - {"extra"}
