@@ -1,6 +1,6 @@
 """Deadline -> signal latency and idle CPU: runner.watchdog.timer_server.FileTimerServer vs torch's FileTimerServer.
 
-Both servers get the same worker (tests/workers/timer_worker.py, torch's FileTimerClient): it installs a
+Both servers get the same worker (tests/fixtures/workers/timer_worker.py, torch's FileTimerClient): it installs a
 SIGTERM handler, arms 'train_step' for now+DELAY with SIGTERM and prints the deadline; the handler prints
 time.time() when the signal arrives. Latency = arrival - deadline (same host clock).
 torch's server runs in its own process (max_interval=0.1, as torch's LocalElasticAgent uses) because it
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from runner.watchdog.timer_server import FileTimerServer
 
-WORKER = ROOT / "tests" / "workers" / "timer_worker.py"
+WORKER = ROOT / "tests" / "fixtures" / "workers" / "timer_worker.py"
 WAIT_S = 120.0
 TORCH_SERVER = """
 import sys, time

@@ -9,7 +9,7 @@ chromium, the `test` extra's etcd, py-spy and torchft), so a skip there is a pro
 
 The only skips CI may hit are those in ALLOWED, each with the reason CI may legitimately hit it; a test names its
 entry with `need(why_not, allow=KEY)`. tests/conftest.py's pytest_runtest_makereport hook turns every other skip
-under CI=true into a failure too (a raw pytest.skip, a skipif mark, importorskip), and tests/test_ci_skips.py checks
+under CI=true into a failure too (a raw pytest.skip, a skipif mark, importorskip), and tests/house/test_ci_skips.py checks
 that every skip in tests/ goes through here and that every ALLOWED entry is used.
 """
 
@@ -24,9 +24,9 @@ import pytest
 # holds on the CI machine (root, the apt packages of .ci/run, the `test` extra).
 ALLOWED: dict[str, str] = {
     "root-writes-read-only": (
-        "CI runs as root, and root writes into a read-only directory anyway: tests/test_states.py's read-only run dir "
+        "CI runs as root, and root writes into a read-only directory anyway: tests/states/test_states.py's read-only run dir "
         "cannot be made there. As root the same fallback (the report written elsewhere) is covered on a full tmpfs: "
-        "tests/test_faults_agent.py and tests/test_full_disk.py"
+        "tests/agent/test_faults_agent.py and tests/system/test_full_disk.py"
     ),
 }
 

@@ -1,5 +1,5 @@
 """The command line's words as its parser knows them: each subcommand's parser, and the problems of a usage line's
-options and choices. Shared by tests/test_docs.py (README, docs) and tests/test_docs_run.py (commands run)."""
+options and choices. Shared by tests/house/test_docs.py (README, docs) and tests/house/test_docs_run.py (commands run)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from multinode_helpers import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
-PROBE = ROOT / "tests" / "workers" / "worker_probe.py"
+PROBE = ROOT / "tests" / "fixtures" / "workers" / "worker_probe.py"
 EXAMPLES = ROOT / "examples" / "jobs"
 RUNNER = (sys.executable, "-m", "runner")  # the one way a test starts the runner: `[*RUNNER, ARGS...]`
 

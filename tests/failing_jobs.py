@@ -1,4 +1,4 @@
-"""One-worker jobs of tests/workers/failing_worker.py (it raises, exits or hangs on the attempts asked), their
+"""One-worker jobs of tests/fixtures/workers/failing_worker.py (it raises, exits or hangs on the attempts asked), their
 report and their worker's pid: for the failure-class tests and the restart-budget tests alike.
 """
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from conftest import ROOT, Job, wait_for
 
-WORKER = ROOT / "tests" / "workers" / "failing_worker.py"
+WORKER = ROOT / "tests" / "fixtures" / "workers" / "failing_worker.py"
 JOB = """
 name: fc
 entrypoint:

@@ -1,5 +1,5 @@
 """Replica groups on several nodes, read from a node's run dir: its group, its rank 0's log, its worker. Shared by
-tests/test_replica_groups_multinode.py (an etcd of the test's) and tests/test_replica_groups_hosted.py (the job's
+tests/agent/test_replica_groups_multinode.py (an etcd of the test's) and tests/agent/test_replica_groups_hosted.py (the job's
 own, hosted over three members)."""
 
 from __future__ import annotations

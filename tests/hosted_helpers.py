@@ -1,6 +1,6 @@
 """Jobs whose rendezvous one of their agents hosts (rendezvous.hosted), on simulated hosts: the spec, the job's
-secret, the hosting node's `rendezvous_hosted` event and its listeners. Shared by tests/test_multinode_hosted.py and
-tests/test_hosted_secret.py."""
+secret, the hosting node's `rendezvous_hosted` event and its listeners. Shared by tests/multinode/test_multinode_hosted.py and
+tests/rendezvous/test_hosted_secret.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Jobs of tests/workers/worker_probe.py processes (the `job` fixture's spec text), for single-node tests."""
+"""Jobs of tests/fixtures/workers/worker_probe.py processes (the `job` fixture's spec text), for single-node tests."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The chaos soak for tests: its options as bench/chaos.py's parser makes them, for tests that build a soak's real
-objects (tests/test_chaos_verdict.py, test_chaos_checks.py, test_soak_own_etcd.py, test_soak_hosts.py); and a seeded
+objects (tests/soak/test_chaos_verdict.py, test_chaos_checks.py, test_soak_own_etcd.py, test_soak_hosts.py); and a seeded
 soak run as a user runs it, with its verdict (test_soak_hosts.py, test_soak_hosts_hosted.py)."""
 
 from __future__ import annotations

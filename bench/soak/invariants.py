@@ -2,7 +2,7 @@
 that checks it. The checks themselves live with their evidence (checks.py, faults.py, soak.py, hosts.py,
 replicas.py); docs/faults.md "Chaos soak" says what each holds when.
 
-tests/test_chaos_invariants.py keeps this table honest both ways: every invariant name the soak's code can raise or
+tests/soak/test_chaos_invariants.py keeps this table honest both ways: every invariant name the soak's code can raise or
 count (a `Violation`, an expectation, the tally, JOB_END_BRINGS, MOOT_WHY) is declared here, and every one declared
 here has a test that feeds the soak a run violating it and sees the violation. A new check fails the suite until
 both are added.

@@ -16,7 +16,7 @@ Beyond "no invariant broke", a run fails (exit code 1, naming what is missing) w
   not apply included. A fault that had no effect (a signal to an agent that had already exited) is not injected.
 
 MIN_HELD is 1, and docs/faults.md "Chaos soak" says why: an invariant none of whose checks held was not tested at all,
-whatever the other counts say; a higher minimum would make the short soaks of tests/test_chaos.py (each class fires 1
+whatever the other counts say; a higher minimum would make the short soaks of tests/soak/test_chaos.py (each class fires 1
 to 3 times there) fail by the luck of the draw, not for a fault of the runner. Long soaks print the counts to read.
 """
 

@@ -40,6 +40,7 @@ _PARTS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 # (each pattern starts only where its run starts, so no input makes a search quadratic)
 _SCHEME = re.compile(r"(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*+://")
 # key=value inside a value: a key starts where no key character precedes it (so `--db-password=` is one key).
+_IN_USERINFO = re.compile(r"[^/?#@,;\s]*+")  # text after a scheme:// that is still its URL's userinfo
 _PAIR_KEY = re.compile(r"(?<![\w.\-])([A-Za-z_\-][\w.\-]*+)[ \t]*+=[ \t]*+")
 # where an unquoted pair value ends: the next `<separator>key=` (so a password may hold spaces, & or ;).
 _NEXT_PAIR = re.compile(r"(?<![;&,\s])[;&,\s]++[A-Za-z_\-][\w.\-]*+[ \t]*+=")
@@ -83,9 +84,14 @@ def _mask_url_passwords(text: str) -> str:
     """Mask the password of every `scheme://user:password@host` in `text` (user, host and path stay).
 
     A URL runs to the next `scheme://` (lists of URLs) or the end; its userinfo ends at the LAST `@`, so a
-    password holding raw `@`, `/`, `?` or spaces is masked whole (at worst some of the rest is hidden too).
+    password holding raw `@`, `/`, `?` or spaces is masked whole (at worst some of the rest is hidden too). A
+    `scheme://` that follows the last one with nothing between that ends a userinfo or a URL (`/?#@,;` or a space)
+    is part of its userinfo: `postgres://A://pw@h` is user A, password `//pw` (Hypothesis found it shown).
     """
-    schemes = list(_SCHEME.finditer(text))
+    schemes: list[re.Match[str]] = []
+    for m in _SCHEME.finditer(text):
+        if not schemes or not _IN_USERINFO.fullmatch(text, schemes[-1].end(), m.start()):
+            schemes.append(m)
     if not schemes:
         return text
     starts = [m.end() for m in schemes]

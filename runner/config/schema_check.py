@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from jsonschema import Draft202012Validator, ValidationError
 
 # Package data, so an installed wheel has it too; schemas/job.schema.json is the same file for editors
-# (tests/test_config_schema.py checks they are byte-identical).
+# (tests/config/test_config_schema.py checks they are byte-identical).
 SCHEMA_FILE = FilePath(__file__).resolve().parent.parent / "job.schema.json"
 
 _FORBIDDEN = {

@@ -12,7 +12,7 @@ pattern), and anything this module does not know is never guessed at:
   name, a bad pattern) does not compile (`compile_schema` returns None) and every document goes to jsonschema;
 - data that is not plain JSON (any value whose type is not exactly dict with text keys, list, str, int, float,
   bool or None) is answered no, which also sends it to jsonschema.
-tests/test_config_schema_compiled.py checks the answer against jsonschema's on generated schemas and documents.
+tests/config/test_config_schema_compiled.py checks the answer against jsonschema's on generated schemas and documents.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Units (case does not matter, and a `b` is always bytes, never bits):
 
 The value is exact (decimal arithmetic, rounded down to a whole byte) and at most MAX_INT (it fits in 64 bits).
 SIZE_PATTERN is the schema's pattern (runner/job.schema.json `$defs/size`): a string it accepts is one this parser
-reads, unless the value is too large (tests/test_config_sizes.py checks both on generated text).
+reads, unless the value is too large (tests/config/test_config_sizes.py checks both on generated text).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ nvidia-smi's, i.e. PCI bus order, which is CUDA's order on a node of identical G
 CUDA_DEVICE_ORDER=PCI_BUS_ID). A MIG instance (MIG-...) counts as visible but is not checked itself.
 
 On a machine without NVIDIA GPUs this module is only exercised through `parse_query` and `assess` on recorded
-nvidia-smi output (tests/test_health.py).
+nvidia-smi output (tests/health/test_health.py).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ last, which should need none (a plain slot left without a value reads `?`). The 
 
 The value helpers (`short`, `names`, `printable`) live here too: the console's other lines use them.
 
-`tests/test_console_phrases.py` keeps the table whole: every warning and error the code emits (by its literal name)
-has a `message=` at its call or an entry here, every entry is emitted somewhere, and each renders, with its call's
-fields or none, as words.
+`tests/observe/test_console_phrases.py` keeps the table whole: every warning and error the code emits (by its
+literal name) has a `message=` at its call or an entry here, every entry is emitted somewhere, and each renders, with
+its call's fields or none, as words.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ a thread of ours, `SignalFreeExecutor` for asyncio's default executor, `kept_fro
 makes threads we do not control (grpc's, made when the first channel opens). The main thread blocks them only
 for that moment: a signal that arrives then is delivered to it as soon as it unblocks.
 
-Invariant (tests/test_thread_signals.py): while the agent runs, every thread but the main one blocks
+Invariant (tests/system/test_thread_signals.py): while the agent runs, every thread but the main one blocks
 `ASYNC_SIGNALS`.
 """
 

@@ -2,7 +2,7 @@
 
 Only public API of aetcd is used: its `aetcd.rpc` module, which ships etcd's generated protobuf messages and gRPC
 stubs (KV, Lease, Watch, Auth); the calls themselves are made here, on a grpc.aio channel we open (TLS or not).
-tests/test_rdzv_aetcd_contract.py checks every name listed in RPC_SURFACE, so an aetcd upgrade that drops one
+tests/rendezvous/test_rdzv_aetcd_contract.py checks every name listed in RPC_SURFACE, so an aetcd upgrade that drops one
 fails there with a clear message. Nothing in this package touches a private name of aetcd or grpc.
 
 `EtcdSession.call` runs one operation and, when the connection fails (etcd restarting, token lost), reconnects
@@ -114,8 +114,8 @@ T = TypeVar("T")
 OP_TIMEOUT_S = 5.0
 # A failover's first try of each endpoint: a member in an election (its leader lost) holds a new connection's
 # authentication until the election ends, and 5 s on it cost a 5 s lease while the other member answered at once
-# (tests/test_hosted_members.py, a member host cut under load). Doubled after every round of the endpoints, up to
-# OP_TIMEOUT_S, so that a slow but live etcd is still reached.
+# (tests/rendezvous/test_hosted_members.py, a member host cut under load). Doubled after every round of the
+# endpoints, up to OP_TIMEOUT_S, so that a slow but live etcd is still reached.
 FAILOVER_TRY_S = 1.0
 SESSION_NUMBERS = itertools.count(1)  # this process's etcd sessions, numbered in their log lines
 SUSPECT_S = 10.0  # an endpoint that failed this recently is tried after the others
@@ -124,7 +124,7 @@ BACKOFF_MAX_S = 1.0
 CANCEL_TIMEOUT_S = 1.0
 
 # The part of aetcd's public `aetcd.rpc` module this package relies on: name -> protobuf fields used
-# (empty for stubs and functions). Checked by tests/test_rdzv_aetcd_contract.py.
+# (empty for stubs and functions). Checked by tests/rendezvous/test_rdzv_aetcd_contract.py.
 RPC_SURFACE: dict[str, tuple[str, ...]] = {
     "KVStub": (), "LeaseStub": (), "WatchStub": (), "AuthStub": (),
     "insecure_channel": (), "secure_channel": (),
