@@ -248,12 +248,14 @@ def test_a_circular_wait_names_up_to_four_ranks_with_their_nodes_and_counts_more
 
 
 def test_a_circular_wait_says_eight_calls_and_counts_the_others() -> None:
-    eight, nine = (analyse(ring(n), NOW).reason() for n in (8, 9))
+    eight, nine, ten = (analyse(ring(n), NOW).reason() for n in (8, 9, 10))
     said = "which of them skipped a call the records cannot tell"
-    parts = {n: "; ".join(ring_part(i, n) for i in range(8)) for n in (8, 9)}
+    parts = {n: "; ".join(ring_part(i, n) for i in range(8)) for n in (8, 9, 10)}
     assert eight == f"hang: a circular wait among 8 ranks on 1 node(s): {parts[8]}; {said}"
-    assert nine.startswith(f"hang: a circular wait among 9 ranks on 1 node(s): {parts[9]}; 1 other call")
+    assert nine.startswith(f"hang: a circular wait among 9 ranks on 1 node(s): {parts[9]}; 1 other call; ")
     assert nine.endswith(f"; {said}")
+    # more than one: "calls" (the mutation run of stop 47 found the plural untested)
+    assert ten.startswith(f"hang: a circular wait among 10 ranks on 1 node(s): {parts[10]}; 2 other calls; ")
 
 
 def test_a_circular_wait_is_dated_by_its_dated_calls() -> None:
