@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 
 from runner.agent.services import STATUS_REFRESH_S
 from runner.core.group_state import GroupState
+from runner.json_types import JSONObject
 from runner.observe.ledger import job_ledger
 from runner.rundir.layout import RunDir
-from runner.rundir.records import Report, Status, place_report, write_status
+from runner.rundir.records import LedgerRecord, Report, Status, place_report, write_status
 from runner.states.shutdown import report as group_report
 from runner.system import soft_io
 from runner.watchdog.steps import reported_step
@@ -133,11 +134,11 @@ class JobBooks:
     def write_report(self, job: ReplicaJob, view: JobView) -> Path | None:
         """<run dir>/report.json: the job's outcome and every group's own report, with its committed steps."""
         groups: list[dict[str, object]] = []
-        ledgers: list[dict[str, object]] = []
+        ledgers: list[JSONObject] = []
         for g in view.groups:
             own = group_report(g.ctx)
             groups.append(own.to_dict() | {"group": g.index, "step": g.step, "steps": g.steps})
-            ledgers.append((own.ledger or {}) | {"group": g.index})
+            ledgers.append((own.ledger.to_dict() if own.ledger is not None else {}) | {"group": g.index})
         report = Report(
             job=self.spec.name, node=self.node, outcome=job.outcome.value, exit_code=job.exit_code,
             reason=job.reason, duration_s=round(time.monotonic() - self.started, 3),
@@ -149,7 +150,7 @@ class JobBooks:
                                       "lighthouse": self.lighthouse_status(view.lighthouse)}},
             groups=tuple(groups), run_dir=str(self.run_dir),
             warnings=tuple(sorted({w for g in view.groups for w in g.ctx.warnings.seen} | set(soft_io.failures()))),
-            ledger=job_ledger(ledgers),  # docs/goodput.md
+            ledger=LedgerRecord.from_dict(job_ledger(ledgers)),  # docs/goodput.md
         )
         return place_report(report, self.run_dir, f"{self.spec.name}-{self.run_dir.name}",
                             soft_io.WarnOnce(self.log).warn, self.log)

@@ -8,7 +8,7 @@ prometheus_client is imported only by `start()`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from runner.config.spec import JobSpec
@@ -96,7 +96,7 @@ class GroupMetrics:
         """Group `k`'s ledger so far ({} before the group exists)."""
         return self.ledgers().get(k, {}) if self.ledgers is not None else {}
 
-    def job_ledger(self) -> dict[str, object]:
+    def job_ledger(self) -> Mapping[str, object]:
         """The job's ledger so far, from the groups' (the union of their productive spans)."""
         return job_ledger(list(self.ledgers().values()) if self.ledgers is not None else [])
 

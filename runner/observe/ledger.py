@@ -25,10 +25,11 @@ Memory is bounded: one record per attempt and per failure, and attempts are boun
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner.json_types import JSONObject
 from runner.observe.recovery import kept, rounded
 
 PHASES = ("lost_work", "detection", "teardown", "rendezvous", "spawn", "init", "first_step", "recompute")
@@ -273,7 +274,7 @@ class Ledger:
         return {k: r[k] for k in ("basis", "wall_s", "productive_s", "launch_s", "lost_s", "ettr", "failure_count")}
 
 
-def job_ledger(groups: list[dict[str, Any]]) -> dict[str, object]:
+def job_ledger(groups: list[dict[str, Any]]) -> JSONObject:
     """Replica groups: the job's ledger from its groups' (report.json `ledger` of each, with its `group`).
 
     The job progresses while ANY group steps (docs/goodput.md), so its productive time is the union of the groups'
@@ -301,7 +302,7 @@ def job_ledger(groups: list[dict[str, Any]]) -> dict[str, object]:
     }
 
 
-def gauge_values(ledger: Callable[[], dict[str, object]] | None) -> tuple[float, float]:
+def gauge_values(ledger: Callable[[], Mapping[str, object]] | None) -> tuple[float, float]:
     """(ETTR, lost seconds) of a ledger's report for the metrics' gauges; NaN where unknown.
 
     The gauges are read on the metrics server's thread: a report that fails mid-update is a NaN for one scrape,

@@ -7,8 +7,9 @@ report.json (`Report`), status.json (`Status`), attempt_<k>/failure.json and eac
 and other tools read them); `from_json` reads any version of it: a missing key takes its default, a key of the wrong
 type is read as missing, a key this version does not know is kept in `extra` as it was (so a reader never loses what
 a newer agent wrote), and text that is not a JSON object is a `RecordError` naming the file, never a traceback.
-The ETTR ledger stays a JSON object here (observe/ledger.py); a hang's verdict and a lost peer inside a failure too
-(runner/hangs.py and runner/events.py write them; the report page reads them as it finds them).
+report.json's ETTR ledger (`LedgerRecord`, each failure's `LedgerFailure`) is typed too (runner/observe/ledger.py
+writes it); a hang's verdict and a lost peer inside a failure stay JSON objects (runner/hangs.py and runner/events.py
+write them; the report page reads them as it finds them).
 """
 
 from __future__ import annotations
@@ -64,6 +65,18 @@ def _objects(v: JSON) -> tuple[JSONObject, ...]:
     return tuple(x for x in v if isinstance(x, dict)) if isinstance(v, list) else ()
 
 
+def _opt_float(v: JSON) -> float | None:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None  # type: ignore[arg-type]
+
+
+def _seconds(v: JSON) -> dict[str, float] | None:
+    """A JSON object of seconds by name (its other values left out); None when it is no object."""
+    if not isinstance(v, dict):
+        return None
+    return {k: s for k, x in v.items() if (s := _opt_float(x)) is not None}
+
+
 def _opt_objects(v: JSON) -> tuple[JSONObject, ...] | None:
     return _objects(v) if isinstance(v, list) else None
 
@@ -74,6 +87,18 @@ def _strings(v: JSON) -> tuple[str, ...]:
 
 def _object(v: JSON) -> JSONObject | None:
     return v if isinstance(v, dict) else None
+
+
+def _spans(v: JSON) -> tuple[tuple[float, float], ...] | None:
+    """[[start, end], ...] of seconds (a pair that is not two numbers left out); None when it is no list."""
+    if not isinstance(v, list):
+        return None
+    pairs = (tuple(map(_opt_float, s)) for s in v if isinstance(s, list) and len(s) == 2)
+    return tuple((a, b) for a, b in pairs if a is not None and b is not None)
+
+
+def _ledger(v: JSON) -> LedgerRecord | None:
+    return LedgerRecord.from_dict(v) if isinstance(v, dict) else None
 
 
 def parse_object(text: str | bytes, source: str) -> JSONObject:
@@ -177,6 +202,96 @@ KNOWN_FAILURE = frozenset({"class"} | {f.name for f in fields(FailureRecord)} - 
 
 
 @dataclass(frozen=True)
+class LedgerFailure:
+    """One failure of the ETTR ledger: what it was, the seconds each phase took, the steps it cost (docs/goodput.md)."""
+
+    trigger: str = ""
+    failure_class: str | None = None
+    reason: str = ""
+    recovered: bool = False
+    attempt: int | None = None  # the attempt that recovered it
+    detection_known: bool = False
+    last_step: int | None = None
+    checkpoint: int | None = None
+    resumed_from: int | None = None
+    steps_lost: int | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    lost_s: float = 0.0
+
+    def to_dict(self) -> JSONObject:
+        """The JSON object, every key written."""
+        return {f.name: dict(v) if isinstance(v := getattr(self, f.name), dict) else v for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, JSON]) -> Self:
+        """Read leniently (see the module)."""
+        g = data.get
+        return cls(trigger=_str(g("trigger"), ""), failure_class=_opt_str(g("failure_class")),
+                   reason=_str(g("reason"), ""), recovered=g("recovered") is True, attempt=_opt_int(g("attempt")),
+                   detection_known=g("detection_known") is True, last_step=_opt_int(g("last_step")),
+                   checkpoint=_opt_int(g("checkpoint")), resumed_from=_opt_int(g("resumed_from")),
+                   steps_lost=_opt_int(g("steps_lost")), phases=_seconds(g("phases")) or {},
+                   lost_s=_float(g("lost_s"), 0.0))
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """report.json's `ledger`: a run's wall time split into launch, productive time and what failures cost.
+
+    A node's or group's ledger has a basis, the launch's phases, its failures and its productive spans; a job of
+    replica groups' has its groups' figures instead (runner.observe.ledger `job_ledger`). What a ledger does not
+    have is None and left out when written.
+    """
+
+    basis: str | None = None  # "step", "ready" or "running": what the ledger counted on
+    wall_s: float = 0.0
+    productive_s: float = 0.0
+    launch_s: float = 0.0
+    lost_s: float = 0.0
+    ettr: float | None = None  # productive / wall; None for a run of no time
+    launch: dict[str, float] | None = None  # each launch phase's seconds
+    failures: tuple[LedgerFailure, ...] | None = None
+    failure_count: int | None = None  # every failure, the listed ones at most runner.observe.ledger's maximum
+    productive_spans: tuple[tuple[float, float], ...] | None = None  # seconds from the start
+    groups: tuple[JSONObject, ...] | None = None  # a job of replica groups: each group's ETTR, lost_s, failure count
+    unknown: JSONObject = field(default_factory=dict)  # keys this version does not know, kept as written
+
+    def to_dict(self) -> JSONObject:
+        """The JSON object, in the order the ledger writes it; what it lacks left out."""
+        out: JSONObject = {} if self.basis is None else {"basis": self.basis}
+        out |= {"wall_s": self.wall_s, "productive_s": self.productive_s, "launch_s": self.launch_s,
+                "lost_s": self.lost_s, "ettr": self.ettr}
+        if self.launch is not None:
+            out["launch"] = dict(self.launch)
+        if self.failures is not None:
+            out["failures"] = [f.to_dict() for f in self.failures]
+        if self.failure_count is not None:
+            out["failure_count"] = self.failure_count
+        if self.productive_spans is not None:
+            out["productive_spans"] = [[a, b] for a, b in self.productive_spans]
+        if self.groups is not None:
+            out["groups"] = list(self.groups)
+        return out | {k: v for k, v in self.unknown.items() if k not in out}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, JSON]) -> Self:
+        """Read leniently (see the module)."""
+        g = data.get
+        return cls(basis=_opt_str(g("basis")), wall_s=_float(g("wall_s"), 0.0),
+                   productive_s=_float(g("productive_s"), 0.0), launch_s=_float(g("launch_s"), 0.0),
+                   lost_s=_float(g("lost_s"), 0.0), ettr=_opt_float(g("ettr")), launch=_seconds(g("launch")),
+                   failures=(tuple(map(LedgerFailure.from_dict, _objects(g("failures"))))
+                             if isinstance(g("failures"), list) else None),
+                   failure_count=_opt_int(g("failure_count")),
+                   productive_spans=_spans(g("productive_spans")),
+                   groups=_opt_objects(g("groups")),
+                   unknown={k: v for k, v in data.items() if k not in KNOWN_LEDGER})
+
+
+KNOWN_LEDGER = frozenset(f.name for f in fields(LedgerRecord)) - {"unknown"}
+
+
+@dataclass(frozen=True)
 class Report:
     """report.json: how a run ended (a job of one group, a replica group's entry, or a job of replica groups)."""
 
@@ -190,7 +305,7 @@ class Report:
     duration_s: float = 0.0
     failures: tuple[FailureRecord, ...] = ()  # each failed attempt's root cause, in order
     groups: tuple[dict[str, Any], ...] | None = None  # a job of replica groups: each group's own report
-    ledger: dict[str, Any] | None = None  # the ETTR ledger (docs/goodput.md); absent before the ledger existed
+    ledger: LedgerRecord | None = None  # the ETTR ledger (docs/goodput.md); absent before the ledger existed
     warnings: tuple[str, ...] = ()
     run_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # the rest as written: health, launch, recoveries, standby, ...
@@ -207,7 +322,7 @@ class Report:
         if self.groups is not None:
             tail["groups"] = list(self.groups)
         if self.ledger is not None:
-            tail["ledger"] = self.ledger
+            tail["ledger"] = self.ledger.to_dict()
         tail |= {"warnings": list(self.warnings), "run_dir": self.run_dir}
         return head | {k: v for k, v in self.extra.items() if k not in KNOWN_REPORT} | tail
 
@@ -224,7 +339,7 @@ class Report:
                    attempts=_int(g("attempts"), 0), restarts=_int(g("restarts"), 0),
                    duration_s=_float(g("duration_s"), 0.0),
                    failures=tuple(map(FailureRecord.from_dict, _objects(g("failures")))),
-                   groups=_opt_objects(g("groups")), ledger=_object(g("ledger")), warnings=_strings(g("warnings")),
+                   groups=_opt_objects(g("groups")), ledger=_ledger(g("ledger")), warnings=_strings(g("warnings")),
                    run_dir=_str(g("run_dir"), ""),
                    extra={k: v for k, v in data.items() if k not in KNOWN_REPORT})
 

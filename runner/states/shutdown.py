@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from runner.errors import EXIT_OK, EXIT_STOPPED_BASE
 from runner.outcomes import FailureKind, Outcome
-from runner.rundir.records import Report, place_report
+from runner.rundir.records import LedgerRecord, Report, place_report
 from runner.system import soft_io
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def report(ctx: Context) -> Report:
         restarts=ctx.run.restarts,
         duration_s=round(time.monotonic() - ctx.inputs.started, 3),
         failures=tuple(f.record() for f in ctx.run.failures),
-        ledger=ledger if isinstance(ledger, dict) else None,
+        ledger=LedgerRecord.from_dict(ledger) if isinstance(ledger, dict) else None,
         warnings=(*ctx.warnings.seen, *(k for k in process_failures(ctx) if k not in ctx.warnings.seen)),
         run_dir=str(ctx.inputs.run_dir),
         extra={

@@ -132,3 +132,16 @@ def test_architecture_shows_the_job_machine_of_replica_groups_edge_by_edge() -> 
     drawn, junk = diagram_edges(block.group(1))
     assert not junk
     assert drawn == {(s.value, t.value, d.value) for s, t, d, _ in job_edges()}
+
+
+def test_the_readme_opens_with_exactly_two_commands() -> None:
+    """Before its first section, README.md shows two commands, each one line of bash: the first sets up and runs the
+    main example (hello.yaml), the second sets up and runs the whole suite (pytest). A third command block there (the
+    multi-node install once stood there) makes the opening ambiguous: it goes in prose."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    opening = readme.split("\n## ", 1)[0]
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", opening, flags=re.MULTILINE | re.DOTALL)
+    commands = [body.strip() for lang, body in blocks if lang in ("bash", "sh", "shell", "console", "")]
+    assert len(commands) == 2, commands  # (the spec shown after them is yaml, not a command)
+    assert all("\n" not in c for c in commands), commands
+    assert "examples/jobs/hello.yaml" in commands[0] and "python -m pytest" in commands[1], commands

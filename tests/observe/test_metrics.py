@@ -3,9 +3,11 @@ changes; without metrics.enabled the agent never imports prometheus_client."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,11 +54,27 @@ metrics: {{enabled: true, host: 127.0.0.1, port: {port}}}
     return out, port, proc
 
 
+@contextlib.contextmanager
+def released_at_the_end(out: Path, port: int, proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Around the scrapes of a metered run: then its workers are released and it must exit 0 (killed if the body
+    failed), and its endpoint must be gone with the agent."""
+    try:
+        yield
+        (out / "release").touch()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with pytest.raises(OSError):
+        scrape(port)
+
+
 def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Path) -> None:
     """Attempt 0 fails (rank 1 exits 7), attempt 1 runs: the endpoint shows RUNNING, attempt 1, one restart used,
     one failed exit, two rendezvous rounds and the FAILED -> RESTARTING transition."""
     out, port, proc = start_metered(tmp_path, WORKER, "metrics", "nproc_per_node: 2\nrestart: {max_restarts: 2}")
-    try:
+    with released_at_the_end(out, port, proc):
         wait_for(lambda: (out / "running-0").exists() and (out / "running-1").exists(), 120, "attempt 1")
         wait_for(lambda: value(scrape(port), 'runner_state{runner_state="RUNNING"}') == 1.0, 60, "RUNNING")
         text = scrape(port)
@@ -70,14 +88,6 @@ def test_scrape_during_a_run_shows_state_attempt_restarts_and_exits(tmp_path: Pa
         assert value(text, 'runner_transitions_total{dst="RESTARTING",src="FAILED",trigger="retry"}') == 1.0
         assert (value(text, "runner_seconds_since_last_transition") or -1) >= 0
         assert has_series(text, "runner_job_info", job="metrics")
-        (out / "release").touch()
-        assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    with pytest.raises(OSError):
-        scrape(port)  # the endpoint is gone with the agent
 
 
 def test_agent_does_not_import_prometheus_client_unless_enabled() -> None:
@@ -121,7 +131,7 @@ def test_replica_groups_export_each_groups_state_restarts_and_committed_step(tmp
     out, port, proc = start_metered(tmp_path, GROUP_WORKER, "groupmetrics",
                                     "replica_groups: {count: 2, nproc_per_node: 1}\n"
                                     "restart: {max_restarts: 2, backoff: {initial: 0s}}")
-    try:
+    with released_at_the_end(out, port, proc):
         wait_for(lambda: (out / "running-0").exists() and (out / "running-1").exists(), 120, "both groups")
         wait_for(lambda: value(scrape(port), 'runner_group_committed_step{group="1"}') == 41.0, 60, "group 1's step")
         text = scrape(port)
@@ -137,11 +147,3 @@ def test_replica_groups_export_each_groups_state_restarts_and_committed_step(tmp
             == 1.0
         assert value(text, "runner_lighthouse_restarts") == 0.0
         assert has_series(text, "runner_job_info", job="groupmetrics")
-        (out / "release").touch()
-        assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    with pytest.raises(OSError):
-        scrape(port)

@@ -278,6 +278,19 @@ def test_crash_then_heartbeat_one_recovery_in_report_status_summary_and_metrics(
     assert f"<td>{rec['running_s']:.2f} s</td><td>{rec['ready_s']:.2f} s</td>" in restarts  # `runner report`
 
 
+def released_once(j: Any, mark: str, timeout: float, what: str) -> str:
+    """Start the job, wait for the worker's `mark` file, release the workers; the job must then exit 0 (its stderr)."""
+    j.start()
+    try:
+        wait_for(lambda: (j.out / mark).exists(), timeout, what)
+        (j.out / "release").touch()
+        _, err = j.proc.communicate(timeout=120)
+    finally:
+        j.stop()
+    assert j.proc.returncode == 0, err
+    return str(err)
+
+
 @pytest.mark.integration
 def test_ready_from_the_first_file_timer_request(job: Any, tmp_path: Path) -> None:
     """The replacement's first FileTimerClient.acquire (torch's client, real FIFO) makes it ready."""
@@ -285,14 +298,7 @@ def test_ready_from_the_first_file_timer_request(job: Any, tmp_path: Path) -> No
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     j = job(spec(worker, "timer", extra="watchdog: {enabled: true}"))
-    j.start()
-    try:
-        wait_for(lambda: (j.out / "ready-0-1").exists(), 180, "attempt 1 ready")
-        (j.out / "release").touch()
-        _, err = j.proc.communicate(timeout=120)
-    finally:
-        j.stop()
-    assert j.proc.returncode == 0, err
+    released_once(j, "ready-0-1", 180, "attempt 1 ready")
     (rec,) = report_of(j)["recoveries"]
     assert rec["ready_by"] == ["timer"]
     assert rec["ready_s"] is not None and 0 <= rec["running_s"] <= rec["ready_s"]
@@ -305,14 +311,7 @@ def test_without_heartbeat_or_timer_ready_is_unknown_scope_worker(job: Any, tmp_
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     j = job(spec(worker, "none", nproc=2, crash_rank=1).replace("max_restarts: 2", "max_restarts: 2, scope: worker"))
-    j.start()
-    try:
-        wait_for(lambda: (j.out / "ready-1-1").exists(), 120, "the replaced rank 1")
-        (j.out / "release").touch()
-        _, err = j.proc.communicate(timeout=120)
-    finally:
-        j.stop()
-    assert j.proc.returncode == 0, err
+    err = released_once(j, "ready-1-1", 120, "the replaced rank 1")
     report = report_of(j)
     (rec,) = report["recoveries"]
     assert rec["scope"] == "worker" and rec["trigger"] == "worker_failed"
