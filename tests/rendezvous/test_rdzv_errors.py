@@ -29,7 +29,10 @@ def failed(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 # What gRPC's transport says when the connection under a call breaks (seen here and in grpc's issue tracker).
 TRANSPORT = ("Internal error from Core", "Stream removed", "Socket closed", "Connection reset by peer",
              "Broken pipe", ("failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.2:2379: "
-                            "Failed to connect to remote host: Connection refused"))
+                            "Failed to connect to remote host: Connection refused"), "No status received",
+             # a member that stops (it left the cluster): another member answers (README's fresh-clone run: a node's
+             # final state refused with "raft: stopped" was then read as its loss by a slower node)
+             "raft: stopped", "etcdserver: server stopped")
 
 # What etcd 3.5 answers when it refuses a request (server/etcdserver/api/v3rpc/rpctypes), with its code.
 REFUSALS = ((grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied"),

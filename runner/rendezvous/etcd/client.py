@@ -186,9 +186,14 @@ RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_E
 # member in an election holding a new connection's authentication past a failover's short try does (CI, 2026-11-28:
 # read as a refused login, it ended a survivor with exit 3). The call timed out; it was never refused.
 # And what gRPC's transport says, with whatever code, when the connection under a call broke: never etcd's answer.
+# And what a member says while it stops (its raft node stopped: it left the cluster, or its host's agent is ending):
+# another member answers. Read as a refusal, it cost a node's final state ("raft: stopped", code UNKNOWN: the member
+# the node was connected to had just left), and a slower node then read that node's success as its loss (README's
+# fresh-clone run, 2026-12-02, tests/rendezvous/test_hosted_members.py).
 BUSY_SIGNS = ("etcdserver: too many requests", "context deadline exceeded", "context canceled",
               "Stream removed", "Socket closed", "Connection reset", "Broken pipe", "Internal error from Core",
-              "failed to connect to all addresses")
+              "failed to connect to all addresses", "No status received", "raft: stopped",
+              "etcdserver: server stopped")
 
 
 class Unavailable(Exception):
